@@ -1,0 +1,96 @@
+// Package auth mints and verifies the HS256 JWTs that authenticate websocket
+// clients: `sub` is the user id, `exp` is required and honoured, `nbf` and
+// `iat` are checked when present.
+package auth
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// ErrInvalidToken is returned by Verify for any token that must not be let in.
+var ErrInvalidToken = errors.New("auth: invalid token")
+
+// Mint returns a token for user valid for ttl.
+func Mint(secret []byte, user string, ttl time.Duration, now time.Time) (string, error) {
+	if e := protocol.CheckID("user", user, protocol.DefaultLimits()); e != nil {
+		return "", fmt.Errorf("auth: %s", e.Message)
+	}
+	claims := jwt.RegisteredClaims{
+		Subject:   user,
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+	}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
+	if err != nil {
+		return "", fmt.Errorf("auth: sign: %w", err)
+	}
+	return s, nil
+}
+
+// Verify checks token and returns its subject.
+func Verify(secret []byte, token string) (string, error) {
+	var claims jwt.RegisteredClaims
+	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return secret, nil },
+		jwt.WithValidMethods([]string{"HS256"}), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(5*time.Second))
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidToken, err)
+	}
+	if e := protocol.CheckID("sub", claims.Subject, protocol.DefaultLimits()); e != nil {
+		return "", fmt.Errorf("%w: %s", ErrInvalidToken, e.Message)
+	}
+	return claims.Subject, nil
+}
+
+// SecretFile is the name of the generated secret inside a data dir.
+const SecretFile = "jwt-secret"
+
+// LoadSecret returns the JWT secret: explicit if set, else the
+// CHATPIPE_JWT_SECRET environment variable, else the secret file in dataDir,
+// generated there once (written to a temp name and renamed into place) when
+// create is true.
+func LoadSecret(explicit, dataDir string, create bool) ([]byte, error) {
+	if explicit != "" {
+		return []byte(explicit), nil
+	}
+	if env := os.Getenv("CHATPIPE_JWT_SECRET"); env != "" {
+		return []byte(env), nil
+	}
+	if dataDir == "" {
+		return nil, errors.New("auth: no JWT secret: set --jwt-secret, CHATPIPE_JWT_SECRET or --data-dir")
+	}
+	path := filepath.Join(dataDir, SecretFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return []byte(strings.TrimSpace(string(b))), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) || !create {
+		return nil, fmt.Errorf("auth: read secret: %w", err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return nil, fmt.Errorf("auth: generate secret: %w", err)
+	}
+	secret := hex.EncodeToString(raw)
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(secret+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("auth: write secret: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("auth: write secret: %w", err)
+	}
+	return []byte(secret), nil
+}

@@ -1,0 +1,47 @@
+package auth
+
+import (
+	"testing"
+	"time"
+)
+
+func TestMintVerify(t *testing.T) {
+	secret := []byte("s3cret")
+	now := time.Now()
+	tok, err := Mint(secret, "u1", time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub, err := Verify(secret, tok); err != nil || sub != "u1" {
+		t.Fatalf("verify: %q %v", sub, err)
+	}
+	if _, err := Verify([]byte("other"), tok); err == nil {
+		t.Fatal("wrong secret accepted")
+	}
+	old, _ := Mint(secret, "u1", time.Minute, now.Add(-time.Hour))
+	if _, err := Verify(secret, old); err == nil {
+		t.Fatal("expired token accepted")
+	}
+	if _, err := Verify(secret, "garbage"); err == nil {
+		t.Fatal("garbage accepted")
+	}
+	if _, err := Mint(secret, "bad user", time.Hour, now); err == nil {
+		t.Fatal("bad user id minted")
+	}
+}
+
+func TestLoadSecretGeneratesOnce(t *testing.T) {
+	t.Setenv("CHATPIPE_JWT_SECRET", "")
+	dir := t.TempDir()
+	a, err := LoadSecret("", dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadSecret("", dir, false)
+	if err != nil || string(a) != string(b) || len(a) < 32 {
+		t.Fatalf("secret not stable: %q %q %v", a, b, err)
+	}
+	if s, _ := LoadSecret("x", dir, true); string(s) != "x" {
+		t.Fatal("explicit secret ignored")
+	}
+}

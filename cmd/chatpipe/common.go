@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Endpoints is what `chatpipe dev` writes to DIR/endpoints.json: how to
+// reach every part of the running stack.
+type Endpoints struct {
+	WebSocket  string   `json:"websocket"`
+	HTTP       string   `json:"http"`
+	Kafka      []string `json:"kafka"`
+	Topic      string   `json:"topic"`
+	Postgres   string   `json:"postgres"`
+	Etcd       []string `json:"etcd"`
+	Prefix     string   `json:"prefix"`
+	VShards    int      `json:"vshards"`
+	Partitions int      `json:"partitions"`
+	PID        int      `json:"pid"`
+}
+
+// writeFileAtomic writes b to a temp name beside path and renames it into place.
+func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), perm); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func readEndpoints(path string) (*Endpoints, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoints: %w", err)
+	}
+	var e Endpoints
+	if err := json.Unmarshal(b, &e); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	return &e, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func dialEtcd(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx)})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	return cli, nil
+}
+
+func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database url: %w", err)
+	}
+	if cfg.MaxConns < 16 {
+		cfg.MaxConns = 16
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect postgres: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect postgres: %w", err)
+	}
+	return pool, nil
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/gateway"
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/persist"
+	"github.com/chatpipe/chatpipe/schema"
+	"github.com/chatpipe/chatpipe/shardworker"
+)
+
+func runDev(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "chatpipe-data", "directory for all state (etcd, Kafka, Postgres, the JWT secret)")
+	httpAddr := fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
+	workers := fs.Int("workers", 2, "shard workers to run in this process (0: run none; add them with 'chatpipe worker')")
+	vshards := fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
+	partitions := fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
+	dbURL := fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
+	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(*dataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	key, err := auth.LoadSecret(*secret, dir, true)
+	if err != nil {
+		return err
+	}
+	var closers []func()
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
+
+	// Infrastructure.
+	etcd, err := devstack.StartEtcd(ctx, filepath.Join(dir, "etcd"), 0, log)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, func() { etcd.Close() })
+	kafka, err := devstack.StartKafka(filepath.Join(dir, "kafka"), 0, log)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, kafka.Close)
+	pgURL := *dbURL
+	if pgURL == "" {
+		pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, func() { pg.Close() })
+		pgURL = pg.URL()
+	}
+	cli, err := dialEtcd(ctx, etcd.Endpoints())
+	if err != nil {
+		return err
+	}
+	closers = append(closers, func() { cli.Close() })
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: logrecord.DefaultTopic})
+	if err != nil {
+		return err
+	}
+	brokers := []string{kafka.Addr()}
+	if err := devstack.EnsureTopic(ctx, brokers, cfg.Topic, cfg.Partitions); err != nil {
+		return err
+	}
+	db, err := openDB(ctx, pgURL)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, db.Close)
+	if err := schema.Migrate(ctx, db); err != nil {
+		return err
+	}
+
+	// Roles.
+	roleCtx, stopRoles := context.WithCancel(context.Background())
+	var roles sync.WaitGroup
+	closers = append(closers, func() { stopRoles(); roles.Wait() })
+	start := func(name string, run func(context.Context) error) {
+		roles.Add(1)
+		go func() {
+			defer roles.Done()
+			if err := run(roleCtx); err != nil {
+				log.Error("role failed", "role", name, "err", err)
+			}
+		}()
+	}
+	p, err := persist.New(persist.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
+	if err != nil {
+		return err
+	}
+	start("persist", p.Run)
+	for i := 1; i <= *workers; i++ {
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", cli, cfg, brokers, db, *linger, log)
+		if err != nil {
+			return err
+		}
+		start("worker", w.Run)
+	}
+
+	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, log)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		gw.Shutdown(sctx)
+	})
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Serve(ln) }()
+
+	httpURL := "http://" + ln.Addr().String()
+	ep := Endpoints{
+		WebSocket: "ws://" + ln.Addr().String() + "/v1/ws", HTTP: httpURL,
+		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcd.Endpoints(), Prefix: lease.DefaultPrefix,
+		VShards: cfg.VShards, Partitions: cfg.Partitions, PID: os.Getpid(),
+	}
+	b, _ := json.MarshalIndent(ep, "", "  ")
+	epPath := filepath.Join(dir, "endpoints.json")
+	if err := writeFileAtomic(epPath, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write endpoints: %w", err)
+	}
+	closers = append(closers, func() { os.Remove(epPath) })
+	fmt.Printf(`chatpipe dev is running (data in %s)
+  websocket  %s
+  kafka      %s  topic %s (read with isolation.level=read_committed)
+  postgres   %s
+  etcd       %s
+  endpoints  %s
+  get a token: chatpipe token --data-dir %s --user alice
+Press Ctrl-C to stop.
+`, dir, ep.WebSocket, brokers[0], cfg.Topic, pgURL, etcd.Endpoints()[0], epPath, dir)
+	log.Info("ready", "websocket", ep.WebSocket)
+
+	select {
+	case <-ctx.Done():
+		log.Info("stopping")
+	case err := <-srvErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+	}
+	return nil
+}
+
+func newWorker(id, listen, advertise string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, log *slog.Logger) (*shardworker.Worker, error) {
+	return shardworker.New(shardworker.Config{
+		ID: id, Listen: listen, Advertise: advertise, Etcd: cli, Prefix: lease.DefaultPrefix,
+		Brokers: brokers, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
+		DB: db, Linger: linger, Log: log.With("role", "worker"),
+	})
+}
+
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	gw, err := gateway.New(gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("gateway listen: %w", err)
+	}
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return gw, srv, ln, nil
+}

@@ -1,0 +1,98 @@
+// Command chatpipe is the chat message pipeline's single binary: every role
+// (gateway, worker, persist, a dev Kafka broker) and the all-in-one `dev`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+const usage = `chatpipe — a chat message pipeline with one server order per conversation.
+
+Usage: chatpipe <command> [flags]
+
+Commands:
+  dev       run everything in one process on embedded defaults (etcd, Kafka, Postgres)
+  gateway   serve the websocket protocol and route commands to workers
+  worker    own virtual shards and write their conversations to Kafka
+  persist   copy the committed log into Postgres
+  kafka     run a standalone dev Kafka broker (kfake) with a data dir
+  token     print a client token for a user
+
+Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
+Run 'chatpipe <command> -h' for its flags and defaults.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cmds := map[string]func(ctx context.Context, args []string) error{
+		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
+		"kafka": runKafka, "token": runToken,
+	}
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		fmt.Print(usage)
+		return
+	}
+	fn, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "chatpipe: unknown command %q\n\n%s", name, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := fn(ctx, os.Args[2:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "chatpipe %s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
+
+// parse applies CHATPIPE_* environment variables as defaults, then args.
+func parse(fs *flag.FlagSet, args []string) error {
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "CHATPIPE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && v != "" {
+			if err := f.Value.Set(v); err != nil && envErr == nil {
+				envErr = fmt.Errorf("%s: %w", env, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	return fs.Parse(args)
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("bad --log-level %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("bad --log-format %q (text or json)", format)
+}
+
+func logFlags(fs *flag.FlagSet) (level, format *string) {
+	return fs.String("log-level", "info", "log level: debug, info, warn, error"),
+		fs.String("log-format", "text", "log format: text or json")
+}

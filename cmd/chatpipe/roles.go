@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/persist"
+	"github.com/chatpipe/chatpipe/schema"
+)
+
+// infraFlags are the flags of roles that join a running stack.
+type infraFlags struct {
+	endpoints, etcd, kafka, dbURL, topic *string
+}
+
+func addInfraFlags(fs *flag.FlagSet) infraFlags {
+	return infraFlags{
+		endpoints: fs.String("endpoints", "", "endpoints.json of a running 'chatpipe dev'; fills --etcd, --kafka and --database-url"),
+		etcd:      fs.String("etcd", "", "etcd endpoints, comma separated"),
+		kafka:     fs.String("kafka", "", "Kafka bootstrap brokers, comma separated"),
+		dbURL:     fs.String("database-url", "", "Postgres URL"),
+		topic:     fs.String("topic", logrecord.DefaultTopic, "log topic"),
+	}
+}
+
+func (f infraFlags) resolve() error {
+	if *f.endpoints == "" {
+		return nil
+	}
+	ep, err := readEndpoints(*f.endpoints)
+	if err != nil {
+		return err
+	}
+	if *f.etcd == "" {
+		*f.etcd = joinList(ep.Etcd)
+	}
+	if *f.kafka == "" {
+		*f.kafka = joinList(ep.Kafka)
+	}
+	if *f.dbURL == "" {
+		*f.dbURL = ep.Postgres
+	}
+	return nil
+}
+
+func joinList(l []string) string {
+	s := ""
+	for i, x := range l {
+		if i > 0 {
+			s += ","
+		}
+		s += x
+	}
+	return s
+}
+
+func runWorker(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	id := fs.String("id", "", "worker id, unique in the deployment (default: worker-<random>)")
+	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
+	advertise := fs.String("advertise", "", "address gateways dial (default: the listener's)")
+	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := inf.resolve(); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	if *inf.etcd == "" || *inf.kafka == "" || *inf.dbURL == "" {
+		return errors.New("need --endpoints, or --etcd, --kafka and --database-url")
+	}
+	if *id == "" {
+		b := make([]byte, 4)
+		rand.Read(b)
+		*id = "worker-" + hex.EncodeToString(b)
+	}
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
+	if err != nil {
+		return err
+	}
+	db, err := openDB(ctx, *inf.dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	w, err := newWorker(*id, *listen, *advertise, cli, cfg, splitList(*inf.kafka), db, *linger, log)
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+func runPersist(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("persist", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := inf.resolve(); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	if *inf.kafka == "" || *inf.dbURL == "" {
+		return errors.New("need --endpoints, or --kafka and --database-url")
+	}
+	db, err := openDB(ctx, *inf.dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := schema.Migrate(ctx, db); err != nil {
+		return err
+	}
+	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), Topic: *inf.topic, DB: db, Log: log})
+	if err != nil {
+		return err
+	}
+	return p.Run(ctx)
+}
+
+func runGateway(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	httpAddr := fs.String("http", "127.0.0.1:8080", "listen address (websocket at /v1/ws)")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := inf.resolve(); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	if *inf.etcd == "" {
+		return errors.New("need --endpoints or --etcd")
+	}
+	key, err := auth.LoadSecret(*secret, *dataDir, false)
+	if err != nil {
+		return err
+	}
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
+	if err != nil {
+		return err
+	}
+	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, log)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("gateway listening", "addr", ln.Addr().String())
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	gw.Shutdown(sctx)
+	return nil
+}
+
+func runKafka(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "chatpipe-kafka", "directory the broker persists its log in")
+	port := fs.Int("port", 9092, "listen port on 127.0.0.1 (0: a free one)")
+	topic := fs.String("topic", logrecord.DefaultTopic, "topic to create if missing")
+	partitions := fs.Int("partitions", 8, "partitions of the topic")
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	k, err := devstack.StartKafka(*dataDir, *port, log)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, *topic, *partitions); err != nil {
+		return err
+	}
+	fmt.Println(k.Addr())
+	<-ctx.Done()
+	return nil
+}
+
+func runToken(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	user := fs.String("user", "", "user id (the token's sub)")
+	ttl := fs.Duration("ttl", 24*time.Hour, "validity")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	dataDir := fs.String("data-dir", "chatpipe-data", "data dir of 'chatpipe dev' holding the generated secret")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *user == "" {
+		return errors.New("--user is required")
+	}
+	dir, _ := filepath.Abs(*dataDir)
+	key, err := auth.LoadSecret(*secret, dir, false)
+	if err != nil {
+		return err
+	}
+	tok, err := auth.Mint(key, *user, *ttl, time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Println(tok)
+	return nil
+}
+

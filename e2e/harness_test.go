@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "chatpipe-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "chatpipe")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/chatpipe")
+	if os.Getenv("CHATPIPE_E2E_NORACE") != "" {
+		build = exec.Command("go", "build", "-o", binary, "../cmd/chatpipe")
+	}
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		panic("build chatpipe: " + err.Error())
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// endpoints mirrors what `chatpipe dev` writes to endpoints.json.
+type endpoints struct {
+	WebSocket  string   `json:"websocket"`
+	Kafka      []string `json:"kafka"`
+	Topic      string   `json:"topic"`
+	Postgres   string   `json:"postgres"`
+	Etcd       []string `json:"etcd"`
+	VShards    int      `json:"vshards"`
+	Partitions int      `json:"partitions"`
+	PID        int      `json:"pid"`
+}
+
+// devProc is a running `chatpipe dev` process.
+type devProc struct {
+	t      *testing.T
+	dir    string
+	cmd    *exec.Cmd
+	ep     endpoints
+	secret []byte
+	done   chan struct{}
+	logf   *os.File
+}
+
+// startDev runs `chatpipe dev` on dir and waits until endpoints.json appears.
+func startDev(t *testing.T, dir string, args ...string) *devProc {
+	t.Helper()
+	epPath := filepath.Join(dir, "endpoints.json")
+	os.Remove(epPath)
+	logf, err := os.OpenFile(filepath.Join(dir, "dev.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, append([]string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &devProc{t: t, dir: dir, cmd: cmd, done: make(chan struct{}), logf: logf}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(p.stop)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		b, err := os.ReadFile(epPath)
+		if err == nil && json.Unmarshal(b, &p.ep) == nil && p.ep.PID == cmd.Process.Pid {
+			break
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("chatpipe dev exited early; log:\n%s", tail(filepath.Join(dir, "dev.log")))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("chatpipe dev not ready; log:\n%s", tail(filepath.Join(dir, "dev.log")))
+		}
+	}
+	p.secret, err = auth.LoadSecret("", dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// stop sends SIGTERM and waits for a clean exit. Safe twice.
+func (p *devProc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+		p.t.Errorf("chatpipe dev did not stop within 60 s of SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		p.t.Errorf("chatpipe dev exited with %d; log:\n%s", code, tail(filepath.Join(p.dir, "dev.log")))
+	}
+	p.logf.Close()
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(string(b), "\n")
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// client is one websocket device of a user.
+type client struct {
+	t    *testing.T
+	user string
+	c    *websocket.Conn
+
+	mu      sync.Mutex
+	nextID  int
+	waiters map[string]chan *protocol.Reply
+	closed  chan struct{}
+}
+
+func (p *devProc) token(t *testing.T, user string) string {
+	tok, err := auth.Mint(p.secret, user, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func (p *devProc) dial(t *testing.T, user string) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, p.ep.WebSocket+"?token="+p.token(t, user), nil)
+	if err != nil {
+		t.Fatalf("dial as %s: %v", user, err)
+	}
+	c.SetReadLimit(1 << 20)
+	cl := &client{t: t, user: user, c: c, waiters: map[string]chan *protocol.Reply{}, closed: make(chan struct{})}
+	go cl.readLoop()
+	t.Cleanup(cl.close)
+	return cl
+}
+
+func (cl *client) readLoop() {
+	defer close(cl.closed)
+	for {
+		_, b, err := cl.c.Read(context.Background())
+		if err != nil {
+			return
+		}
+		var r protocol.Reply
+		if err := json.Unmarshal(b, &r); err != nil {
+			cl.t.Errorf("bad frame from server: %s", b)
+			continue
+		}
+		if r.Op != protocol.OpAccepted && r.Op != protocol.OpRejected {
+			continue
+		}
+		cl.mu.Lock()
+		ch := cl.waiters[r.ID]
+		delete(cl.waiters, r.ID)
+		cl.mu.Unlock()
+		if ch != nil {
+			ch <- &r
+		}
+	}
+}
+
+func (cl *client) close() { cl.c.CloseNow(); <-cl.closed }
+
+// do sends a request (fields as a map; "id" is set here) and waits for its reply.
+func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
+	cl.mu.Lock()
+	cl.nextID++
+	id := fmt.Sprintf("r%d", cl.nextID)
+	ch := make(chan *protocol.Reply, 1)
+	cl.waiters[id] = ch
+	cl.mu.Unlock()
+	req["id"] = id
+	b, _ := json.Marshal(req)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.c.Write(ctx, websocket.MessageText, b); err != nil {
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-cl.closed:
+		return nil, fmt.Errorf("connection closed")
+	case <-ctx.Done():
+		return nil, fmt.Errorf("no reply to %s within 30 s", b)
+	}
+}
+
+// must is do for requests that have to succeed.
+func (cl *client) must(req map[string]any) *protocol.Reply {
+	cl.t.Helper()
+	r, err := cl.do(req)
+	if err != nil {
+		cl.t.Fatalf("%s: %v", cl.user, err)
+	}
+	if r.Op != protocol.OpAccepted {
+		cl.t.Fatalf("%s %v: %+v", cl.user, req, r)
+	}
+	return r
+}
+
+// sendRetrying sends until the answer is not `unavailable`, as a client should.
+func (cl *client) sendRetrying(conv, cmid, body string) (*protocol.Reply, error) {
+	for i := 0; ; i++ {
+		r, err := cl.do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": body})
+		if err != nil {
+			return nil, err
+		}
+		if r.Code != protocol.CodeUnavailable || i > 50 {
+			return r, nil
+		}
+		time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)
+	}
+}
+
+// readRaw reads the next frame (for bad-input tests).
+func readRaw(ctx context.Context, c *websocket.Conn) (map[string]any, error) {
+	_, b, err := c.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	err = json.NewDecoder(bufio.NewReader(strings.NewReader(string(b)))).Decode(&m)
+	return m, err
+}

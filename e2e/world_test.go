@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// row is one event as the world holds it: the committed log or Postgres.
+type row struct {
+	Conv, Kind, MessageID, ClientMessageID, Sender string
+	Seq                                            int64
+}
+
+// readLog reads the whole committed log, read_committed, up to its last
+// stable offsets.
+func readLog(t *testing.T, ep endpoints) []row {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	adm, err := kgo.NewClient(kgo.SeedBrokers(ep.Kafka...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	ends, err := kadm.NewClient(adm).ListCommittedOffsets(ctx, ep.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// Control records (transaction markers) take offsets but are never
+	// delivered, so the last stable offset cannot be matched against record
+	// offsets; read until every partition has delivered a record at or past
+	// its last stable offset minus the markers, or stays idle for 3 s.
+	var out []row
+	seen := map[int32]int64{}
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+		fs := cl.PollFetches(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			t.Fatal("log not read within 60 s")
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			seen[r.Partition] = r.Offset
+			e, err := logrecord.Unmarshal(r.Value)
+			if err != nil {
+				t.Errorf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err)
+				return
+			}
+			if e.Kind == logrecord.KindTakeover {
+				return
+			}
+			if got := logrecord.Partition(logrecord.VShard(e.ConversationID, ep.VShards), ep.Partitions); got != r.Partition {
+				t.Errorf("%s/%d in partition %d, want %d", e.ConversationID, e.Seq, r.Partition, got)
+			}
+			out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq})
+		})
+		if n == 0 {
+			break
+		}
+	}
+	for p, end := range want {
+		if seen[p] < end-2 {
+			t.Errorf("partition %d: read up to offset %d, last stable offset %d", p, seen[p], end)
+		}
+	}
+	return out
+}
+
+// readDB reads every event row from Postgres once persist has caught up
+// with the log: it waits until Postgres holds n events.
+func readDB(t *testing.T, ep endpoints, n int) []row {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, ep.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var have int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&have); err != nil {
+			t.Fatal(err)
+		}
+		if have >= n {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("Postgres holds %d events, the log %d", have, n)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT conversation_id, seq, kind, message_id, coalesce(client_message_id, ''), sender FROM events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []row
+	var r row
+	_, err = pgx.ForEachRow(rows, []any{&r.Conv, &r.Seq, &r.Kind, &r.MessageID, &r.ClientMessageID, &r.Sender}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conflicts int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM seq_conflicts`).Scan(&conflicts); err != nil {
+		t.Fatal(err)
+	}
+	if conflicts != 0 {
+		t.Errorf("persist recorded %d seq conflicts", conflicts)
+	}
+	return out
+}
+
+// acceptedMsg is what a client was told.
+type acceptedMsg struct {
+	Conv, ClientMessageID, MessageID, Sender string
+	Seq                                      int64
+	SentAt, AcceptedAt                       time.Time
+}
+
+// checkWorld verifies the accepted messages against the log and Postgres
+// (not against what the servers answered): each is there exactly once with
+// its seq and message_id; no (conversation, seq) or (conversation,
+// client_message_id) is used twice; a message accepted before another was
+// sent has the smaller seq.
+func checkWorld(t *testing.T, ep endpoints, accepted []acceptedMsg) {
+	t.Helper()
+	logRows := readLog(t, ep)
+	dbRows := readDB(t, ep, len(logRows))
+	for name, rows := range map[string][]row{"log": logRows, "postgres": dbRows} {
+		bySeq := map[string]row{}
+		byCmid := map[string]row{}
+		for _, r := range rows {
+			k := fmt.Sprintf("%s/%d", r.Conv, r.Seq)
+			if prev, ok := bySeq[k]; ok {
+				t.Errorf("%s: seq %s used twice: %+v and %+v", name, k, prev, r)
+			}
+			bySeq[k] = r
+			if r.Kind == logrecord.KindMessage {
+				ck := r.Conv + "/" + r.ClientMessageID
+				if prev, ok := byCmid[ck]; ok {
+					t.Errorf("%s: client_message_id %s stored twice: seq %d and %d", name, ck, prev.Seq, r.Seq)
+				}
+				byCmid[ck] = r
+			}
+		}
+		for _, a := range accepted {
+			r, ok := bySeq[fmt.Sprintf("%s/%d", a.Conv, a.Seq)]
+			if !ok {
+				t.Errorf("%s: accepted %s seq %d (%s) is missing", name, a.Conv, a.Seq, a.ClientMessageID)
+				continue
+			}
+			if r.MessageID != a.MessageID || r.ClientMessageID != a.ClientMessageID || r.Sender != a.Sender {
+				t.Errorf("%s: %s seq %d holds %+v, accepted %+v", name, a.Conv, a.Seq, r, a)
+			}
+		}
+	}
+	if len(dbRows) != len(logRows) {
+		t.Errorf("postgres has %d events, the log %d", len(dbRows), len(logRows))
+	}
+	// regression: accepted before sent ⇒ smaller seq
+	byConv := map[string][]acceptedMsg{}
+	for _, a := range accepted {
+		byConv[a.Conv] = append(byConv[a.Conv], a)
+	}
+	for conv, as := range byConv {
+		for _, a := range as {
+			for _, b := range as {
+				if a.AcceptedAt.Before(b.SentAt) && a.Seq >= b.Seq {
+					t.Errorf("%s: %s accepted (seq %d) before %s was sent, which got seq %d", conv, a.ClientMessageID, a.Seq, b.ClientMessageID, b.Seq)
+				}
+			}
+		}
+	}
+}

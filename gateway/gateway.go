@@ -1,0 +1,360 @@
+// Package gateway serves the public websocket protocol (spec/websocket.md).
+// It authenticates the upgrade, validates every frame, and routes each write
+// command to the worker that owns the conversation's vshard — watching the
+// owner rows in etcd — over one persistent, pipelined connection per worker.
+// While ownership moves it retries internally for a bounded time, then
+// answers `unavailable`.
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/wire"
+)
+
+// Config configures a Gateway.
+type Config struct {
+	Owners         *lease.Watcher
+	VShards        int
+	Secret         []byte
+	Limits         protocol.Limits
+	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
+	CallTimeout    time.Duration // one attempt at a worker (default 15 s)
+	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
+	MaxInFlight    int           // commands in flight per connection (default 256)
+	OriginPatterns []string      // allowed browser origins besides the gateway's own host
+	Log            *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Owners == nil || c.VShards <= 0 || len(c.Secret) == 0 {
+		return errors.New("gateway: Owners, VShards and Secret are required")
+	}
+	if c.Limits.MaxFrameBytes == 0 {
+		c.Limits = protocol.DefaultLimits()
+	}
+	if c.RouteTimeout <= 0 {
+		c.RouteTimeout = 5 * time.Second
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 15 * time.Second
+	}
+	if c.SendBuffer <= 0 {
+		c.SendBuffer = 1024
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 256
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return nil
+}
+
+// Stats are the gateway's counters.
+type Stats struct {
+	Connections atomic.Int64
+	Accepted    atomic.Int64
+	Rejected    atomic.Int64
+	Unavailable atomic.Int64
+}
+
+// Gateway is the websocket front door.
+type Gateway struct {
+	cfg   Config
+	stats Stats
+
+	pmu  sync.Mutex
+	pool map[string]*wire.Client
+
+	cmu      sync.Mutex
+	conns    map[*websocket.Conn]struct{}
+	closing  bool
+	connWG   sync.WaitGroup
+	shutdown chan struct{}
+}
+
+// New returns a gateway.
+func New(cfg Config) (*Gateway, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Gateway{cfg: cfg, pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+}
+
+// Stats returns the counters.
+func (g *Gateway) Stats() *Stats { return &g.stats }
+
+// Handler serves /v1/ws and /healthz.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/ws", g.serveWS)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	return mux
+}
+
+// Shutdown closes every websocket with 1012 (service restart) so clients
+// reconnect, waits for their handlers (bounded by ctx) and closes the
+// worker connections. http.Server.Shutdown does not close websockets; call
+// this too. Safe to call twice.
+func (g *Gateway) Shutdown(ctx context.Context) {
+	g.cmu.Lock()
+	if !g.closing {
+		g.closing = true
+		close(g.shutdown)
+	}
+	for c := range g.conns {
+		go c.Close(websocket.StatusServiceRestart, "server restarting")
+	}
+	g.cmu.Unlock()
+	done := make(chan struct{})
+	go func() { g.connWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	g.pmu.Lock()
+	for a, c := range g.pool {
+		c.Close()
+		delete(g.pool, a)
+	}
+	g.pmu.Unlock()
+}
+
+func bearer(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
+		return strings.TrimPrefix(h, "Bearer ")
+	}
+	return r.URL.Query().Get("token")
+}
+
+func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
+	user, err := auth.Verify(g.cfg.Secret, bearer(r))
+	if err != nil {
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	}
+	g.cmu.Lock()
+	if g.closing {
+		g.cmu.Unlock()
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	g.connWG.Add(1)
+	g.cmu.Unlock()
+	defer g.connWG.Done()
+
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.cfg.OriginPatterns})
+	if err != nil {
+		return
+	}
+	c.SetReadLimit(int64(g.cfg.Limits.MaxFrameBytes))
+	g.cmu.Lock()
+	g.conns[c] = struct{}{}
+	g.cmu.Unlock()
+	g.stats.Connections.Add(1)
+	defer func() {
+		g.cmu.Lock()
+		delete(g.conns, c)
+		g.cmu.Unlock()
+		g.stats.Connections.Add(-1)
+		c.CloseNow()
+	}()
+	newSession(g, c, user).run(r.Context())
+}
+
+// session is one websocket connection of an authenticated user.
+type session struct {
+	g    *Gateway
+	c    *websocket.Conn
+	user string
+	out  chan []byte
+	sem  chan struct{}
+}
+
+func newSession(g *Gateway, c *websocket.Conn, user string) *session {
+	return &session{g: g, c: c, user: user, out: make(chan []byte, g.cfg.SendBuffer), sem: make(chan struct{}, g.cfg.MaxInFlight)}
+}
+
+func (s *session) run(parent context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // writer
+		defer wg.Done()
+		for {
+			select {
+			case b := <-s.out:
+				wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+				err := s.c.Write(wctx, websocket.MessageText, b)
+				wcancel()
+				if err != nil {
+					cancel()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+	for {
+		typ, frame, err := s.c.Read(ctx)
+		if err != nil {
+			return
+		}
+		if typ != websocket.MessageText {
+			s.send(protocol.Rejected("", protocol.Errorf(protocol.CodeBadRequest, "frames must be text")))
+			continue
+		}
+		req, id, perr := protocol.Decode(frame, s.g.cfg.Limits)
+		if perr != nil {
+			s.g.stats.Rejected.Add(1)
+			s.send(protocol.Rejected(id, perr))
+			continue
+		}
+		select {
+		case s.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-s.sem }()
+			s.send(s.g.handle(ctx, s.user, req))
+		}()
+	}
+}
+
+// send queues a frame; a connection whose buffer is full is a slow reader:
+// it is closed with 1008 and catches up with sync.
+func (s *session) send(r *protocol.Reply) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	select {
+	case s.out <- b:
+	default:
+		s.g.cfg.Log.Warn("closing a slow websocket reader", "user", s.user)
+		go s.c.Close(websocket.StatusPolicyViolation, "send buffer overflow; reconnect and sync")
+	}
+}
+
+func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {
+	var rep *protocol.Reply
+	switch req.Op {
+	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend:
+		rep = g.route(ctx, user, req)
+	default:
+		rep = protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not available in this version", req.Op))
+	}
+	switch {
+	case rep.Op == protocol.OpAccepted:
+		g.stats.Accepted.Add(1)
+	case rep.Code == protocol.CodeUnavailable:
+		g.stats.Unavailable.Add(1)
+	default:
+		g.stats.Rejected.Add(1)
+	}
+	return rep
+}
+
+// retrySafe reports whether a command whose outcome is unknown may be sent
+// again: a send is deduplicated by its client_message_id, and a join of a
+// member answers with the seq that made them one. create, kick and leave
+// are not: their client learns the outcome by retrying itself.
+func retrySafe(op string) bool { return op == protocol.OpSend || op == protocol.OpJoin }
+
+// route sends a write command to the owner of its vshard, retrying while
+// ownership moves, for at most RouteTimeout.
+func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {
+	v := logrecord.VShard(req.ConversationID, g.cfg.VShards)
+	deadline := time.Now().Add(g.cfg.RouteTimeout)
+	backoff := 10 * time.Millisecond
+	for {
+		changed := g.cfg.Owners.Changed()
+		if _, w, ok := g.cfg.Owners.Route(v); ok {
+			cl, err := g.client(ctx, w.Addr)
+			if err == nil {
+				cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+				resp, err := cl.Do(cctx, user, req)
+				cancel()
+				switch {
+				case err == nil && !resp.Retry && !(resp.Reply.Code == protocol.CodeUnavailable && retrySafe(req.Op)):
+					return resp.Reply
+				case err != nil && !retrySafe(req.Op):
+					return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200)
+				}
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return unavailable(req.ID, "vshard "+itoa(v)+" has no available owner", 1000)
+		}
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 250*time.Millisecond)
+	}
+}
+
+func unavailable(id, msg string, after int64) *protocol.Reply {
+	e := protocol.Errorf(protocol.CodeUnavailable, "%s", msg)
+	e.RetryAfterMS = after
+	return protocol.Rejected(id, e)
+}
+
+func itoa(v int) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error) {
+	g.pmu.Lock()
+	cl := g.pool[addr]
+	g.pmu.Unlock()
+	if cl != nil {
+		select {
+		case <-cl.Done():
+		default:
+			return cl, nil
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ncl, err := wire.Dial(dctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	g.pmu.Lock()
+	defer g.pmu.Unlock()
+	if cur := g.pool[addr]; cur != nil && cur != cl {
+		select {
+		case <-cur.Done():
+		default:
+			ncl.Close()
+			return cur, nil
+		}
+	}
+	g.pool[addr] = ncl
+	return ncl, nil
+}

@@ -1,0 +1,118 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// CoordinatorConfig configures RunCoordinator.
+type CoordinatorConfig struct {
+	Prefix  string
+	VShards int
+	// Candidate names this candidate in the election.
+	Candidate string
+	// Settle is how long a new leader waits for workers to register before
+	// its first plan (default 1 s), so a cold start does not pile every
+	// shard on the first worker only to move half of them again.
+	Settle time.Duration
+	// Interval bounds the time between two plans (default 1 s).
+	Interval time.Duration
+	Log      *slog.Logger
+}
+
+// RunCoordinator campaigns for <prefix>coordinator and, while elected,
+// reassigns shards whose owner is gone and balances shards over live workers
+// (Plan), writing each move by compare-and-swap on the row's revision. It
+// returns when ctx ends; it campaigns again when it loses the election.
+func RunCoordinator(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig) error {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Settle == 0 {
+		cfg.Settle = time.Second
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Second
+	}
+	for ctx.Err() == nil {
+		err := lead(ctx, cli, w, cfg)
+		if ctx.Err() != nil {
+			return nil
+		}
+		cfg.Log.Warn("coordinator lost leadership", "candidate", cfg.Candidate, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig) error {
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(DefaultTTL), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("lease: coordinator session: %w", err)
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, cfg.Prefix+"coordinator")
+	if err := el.Campaign(ctx, cfg.Candidate); err != nil {
+		return fmt.Errorf("lease: campaign: %w", err)
+	}
+	cfg.Log.Info("elected coordinator", "candidate", cfg.Candidate)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = el.Resign(rctx)
+		cancel()
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-sess.Done():
+		return fmt.Errorf("lease: coordinator session expired")
+	case <-time.After(cfg.Settle):
+	}
+	for {
+		changed := w.Changed()
+		for _, m := range Plan(w.Snapshot(), cfg.VShards) {
+			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
+				cfg.Log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
+				continue
+			}
+			cfg.Log.Info("shard moved", "vshard", m.VShard, "from", m.From, "to", m.To, "epoch", m.Epoch)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sess.Done():
+			return fmt.Errorf("lease: coordinator session expired")
+		case <-changed:
+			// let a burst of changes settle
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		case <-time.After(cfg.Interval):
+		}
+	}
+}
+
+// apply writes one move if the row is still at the revision the plan saw.
+func apply(ctx context.Context, cli *clientv3.Client, prefix string, m Move) error {
+	key := shardKey(prefix, m.VShard)
+	val, _ := json.Marshal(Owner{Worker: m.To, Gen: m.Gen, Epoch: m.Epoch})
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", m.ModRevision)).
+		Then(clientv3.OpPut(key, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("lease: write owner: %w", err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("lease: owner row of vshard %d changed since the plan", m.VShard)
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultPrefix is the default etcd key prefix.
+const DefaultPrefix = "/chatpipe/"
+
+// Config is the deployment's fixed shape, written once to <prefix>config.
+type Config struct {
+	VShards    int    `json:"vshards"`
+	Partitions int    `json:"partitions"`
+	Topic      string `json:"topic"`
+}
+
+// ErrConfigMismatch is returned by EnsureConfig when etcd holds another config.
+var ErrConfigMismatch = errors.New("lease: config in etcd differs")
+
+// EnsureConfig writes want to etcd if no config is there yet and returns the
+// config in force. A process whose want differs from etcd's refuses to start:
+// it gets ErrConfigMismatch. A want with zero fields adopts etcd's values.
+func EnsureConfig(ctx context.Context, cli *clientv3.Client, prefix string, want Config) (Config, error) {
+	key := prefix + "config"
+	val, err := json.Marshal(want)
+	if err != nil {
+		return Config{}, fmt.Errorf("lease: encode config: %w", err)
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return Config{}, fmt.Errorf("lease: write config: %w", err)
+	}
+	if resp.Succeeded {
+		return want, nil
+	}
+	var have Config
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return Config{}, errors.New("lease: config vanished")
+	}
+	if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
+		return Config{}, fmt.Errorf("lease: decode config: %w", err)
+	}
+	if (want.VShards != 0 && want.VShards != have.VShards) ||
+		(want.Partitions != 0 && want.Partitions != have.Partitions) ||
+		(want.Topic != "" && want.Topic != have.Topic) {
+		return have, fmt.Errorf("%w: etcd has %+v, this process was started with %+v", ErrConfigMismatch, have, want)
+	}
+	return have, nil
+}
+
+// WorkerInfo is the value of workers/<id>, attached to the worker's lease.
+type WorkerInfo struct {
+	Addr string `json:"addr"`
+	Gen  int64  `json:"gen"`
+}
+
+// Owner is the value of shards/<n>.
+type Owner struct {
+	Worker string `json:"worker"`
+	Gen    int64  `json:"gen"`
+	Epoch  int64  `json:"epoch"`
+}
+
+func workersPrefix(prefix string) string { return prefix + "workers/" }
+func shardsPrefix(prefix string) string  { return prefix + "shards/" }
+func shardKey(prefix string, v int) string {
+	return shardsPrefix(prefix) + strconv.Itoa(v)
+}
+
+func parseShardKey(prefix, key string) (int, bool) {
+	n, err := strconv.Atoi(strings.TrimPrefix(key, shardsPrefix(prefix)))
+	return n, err == nil && n >= 0
+}
+
+// ReadOwner reads shards/<v> with a linearizable read. ok is false when the
+// row does not exist.
+func ReadOwner(ctx context.Context, cli *clientv3.Client, prefix string, v int) (o Owner, ok bool, err error) {
+	resp, err := cli.Get(ctx, shardKey(prefix, v))
+	if err != nil {
+		return Owner{}, false, fmt.Errorf("lease: read owner of vshard %d: %w", v, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Owner{}, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &o); err != nil {
+		return Owner{}, false, fmt.Errorf("lease: decode owner of vshard %d: %w", v, err)
+	}
+	return o, true, nil
+}

@@ -1,0 +1,181 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Row is an owner row with the revision a compare-and-swap must match.
+type Row struct {
+	Owner
+	ModRevision int64
+}
+
+// View is a snapshot of the owner rows and the live workers.
+type View struct {
+	Shards  map[int]Row
+	Workers map[string]WorkerInfo
+}
+
+// Live reports whether vshard v has a live owner, and returns it.
+func (v *View) Live(vshard int) (Row, WorkerInfo, bool) {
+	row, ok := v.Shards[vshard]
+	if !ok {
+		return Row{}, WorkerInfo{}, false
+	}
+	w, ok := v.Workers[row.Worker]
+	if !ok || w.Gen != row.Gen {
+		return row, WorkerInfo{}, false
+	}
+	return row, w, true
+}
+
+// Watcher keeps a View of <prefix>shards/ and <prefix>workers/ current by
+// watching etcd.
+type Watcher struct {
+	cli    *clientv3.Client
+	prefix string
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	view    View
+	changed chan struct{}
+}
+
+// Watch loads the current rows and keeps them current until ctx ends.
+func Watch(ctx context.Context, cli *clientv3.Client, prefix string, log *slog.Logger) (*Watcher, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	w := &Watcher{cli: cli, prefix: prefix, log: log, changed: make(chan struct{})}
+	rev, err := w.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	go w.run(ctx, rev)
+	return w, nil
+}
+
+// Snapshot returns a copy of the current view.
+func (w *Watcher) Snapshot() View {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	v := View{Shards: make(map[int]Row, len(w.view.Shards)), Workers: make(map[string]WorkerInfo, len(w.view.Workers))}
+	for k, r := range w.view.Shards {
+		v.Shards[k] = r
+	}
+	for k, i := range w.view.Workers {
+		v.Workers[k] = i
+	}
+	return v
+}
+
+// Route returns vshard v's live owner and its address.
+func (w *Watcher) Route(v int) (Row, WorkerInfo, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.view.Live(v)
+}
+
+// Changed returns a channel closed at the next change of the view.
+func (w *Watcher) Changed() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed
+}
+
+func (w *Watcher) load(ctx context.Context) (int64, error) {
+	resp, err := w.cli.Get(ctx, w.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("lease: load ownership: %w", err)
+	}
+	v := View{Shards: map[int]Row{}, Workers: map[string]WorkerInfo{}}
+	for _, kv := range resp.Kvs {
+		w.applyLocked(&v, string(kv.Key), kv.Value, kv.ModRevision, false)
+	}
+	w.mu.Lock()
+	w.view = v
+	w.notifyLocked()
+	w.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+func (w *Watcher) run(ctx context.Context, rev int64) {
+	for ctx.Err() == nil {
+		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				w.log.Warn("ownership watch interrupted", "err", err)
+				break
+			}
+			w.mu.Lock()
+			for _, ev := range resp.Events {
+				w.applyLocked(&w.view, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == clientv3.EventTypeDelete)
+			}
+			w.notifyLocked()
+			w.mu.Unlock()
+			rev = resp.Header.Revision
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// Reload from scratch: the watch may have missed events (compaction,
+		// lost leader).
+		for ctx.Err() == nil {
+			r, err := w.load(ctx)
+			if err == nil {
+				rev = r
+				break
+			}
+			w.log.Warn("reloading ownership", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func (w *Watcher) applyLocked(v *View, key string, val []byte, modRev int64, deleted bool) {
+	switch {
+	case strings.HasPrefix(key, shardsPrefix(w.prefix)):
+		n, ok := parseShardKey(w.prefix, key)
+		if !ok {
+			return
+		}
+		if deleted {
+			delete(v.Shards, n)
+			return
+		}
+		var o Owner
+		if err := json.Unmarshal(val, &o); err != nil {
+			w.log.Error("bad owner row", "key", key, "err", err)
+			return
+		}
+		v.Shards[n] = Row{Owner: o, ModRevision: modRev}
+	case strings.HasPrefix(key, workersPrefix(w.prefix)):
+		id := strings.TrimPrefix(key, workersPrefix(w.prefix))
+		if deleted {
+			delete(v.Workers, id)
+			return
+		}
+		var i WorkerInfo
+		if err := json.Unmarshal(val, &i); err != nil {
+			w.log.Error("bad worker row", "key", key, "err", err)
+			return
+		}
+		v.Workers[id] = i
+	}
+}
+
+func (w *Watcher) notifyLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}

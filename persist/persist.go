@@ -1,0 +1,312 @@
+// Package persist copies the committed log into Postgres, exactly once.
+//
+// It is a read_committed consumer group member. Each poll's records are
+// written in one Postgres transaction together with the next offset of
+// every partition they came from; on (re)assignment it starts from the
+// offsets stored in Postgres, never from Kafka's committed group offsets.
+// Inserts skip rows that exist (a replay after a crash); a row whose
+// (conversation_id, seq) or (conversation_id, client_message_id) is taken by
+// a different message is a broken invariant: it is counted, logged loudly
+// and recorded in seq_conflicts, never overwritten.
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// Config configures a Persister.
+type Config struct {
+	Brokers  []string
+	Topic    string
+	Group    string // consumer group (default chatpipe-persist)
+	Consumer string // name in consumer_offsets (default persist)
+	DB       *pgxpool.Pool
+	MaxBatch int // records per Postgres transaction (default 5000)
+	Log      *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if len(c.Brokers) == 0 || c.DB == nil {
+		return errors.New("persist: Brokers and DB are required")
+	}
+	if c.Topic == "" {
+		c.Topic = logrecord.DefaultTopic
+	}
+	if c.Group == "" {
+		c.Group = "chatpipe-persist"
+	}
+	if c.Consumer == "" {
+		c.Consumer = "persist"
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 5000
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return nil
+}
+
+// Stats are the persister's counters.
+type Stats struct {
+	Batches   atomic.Int64
+	Inserted  atomic.Int64
+	Skipped   atomic.Int64 // rows already there with the same message_id
+	Conflicts atomic.Int64 // broken invariants
+	BadRecord atomic.Int64
+}
+
+// Persister is one member of the persist consumer group.
+type Persister struct {
+	cfg   Config
+	stats Stats
+}
+
+// New returns a Persister; Run starts it.
+func New(cfg Config) (*Persister, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Persister{cfg: cfg}, nil
+}
+
+// Stats returns the counters.
+func (p *Persister) Stats() *Stats { return &p.stats }
+
+// Run consumes until ctx ends. A batch in hand when ctx ends is finished or
+// rolled back as a whole.
+func (p *Persister) Run(ctx context.Context) error {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(p.cfg.Brokers...),
+		kgo.ConsumerGroup(p.cfg.Group),
+		kgo.ConsumeTopics(p.cfg.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.AdjustFetchOffsetsFn(p.startOffsets),
+	)
+	if err != nil {
+		return fmt.Errorf("persist: consumer: %w", err)
+	}
+	defer cl.Close()
+	defer cl.AllowRebalance() // Close leaves the group, which a blocked rebalance would stall
+	for {
+		fs := cl.PollRecords(ctx, p.cfg.MaxBatch)
+		if ctx.Err() != nil {
+			return nil
+		}
+		for _, e := range fs.Errors() {
+			p.cfg.Log.Warn("persist fetch error", "topic", e.Topic, "partition", e.Partition, "err", e.Err)
+		}
+		recs := fs.Records()
+		if len(recs) > 0 {
+			if err := p.writeRetrying(ctx, recs); err != nil {
+				return err
+			}
+		}
+		cl.AllowRebalance()
+	}
+}
+
+// startOffsets replaces the group's offsets with those stored in Postgres.
+func (p *Persister) startOffsets(ctx context.Context, in map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	rows, err := p.cfg.DB.Query(ctx, `SELECT topic, log_partition, next_offset FROM consumer_offsets WHERE consumer = $1`, p.cfg.Consumer)
+	if err != nil {
+		return nil, fmt.Errorf("persist: read offsets: %w", err)
+	}
+	stored := map[string]map[int32]int64{}
+	var topic string
+	var part int32
+	var off int64
+	_, err = pgx.ForEachRow(rows, []any{&topic, &part, &off}, func() error {
+		if stored[topic] == nil {
+			stored[topic] = map[int32]int64{}
+		}
+		stored[topic][part] = off
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("persist: read offsets: %w", err)
+	}
+	out := map[string]map[int32]kgo.Offset{}
+	for t, parts := range in {
+		out[t] = map[int32]kgo.Offset{}
+		for pt := range parts {
+			if o, ok := stored[t][pt]; ok {
+				out[t][pt] = kgo.NewOffset().At(o).WithEpoch(-1)
+			} else {
+				out[t][pt] = kgo.NewOffset().AtStart().WithEpoch(-1)
+			}
+		}
+	}
+	return out, nil
+}
+
+// writeRetrying writes a batch, retrying while Postgres is unavailable.
+func (p *Persister) writeRetrying(ctx context.Context, recs []*kgo.Record) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := p.write(ctx, recs)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		p.cfg.Log.Warn("persist batch failed; retrying", "records", len(recs), "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// insertSQL inserts a batch in one statement and returns every row it did
+// not insert, with the message_id of the row holding its seq (NULL if none).
+const insertSQL = `
+WITH input AS (
+  SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                       $8::text[], $9::text[], $10::timestamptz[], $11::int[], $12::bigint[], $13::int[], $14::bigint[])
+    AS t(conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members, created_at,
+         vshard, epoch, log_partition, log_offset)
+), ins AS (
+  INSERT INTO events (conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members,
+                      created_at, vshard, epoch, log_partition, log_offset)
+  SELECT conversation_id, seq, kind, message_id, NULLIF(client_message_id, ''), sender, NULLIF(body, ''),
+         NULLIF(user_id, ''), CASE WHEN members = '' THEN NULL ELSE string_to_array(members, ',') END,
+         created_at, vshard, epoch, log_partition, log_offset
+  FROM input
+  ON CONFLICT DO NOTHING
+  RETURNING conversation_id, seq
+)
+SELECT i.conversation_id, i.seq, e.message_id, i.message_id, i.log_partition, i.log_offset
+FROM input i
+LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)`
+
+// write stores one poll's records and the partitions' next offsets in one
+// transaction.
+//
+// ON CONFLICT DO NOTHING has no target on purpose: events has two unique
+// keys and a clash on either must neither abort the batch (which would stall
+// the partition forever) nor go unnoticed, so every row not inserted is
+// compared with the row holding its (conversation_id, seq) and any
+// difference is reported as a conflict.
+func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
+	type off struct {
+		topic string
+		part  int32
+	}
+	next := map[off]int64{}
+	var cols struct {
+		conv, kind, mid, cmid, sender, body, user, members []string
+		seq, epoch, offset                                 []int64
+		created                                            []time.Time
+		vshard, part                                       []int32
+	}
+	for _, r := range recs {
+		next[off{r.Topic, r.Partition}] = r.Offset + 1
+		e, err := logrecord.Unmarshal(r.Value)
+		if err != nil {
+			p.stats.BadRecord.Add(1)
+			p.cfg.Log.Error("persist: skipping a record that does not decode", "partition", r.Partition, "offset", r.Offset, "err", err)
+			continue
+		}
+		if e.Kind == logrecord.KindTakeover {
+			continue
+		}
+		cols.conv = append(cols.conv, e.ConversationID)
+		cols.seq = append(cols.seq, e.Seq)
+		cols.kind = append(cols.kind, e.Kind)
+		cols.mid = append(cols.mid, e.MessageID)
+		cols.cmid = append(cols.cmid, e.ClientMessageID)
+		cols.sender = append(cols.sender, e.Sender)
+		cols.body = append(cols.body, e.Body)
+		cols.user = append(cols.user, e.UserID)
+		cols.members = append(cols.members, strings.Join(e.Members, ","))
+		cols.created = append(cols.created, e.CreatedAt)
+		cols.vshard = append(cols.vshard, int32(e.VShard))
+		cols.epoch = append(cols.epoch, e.Epoch)
+		cols.part = append(cols.part, r.Partition)
+		cols.offset = append(cols.offset, r.Offset)
+	}
+	parts, offs := make([]int32, 0, len(next)), make([]int64, 0, len(next))
+	topic := p.cfg.Topic
+	for o, n := range next {
+		topic = o.topic
+		parts, offs = append(parts, o.part), append(offs, n)
+	}
+	var skipped, conflicts int64
+	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
+		skipped, conflicts = 0, 0
+		if len(cols.conv) > 0 {
+			rows, err := tx.Query(ctx, insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
+				cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
+			if err != nil {
+				return fmt.Errorf("persist: insert: %w", err)
+			}
+			type conflict struct {
+				conv     string
+				seq      int64
+				existing *string
+				incoming string
+				part     int32
+				offset   int64
+			}
+			var cs []conflict
+			var c conflict
+			_, err = pgx.ForEachRow(rows, []any{&c.conv, &c.seq, &c.existing, &c.incoming, &c.part, &c.offset}, func() error {
+				if c.existing != nil && *c.existing == c.incoming {
+					skipped++ // already stored: a replay after a crash
+					return nil
+				}
+				cs = append(cs, c)
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("persist: insert: %w", err)
+			}
+			for _, c := range cs {
+				p.cfg.Log.Error("BROKEN INVARIANT: a different message holds this conversation's seq or client_message_id; not overwritten",
+					"conversation", c.conv, "seq", c.seq, "existing_message_id", c.existing, "incoming_message_id", c.incoming,
+					"partition", c.part, "offset", c.offset)
+				if _, err := tx.Exec(ctx, `INSERT INTO seq_conflicts (conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset)
+					VALUES ($1, $2, $3, $4, $5, $6)`, c.conv, c.seq, c.existing, c.incoming, c.part, c.offset); err != nil {
+					return fmt.Errorf("persist: record conflict: %w", err)
+				}
+			}
+			conflicts = int64(len(cs))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
+			SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
+			ON CONFLICT (consumer, topic, log_partition) DO UPDATE
+			SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`,
+			p.cfg.Consumer, topic, parts, offs); err != nil {
+			return fmt.Errorf("persist: store offsets: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	p.stats.Batches.Add(1)
+	p.stats.Inserted.Add(int64(len(cols.conv)) - skipped - conflicts)
+	p.stats.Skipped.Add(skipped)
+	p.stats.Conflicts.Add(conflicts)
+	return nil
+}

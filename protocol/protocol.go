@@ -1,0 +1,225 @@
+// Package protocol is the public websocket contract (spec/websocket.md): the
+// client's requests, their validation, and the server's replies. It is pure:
+// decoding and validation only, no I/O.
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Ops a client may send.
+const (
+	OpCreate  = "create"
+	OpJoin    = "join"
+	OpKick    = "kick"
+	OpLeave   = "leave"
+	OpSend    = "send"
+	OpSync    = "sync"
+	OpHistory = "history"
+)
+
+// Server ops.
+const (
+	OpAccepted = "accepted"
+	OpRejected = "rejected"
+	OpEvent    = "event"
+	OpSynced   = "synced"
+)
+
+// Code is a client-facing rejection code.
+type Code string
+
+// Rejection codes of spec/websocket.md.
+const (
+	CodeBadRequest   Code = "bad_request"
+	CodeUnauthorized Code = "unauthorized"
+	CodeForbidden    Code = "forbidden"
+	CodeNotFound     Code = "not_found"
+	CodeConflict     Code = "conflict"
+	CodeTooLarge     Code = "too_large"
+	CodeRateLimited  Code = "rate_limited"
+	CodeUnavailable  Code = "unavailable"
+)
+
+// Error is a rejection with a client-facing code.
+type Error struct {
+	Code         Code
+	Message      string
+	RetryAfterMS int64
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf builds an *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Limits bound what a request may carry. The zero value is not useful; use
+// DefaultLimits.
+type Limits struct {
+	MaxFrameBytes int // a larger frame closes the connection with 1009
+	MaxBodyBytes  int // body, in bytes of UTF-8
+	MaxIDBytes    int // conversation, user, client message and request ids
+	MaxMembers    int // members per conversation, owner included
+	MaxHistory    int // history page size clamp
+}
+
+// DefaultLimits are the limits of spec/websocket.md.
+func DefaultLimits() Limits {
+	return Limits{MaxFrameBytes: 64 << 10, MaxBodyBytes: 4 << 10, MaxIDBytes: 128, MaxMembers: 100, MaxHistory: 200}
+}
+
+// Request is one client command. Fields not used by its op are ignored.
+// A "sender" or "user_id" claiming to be someone else is never trusted: the
+// sender of every command is the authenticated user.
+type Request struct {
+	Op              string           `json:"op"`
+	ID              string           `json:"id"`
+	ConversationID  string           `json:"conversation_id,omitempty"`
+	Members         []string         `json:"members,omitempty"`
+	UserID          string           `json:"user_id,omitempty"`
+	ClientMessageID string           `json:"client_message_id,omitempty"`
+	Body            string           `json:"body,omitempty"`
+	Cursors         map[string]int64 `json:"cursors,omitempty"`
+	BeforeSeq       int64            `json:"before_seq,omitempty"`
+	Limit           int              `json:"limit,omitempty"`
+}
+
+// Decode parses and validates one frame. On error it returns the request id
+// when one could be read (empty when the frame is not a JSON object) and an
+// *Error with code bad_request or too_large.
+func Decode(frame []byte, lim Limits) (*Request, string, *Error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(frame, &raw); err != nil || raw == nil {
+		return nil, "", Errorf(CodeBadRequest, "frame is not a JSON object")
+	}
+	var id string
+	if rid, ok := raw["id"]; ok {
+		if err := json.Unmarshal(rid, &id); err != nil {
+			return nil, "", Errorf(CodeBadRequest, "id must be a string")
+		}
+	}
+	if id == "" {
+		return nil, "", Errorf(CodeBadRequest, "missing id")
+	}
+	if len(id) > lim.MaxIDBytes {
+		return nil, "", Errorf(CodeTooLarge, "id longer than %d bytes", lim.MaxIDBytes)
+	}
+	var r Request
+	dec := json.NewDecoder(bytes.NewReader(frame))
+	if err := dec.Decode(&r); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, id, Errorf(CodeBadRequest, "field %s has the wrong type", te.Field)
+		}
+		return nil, id, Errorf(CodeBadRequest, "malformed request: %v", err)
+	}
+	if e := r.Validate(lim); e != nil {
+		return nil, id, e
+	}
+	return &r, id, nil
+}
+
+// Validate checks the fields its op needs.
+func (r *Request) Validate(lim Limits) *Error {
+	needConv := func() *Error { return CheckID("conversation_id", r.ConversationID, lim) }
+	switch r.Op {
+	case OpCreate:
+		if e := needConv(); e != nil {
+			return e
+		}
+		if len(r.Members)+1 > lim.MaxMembers {
+			return Errorf(CodeTooLarge, "more than %d members", lim.MaxMembers)
+		}
+		for _, m := range r.Members {
+			if e := CheckID("members[]", m, lim); e != nil {
+				return e
+			}
+		}
+	case OpJoin, OpKick:
+		if e := needConv(); e != nil {
+			return e
+		}
+		return CheckID("user_id", r.UserID, lim)
+	case OpLeave:
+		return needConv()
+	case OpSend:
+		if e := needConv(); e != nil {
+			return e
+		}
+		if e := CheckID("client_message_id", r.ClientMessageID, lim); e != nil {
+			return e
+		}
+		if r.Body == "" {
+			return Errorf(CodeBadRequest, "missing body")
+		}
+		if len(r.Body) > lim.MaxBodyBytes {
+			return Errorf(CodeTooLarge, "body longer than %d bytes", lim.MaxBodyBytes)
+		}
+		if !utf8.ValidString(r.Body) {
+			return Errorf(CodeBadRequest, "body is not valid UTF-8")
+		}
+	case OpSync:
+		for c, s := range r.Cursors {
+			if e := CheckID("cursors key", c, lim); e != nil {
+				return e
+			}
+			if s < 0 {
+				return Errorf(CodeBadRequest, "cursor of %s is negative", c)
+			}
+		}
+	case OpHistory:
+		if e := needConv(); e != nil {
+			return e
+		}
+		if r.BeforeSeq < 0 || r.Limit < 0 {
+			return Errorf(CodeBadRequest, "before_seq and limit must not be negative")
+		}
+	case "":
+		return Errorf(CodeBadRequest, "missing op")
+	default:
+		return Errorf(CodeBadRequest, "unknown op %q", r.Op)
+	}
+	return nil
+}
+
+// CheckID validates an id: 1..MaxIDBytes bytes of [A-Za-z0-9._:-].
+func CheckID(field, v string, lim Limits) *Error {
+	if v == "" {
+		return Errorf(CodeBadRequest, "missing %s", field)
+	}
+	if len(v) > lim.MaxIDBytes {
+		return Errorf(CodeTooLarge, "%s longer than %d bytes", field, lim.MaxIDBytes)
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
+		if !ok {
+			return Errorf(CodeBadRequest, "%s has a character outside [A-Za-z0-9._:-]", field)
+		}
+	}
+	return nil
+}
+
+// Reply is a server frame answering a request: accepted or rejected.
+type Reply struct {
+	Op              string `json:"op"`
+	ID              string `json:"id,omitempty"`
+	ConversationID  string `json:"conversation_id,omitempty"`
+	Seq             int64  `json:"seq,omitempty"`
+	MessageID       string `json:"message_id,omitempty"`
+	ClientMessageID string `json:"client_message_id,omitempty"`
+	Code            Code   `json:"code,omitempty"`
+	Message         string `json:"message,omitempty"`
+	RetryAfterMS    int64  `json:"retry_after_ms,omitempty"`
+}
+
+// Rejected builds a rejected reply for request id.
+func Rejected(id string, e *Error) *Reply {
+	return &Reply{Op: OpRejected, ID: id, Code: e.Code, Message: e.Message, RetryAfterMS: e.RetryAfterMS}
+}

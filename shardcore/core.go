@@ -1,0 +1,208 @@
+package shardcore
+
+import (
+	"sort"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// Command is a client command as the shard writer sees it. Sender is the
+// authenticated user, never a field the client sent.
+type Command struct {
+	Op              string
+	ConversationID  string
+	Sender          string
+	UserID          string
+	ClientMessageID string
+	Body            string
+	Members         []string
+}
+
+// First is the first result of a send, remembered for dedupe.
+type First struct {
+	Seq       int64
+	MessageID string
+	Sender    string
+}
+
+// Conv is what the writer knows of one conversation.
+type Conv struct {
+	Exists  bool
+	Owner   string
+	LastSeq int64
+	// Members maps each current member to the seq of the event that made
+	// them one.
+	Members map[string]int64
+	// Dedupe holds the first result of every send the writer has seen in the
+	// log tail, written itself, or looked up in durable state.
+	Dedupe map[string]First
+}
+
+// NewConv returns the state of a conversation with no events.
+func NewConv() *Conv {
+	return &Conv{Members: map[string]int64{}, Dedupe: map[string]First{}}
+}
+
+// Stamp is what Decide needs from outside for a new event: the time and a
+// fresh message id. The driver makes it; tests pass fixed values.
+type Stamp struct {
+	Now       time.Time
+	MessageID string
+	VShard    int
+	Epoch     int64
+}
+
+// Decision is the outcome of Decide: exactly one of Reject, Event, or an
+// answer that writes nothing (Seq and MessageID of an earlier event).
+type Decision struct {
+	Reject *protocol.Error
+	// Event is to be committed to the log; the reply waits for the commit.
+	Event *logrecord.Event
+	// Seq and MessageID answer without writing (a retried send, or a join
+	// of a current member).
+	Seq       int64
+	MessageID string
+}
+
+// Limits the core enforces.
+type Limits struct {
+	MaxMembers int
+}
+
+// NeedsDedupeLookup reports whether the durable state must be asked about
+// cmd's client_message_id before Decide.
+func NeedsDedupeLookup(c *Conv, cmd *Command) bool {
+	if cmd.Op != protocol.OpSend {
+		return false
+	}
+	_, ok := c.Dedupe[cmd.ClientMessageID]
+	return !ok
+}
+
+// Decide returns what to do with cmd given c. It changes nothing.
+func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
+	// Dedupe answers before any other check (spec/websocket.md).
+	if cmd.Op == protocol.OpSend {
+		if f, ok := c.Dedupe[cmd.ClientMessageID]; ok {
+			if f.Sender != cmd.Sender {
+				return reject(protocol.CodeConflict, "client_message_id %s was used by another sender in %s", cmd.ClientMessageID, cmd.ConversationID)
+			}
+			return Decision{Seq: f.Seq, MessageID: f.MessageID}
+		}
+	}
+	_, isMember := c.Members[cmd.Sender]
+	ev := &logrecord.Event{
+		V:              logrecord.Version,
+		ConversationID: cmd.ConversationID,
+		Seq:            c.LastSeq + 1,
+		MessageID:      st.MessageID,
+		Sender:         cmd.Sender,
+		CreatedAt:      st.Now.UTC(),
+		VShard:         st.VShard,
+		Epoch:          st.Epoch,
+	}
+	switch cmd.Op {
+	case protocol.OpCreate:
+		if c.Exists {
+			return reject(protocol.CodeConflict, "conversation %s exists", cmd.ConversationID)
+		}
+		members := uniqueMembers(cmd.Sender, cmd.Members)
+		if len(members) > lim.MaxMembers {
+			return reject(protocol.CodeTooLarge, "more than %d members", lim.MaxMembers)
+		}
+		ev.Kind, ev.Members = logrecord.KindCreate, members
+	case protocol.OpSend:
+		if !isMember {
+			return reject(protocol.CodeForbidden, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
+		}
+		ev.Kind, ev.ClientMessageID, ev.Body = logrecord.KindMessage, cmd.ClientMessageID, cmd.Body
+	case protocol.OpJoin:
+		if !isMember {
+			return reject(protocol.CodeForbidden, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
+		}
+		if seq, ok := c.Members[cmd.UserID]; ok {
+			return Decision{Seq: seq}
+		}
+		if len(c.Members)+1 > lim.MaxMembers {
+			return reject(protocol.CodeTooLarge, "%s has %d members already", cmd.ConversationID, len(c.Members))
+		}
+		ev.Kind, ev.UserID = logrecord.KindJoin, cmd.UserID
+	case protocol.OpKick:
+		if !c.Exists || c.Owner != cmd.Sender || !isMember {
+			return reject(protocol.CodeForbidden, "only the owner of %s may kick", cmd.ConversationID)
+		}
+		if cmd.UserID == cmd.Sender {
+			return reject(protocol.CodeForbidden, "the owner cannot kick themselves; use leave")
+		}
+		if _, ok := c.Members[cmd.UserID]; !ok {
+			return reject(protocol.CodeNotFound, "%s is not a member of %s", cmd.UserID, cmd.ConversationID)
+		}
+		ev.Kind, ev.UserID = logrecord.KindKick, cmd.UserID
+	case protocol.OpLeave:
+		if !isMember {
+			return reject(protocol.CodeNotFound, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
+		}
+		ev.Kind, ev.UserID = logrecord.KindLeave, cmd.Sender
+	default:
+		return reject(protocol.CodeBadRequest, "op %q is not a write", cmd.Op)
+	}
+	return Decision{Event: ev}
+}
+
+// Apply changes c by one committed (or about to be committed) event. Events
+// at or below LastSeq change nothing but the dedupe map, so applying the
+// durable prefix and then an overlapping log tail is safe.
+func Apply(c *Conv, e *logrecord.Event) {
+	if e.Kind == logrecord.KindMessage && e.ClientMessageID != "" {
+		if _, ok := c.Dedupe[e.ClientMessageID]; !ok {
+			c.Dedupe[e.ClientMessageID] = First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender}
+		}
+	}
+	if e.Seq <= c.LastSeq {
+		return
+	}
+	c.LastSeq = e.Seq
+	switch e.Kind {
+	case logrecord.KindCreate:
+		c.Exists, c.Owner = true, e.Sender
+		for _, m := range e.Members {
+			c.Members[m] = e.Seq
+		}
+		c.Members[e.Sender] = e.Seq
+	case logrecord.KindJoin:
+		c.Exists = true
+		if _, ok := c.Members[e.UserID]; !ok {
+			c.Members[e.UserID] = e.Seq
+		}
+	case logrecord.KindKick, logrecord.KindLeave:
+		delete(c.Members, e.UserID)
+	}
+}
+
+// ObserveSeq raises LastSeq to seq: the durable state says events up to seq
+// exist (messages are not replayed one by one on load).
+func ObserveSeq(c *Conv, seq int64) {
+	if seq > c.LastSeq {
+		c.LastSeq = seq
+	}
+}
+
+func uniqueMembers(owner string, members []string) []string {
+	seen := map[string]bool{owner: true}
+	out := []string{owner}
+	rest := make([]string, 0, len(members))
+	for _, m := range members {
+		if !seen[m] {
+			seen[m] = true
+			rest = append(rest, m)
+		}
+	}
+	sort.Strings(rest)
+	return append(out, rest...)
+}
+
+func reject(code protocol.Code, format string, args ...any) Decision {
+	return Decision{Reject: protocol.Errorf(code, format, args...)}
+}

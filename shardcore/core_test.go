@@ -1,0 +1,148 @@
+package shardcore
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+var lim = Limits{MaxMembers: 3}
+
+// step decides cmd and, when it writes, applies the event, like the driver.
+func step(t *testing.T, c *Conv, cmd Command) Decision {
+	t.Helper()
+	d := Decide(c, &cmd, Stamp{Now: time.Unix(0, 0), MessageID: "m" + cmd.ClientMessageID + cmd.Op}, lim)
+	if d.Event != nil {
+		Apply(c, d.Event)
+	}
+	return d
+}
+
+func code(d Decision) protocol.Code {
+	if d.Reject == nil {
+		return ""
+	}
+	return d.Reject.Code
+}
+
+func TestLifecycle(t *testing.T) {
+	c := NewConv()
+	if d := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "a", ClientMessageID: "x", Body: "hi"}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("send to missing conversation: %+v", d)
+	}
+	d := step(t, c, Command{Op: "create", ConversationID: "c", Sender: "a", Members: []string{"b", "a", "b"}})
+	if d.Event == nil || d.Event.Seq != 1 || strings.Join(d.Event.Members, ",") != "a,b" {
+		t.Fatalf("create: %+v", d.Event)
+	}
+	if d := step(t, c, Command{Op: "create", ConversationID: "c", Sender: "z"}); code(d) != protocol.CodeConflict {
+		t.Fatalf("second create: %+v", d)
+	}
+	d = step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "m1", Body: "hi"})
+	if d.Event == nil || d.Event.Seq != 2 {
+		t.Fatalf("send: %+v", d)
+	}
+	// retry: same answer, no write
+	r := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "m1", Body: "other"})
+	if r.Event != nil || r.Seq != 2 || r.MessageID != d.Event.MessageID {
+		t.Fatalf("retry: %+v", r)
+	}
+	if d := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "a", ClientMessageID: "m1", Body: "x"}); code(d) != protocol.CodeConflict {
+		t.Fatalf("same id other sender: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "kick", ConversationID: "c", Sender: "b", UserID: "a"}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("non-owner kick: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "join", ConversationID: "c", Sender: "b", UserID: "d"}); d.Event == nil || d.Event.Seq != 3 {
+		t.Fatalf("join: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "join", ConversationID: "c", Sender: "a", UserID: "d"}); d.Event != nil || d.Seq != 3 {
+		t.Fatalf("join of member: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "join", ConversationID: "c", Sender: "a", UserID: "e"}); code(d) != protocol.CodeTooLarge {
+		t.Fatalf("join over limit: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "kick", ConversationID: "c", Sender: "a", UserID: "b"}); d.Event == nil || d.Event.Seq != 4 {
+		t.Fatalf("kick: %+v", d)
+	}
+	// a kicked user cannot send, but a retry of an earlier send still answers
+	if d := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "m2", Body: "x"}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("kicked send: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "m1", Body: "x"}); d.Seq != 2 {
+		t.Fatalf("kicked retry: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "kick", ConversationID: "c", Sender: "a", UserID: "b"}); code(d) != protocol.CodeNotFound {
+		t.Fatalf("kick non-member: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "leave", ConversationID: "c", Sender: "b"}); code(d) != protocol.CodeNotFound {
+		t.Fatalf("leave non-member: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "leave", ConversationID: "c", Sender: "d"}); d.Event == nil || d.Event.UserID != "d" {
+		t.Fatalf("leave: %+v", d)
+	}
+}
+
+// Replaying the log into a fresh state, with an overlapping durable prefix,
+// gives the same state as the live path.
+func TestReplayMatchesLive(t *testing.T) {
+	live := NewConv()
+	var log []*logrecord.Event
+	cmds := []Command{
+		{Op: "create", Sender: "a", Members: []string{"b"}},
+		{Op: "send", Sender: "a", ClientMessageID: "1", Body: "x"},
+		{Op: "join", Sender: "a", UserID: "c"},
+		{Op: "send", Sender: "c", ClientMessageID: "2", Body: "x"},
+		{Op: "kick", Sender: "a", UserID: "b"},
+		{Op: "send", Sender: "a", ClientMessageID: "3", Body: "x"},
+	}
+	for _, cmd := range cmds {
+		cmd.ConversationID = "c"
+		if d := step(t, live, cmd); d.Event != nil {
+			log = append(log, d.Event)
+		}
+	}
+	for cut := 0; cut <= len(log); cut++ {
+		r := NewConv()
+		// durable prefix: membership events, then the max seq
+		for _, e := range log[:cut] {
+			if e.Kind != logrecord.KindMessage {
+				Apply(r, e)
+			}
+		}
+		if cut > 0 {
+			ObserveSeq(r, log[cut-1].Seq)
+		}
+		// the tail overlaps the prefix by one
+		from := max(cut-1, 0)
+		for _, e := range log[from:] {
+			Apply(r, e)
+		}
+		if r.LastSeq != live.LastSeq || len(r.Members) != len(live.Members) || r.Owner != live.Owner {
+			t.Fatalf("cut %d: replayed %+v, live %+v", cut, r, live)
+		}
+		for m := range live.Members {
+			if _, ok := r.Members[m]; !ok {
+				t.Fatalf("cut %d: member %s missing", cut, m)
+			}
+		}
+	}
+}
+
+// The core must stay pure: no I/O packages, no clients.
+func TestDeps(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"net", "os/exec", "database/sql", "github.com/twmb/franz-go/pkg/kgo", "github.com/jackc/pgx/v5", "go.etcd.io/etcd/client/v3"} {
+		for _, dep := range strings.Fields(string(out)) {
+			if dep == bad {
+				t.Errorf("shardcore imports %s", bad)
+			}
+		}
+	}
+}

@@ -1,0 +1,15 @@
+// Package shardcore is the shard writer's decision core: membership checks,
+// dedupe by (conversation_id, client_message_id) and the next seq of a
+// conversation. It is pure and deterministic: no I/O, no clock, no goroutines.
+//
+// Decide looks at a conversation's state and a command and returns what to do
+// without changing anything. Apply is the only way state changes; the live
+// path applies the events it is about to commit, and replay applies the events
+// it reads back from the committed log, so the two cannot drift. When a commit
+// fails or its outcome is unknown, the driver throws the state away and
+// replays: the log is the truth.
+//
+// Decide requires that the driver has resolved dedupe for the command first:
+// the conversation's Dedupe map must hold the command's client_message_id if
+// the durable state has it (see NeedsDedupeLookup).
+package shardcore

@@ -1,0 +1,97 @@
+package shardworker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/shardcore"
+)
+
+// PersistConsumer is the consumer name persist uses in consumer_offsets.
+const PersistConsumer = "persist"
+
+// loadConvsSQL reads, in one statement (one snapshot), every membership
+// event of each conversation plus its last event.
+const loadConvsSQL = `
+SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}')
+FROM unnest($1::text[]) AS c, LATERAL (
+  (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c AND kind <> 'message')
+  UNION ALL
+  (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
+) AS e
+ORDER BY 1, 2`
+
+const lookupDedupeSQL = `
+SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender
+FROM unnest($1::text[], $2::text[]) AS k(c, m)
+JOIN events e ON e.conversation_id = k.c AND e.client_message_id = k.m`
+
+type dedupeKey struct{ conv, cmid string }
+
+// fetchState loads the conversations in convs (new states) and looks up the
+// client_message_ids in keys, in one round trip.
+func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []dedupeKey) (map[string]*shardcore.Conv, map[dedupeKey]shardcore.First, error) {
+	loaded := make(map[string]*shardcore.Conv, len(convs))
+	found := map[dedupeKey]shardcore.First{}
+	var b pgx.Batch
+	if len(convs) > 0 {
+		for _, c := range convs {
+			loaded[c] = shardcore.NewConv()
+		}
+		b.Queue(loadConvsSQL, convs).Query(func(rows pgx.Rows) error {
+			var cid, kind, sender, user string
+			var seq int64
+			var members []string
+			_, err := pgx.ForEachRow(rows, []any{&cid, &seq, &kind, &sender, &user, &members}, func() error {
+				c := loaded[cid]
+				if kind == logrecord.KindMessage {
+					shardcore.ObserveSeq(c, seq)
+					return nil
+				}
+				shardcore.Apply(c, &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members})
+				return nil
+			})
+			return err
+		})
+	}
+	if len(keys) > 0 {
+		cs, ms := make([]string, len(keys)), make([]string, len(keys))
+		for i, k := range keys {
+			cs[i], ms[i] = k.conv, k.cmid
+		}
+		b.Queue(lookupDedupeSQL, cs, ms).Query(func(rows pgx.Rows) error {
+			var k dedupeKey
+			var f shardcore.First
+			_, err := pgx.ForEachRow(rows, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender}, func() error {
+				found[k] = f
+				return nil
+			})
+			return err
+		})
+	}
+	if b.Len() == 0 {
+		return loaded, found, nil
+	}
+	if err := db.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, nil, fmt.Errorf("shardworker: load state: %w", err)
+	}
+	return loaded, found, nil
+}
+
+// persistOffset returns persist's next offset for a partition; ok is false
+// when persist has committed nothing there yet.
+func persistOffset(ctx context.Context, db *pgxpool.Pool, topic string, part int32) (off int64, ok bool, err error) {
+	err = db.QueryRow(ctx, `SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND log_partition = $3`,
+		PersistConsumer, topic, part).Scan(&off)
+	if err == pgx.ErrNoRows {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("shardworker: read persist offset: %w", err)
+	}
+	return off, true, nil
+}

@@ -1,0 +1,503 @@
+package shardworker
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/shardcore"
+)
+
+// call is one command waiting in a shard's queue.
+type call struct {
+	reqID string
+	cmd   shardcore.Command
+	// done is called exactly once with the reply; retry means nothing was
+	// written and the command may go to whoever owns the shard now.
+	done func(r *protocol.Reply, retry bool)
+}
+
+// shard is the writer of one vshard for one ownership epoch.
+type shard struct {
+	w     *Worker
+	v     int
+	epoch int64
+	part  int32
+	log   *slog.Logger
+
+	in     chan *call
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	ready  atomic.Bool
+
+	convs   map[string]*shardcore.Conv
+	entropy io.Reader
+
+	qmu    sync.Mutex // guards closed against submit racing the final drain
+	closed bool
+}
+
+func newShard(w *Worker, v int, epoch int64) *shard {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &shard{
+		w: w, v: v, epoch: epoch, part: logrecord.Partition(v, w.cfg.Partitions),
+		log: w.log.With("vshard", v, "epoch", epoch),
+		in:  make(chan *call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		entropy: ulid.Monotonic(rand.Reader, 0),
+	}
+}
+
+// submit queues c; false when the queue is full.
+func (s *shard) submit(c *call) bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if s.closed {
+		return false
+	}
+	select {
+	case s.in <- c:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop makes the shard stop accepting at once; its loop ends after the
+// batch in hand (whose commit the new owner's marker fences anyway).
+func (s *shard) stop() { s.cancel() }
+
+func (s *shard) run() {
+	defer close(s.done)
+	defer s.failQueued()
+	backoff := 100 * time.Millisecond
+	for s.ctx.Err() == nil {
+		err := s.session()
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("shard writer stopped; re-checking ownership before taking over again", "err", err)
+		if !s.stillOwner() {
+			return
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// stillOwner asks etcd (linearizable read) whether this worker still owns
+// the vshard at this epoch. After a fence only the owner may make a new
+// producer: a zombie that re-opened its producer would fence the real
+// owner. While etcd cannot answer, it waits.
+func (s *shard) stillOwner() bool {
+	for s.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(s.ctx, 3*time.Second)
+		o, ok, err := lease.ReadOwner(ctx, s.w.cfg.Etcd, s.w.cfg.Prefix, s.v)
+		cancel()
+		if err == nil {
+			gen := s.w.gen.Load()
+			return ok && o.Worker == s.w.cfg.ID && o.Gen == gen && o.Epoch == s.epoch
+		}
+		select {
+		case <-s.ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+func (s *shard) failQueued() {
+	s.qmu.Lock()
+	s.closed = true
+	s.qmu.Unlock()
+	for {
+		select {
+		case c := <-s.in:
+			c.done(unavailable(c.reqID, "vshard %d is moving to another worker", s.v), true)
+		default:
+			return
+		}
+	}
+}
+
+func unavailable(id, format string, args ...any) *protocol.Reply {
+	e := protocol.Errorf(protocol.CodeUnavailable, format, args...)
+	e.RetryAfterMS = 200
+	return protocol.Rejected(id, e)
+}
+
+// session runs one takeover → replay → accept cycle until an error or stop.
+func (s *shard) session() error {
+	start := time.Now()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(s.w.cfg.Brokers...),
+		kgo.TransactionalID(logrecord.TransactionalID(s.v)),
+		kgo.TransactionTimeout(s.w.cfg.TxnTimeout),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.DefaultProduceTopic(s.w.cfg.Topic),
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(s.w.cfg.CommitTimeout),
+		kgo.MaxBufferedRecords(s.w.cfg.MaxBatch*2),
+	)
+	if err != nil {
+		return fmt.Errorf("shardworker: producer: %w", err)
+	}
+	defer cl.Close()
+
+	markerOff, err := s.commitMarker(cl)
+	if err != nil {
+		return err
+	}
+	if s.ctx.Err() != nil {
+		return nil
+	}
+	convs, n, err := s.replay(markerOff)
+	if err != nil {
+		return err
+	}
+	s.convs = convs
+	s.w.stats.Takeovers.Add(1)
+	s.log.Info("accepting", "marker_offset", markerOff, "replayed", n, "conversations", len(convs), "took", time.Since(start).Round(time.Millisecond))
+	s.ready.Store(true)
+	defer s.ready.Store(false)
+	for {
+		batch, ok := s.collect()
+		if !ok {
+			return nil
+		}
+		if err := s.process(cl, batch); err != nil {
+			return err
+		}
+	}
+}
+
+// commitMarker commits the takeover marker through the vshard's
+// transactional.id. Initialising that id fences the previous producer and
+// aborts its open transaction; the marker's offset bounds the replay.
+func (s *shard) commitMarker(cl *kgo.Client) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
+	defer cancel()
+	ev := &logrecord.Event{Kind: logrecord.KindTakeover, VShard: s.v, Epoch: s.epoch, Worker: s.w.cfg.ID, CreatedAt: time.Now().UTC()}
+	rec, err := s.record(ev)
+	if err != nil {
+		return 0, err
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		return 0, fmt.Errorf("shardworker: begin marker transaction: %w", err)
+	}
+	res := cl.ProduceSync(ctx, rec)
+	if err := res.FirstErr(); err != nil {
+		_ = cl.AbortBufferedRecords(ctx)
+		_ = cl.EndTransaction(ctx, kgo.TryAbort)
+		return 0, fmt.Errorf("shardworker: produce marker: %w", err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return 0, fmt.Errorf("shardworker: commit marker: %w", err)
+	}
+	return res[0].Record.Offset, nil
+}
+
+// replay rebuilds the state of every conversation of the vshard that has
+// events after persist's committed offset, up to the marker: Postgres for
+// the prefix, then the log tail, read_committed. Other conversations are
+// loaded from Postgres on first touch.
+func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.w.cfg.ReplayTimeout)
+	defer cancel()
+	from, ok, err := persistOffset(ctx, s.w.cfg.DB, s.w.cfg.Topic, s.part)
+	if err != nil {
+		return nil, 0, err
+	}
+	var tail []*logrecord.Event
+	if !ok || from < markerOff {
+		start := kgo.NewOffset().AtStart()
+		if ok {
+			start = kgo.NewOffset().At(from)
+		}
+		tail, err = readTail(ctx, s.w.cfg.Brokers, s.w.cfg.Topic, s.part, start, markerOff, s.v)
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	var ids []string
+	seen := map[string]bool{}
+	for _, e := range tail {
+		if !seen[e.ConversationID] {
+			seen[e.ConversationID] = true
+			ids = append(ids, e.ConversationID)
+		}
+	}
+	convs, _, err := fetchState(ctx, s.w.cfg.DB, ids, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, e := range tail {
+		shardcore.Apply(convs[e.ConversationID], e)
+	}
+	return convs, len(tail), nil
+}
+
+// readTail reads partition part from start up to (not including) the
+// marker at end, read_committed, and returns the events of vshard v.
+func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int) ([]*logrecord.Event, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: start}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("shardworker: replay consumer: %w", err)
+	}
+	defer cl.Close()
+	want := strconv.Itoa(v)
+	var out []*logrecord.Event
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("shardworker: replay of partition %d did not reach the marker at %d: %w", part, end, err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return nil, fmt.Errorf("shardworker: replay fetch: %w", errs[0].Err)
+		}
+		reached := false
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= end {
+				reached = true
+				return
+			}
+			if headerValue(r, logrecord.HeaderVShard) != want {
+				return
+			}
+			e, err := logrecord.Unmarshal(r.Value)
+			if err != nil || e.Kind == logrecord.KindTakeover {
+				return
+			}
+			out = append(out, e)
+		})
+		if reached {
+			return out, nil
+		}
+	}
+}
+
+func headerValue(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func (s *shard) record(e *logrecord.Event) (*kgo.Record, error) {
+	val, err := e.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	r := &kgo.Record{Key: []byte(e.Key()), Value: val, Partition: s.part, Topic: s.w.cfg.Topic}
+	for _, h := range e.Headers() {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: h[0], Value: []byte(h[1])})
+	}
+	return r, nil
+}
+
+// collect waits for one command, then takes whatever else has queued, up to
+// MaxBatch, waiting at most Linger for more.
+func (s *shard) collect() ([]*call, bool) {
+	var batch []*call
+	select {
+	case c := <-s.in:
+		batch = append(batch, c)
+	case <-s.ctx.Done():
+		return nil, false
+	}
+	var linger <-chan time.Time
+	if s.w.cfg.Linger > 0 {
+		t := time.NewTimer(s.w.cfg.Linger)
+		defer t.Stop()
+		linger = t.C
+	}
+	for len(batch) < s.w.cfg.MaxBatch {
+		select {
+		case c := <-s.in:
+			batch = append(batch, c)
+			continue
+		default:
+		}
+		if linger == nil {
+			break
+		}
+		select {
+		case c := <-s.in:
+			batch = append(batch, c)
+			continue
+		case <-linger:
+		}
+		break
+	}
+	return batch, true
+}
+
+// process decides a batch, commits its events in one transaction and
+// answers. A returned error ends the session: the state is thrown away.
+func (s *shard) process(cl *kgo.Client, batch []*call) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
+	defer cancel()
+
+	// 1. State this batch needs and the writer lacks: one round trip.
+	var need []string
+	var keys []dedupeKey
+	seenConv, seenKey := map[string]bool{}, map[dedupeKey]bool{}
+	for _, c := range batch {
+		cid := c.cmd.ConversationID
+		conv, loaded := s.convs[cid]
+		if !loaded && !seenConv[cid] {
+			seenConv[cid] = true
+			need = append(need, cid)
+		}
+		k := dedupeKey{cid, c.cmd.ClientMessageID}
+		if c.cmd.Op == protocol.OpSend && !seenKey[k] && (!loaded || shardcore.NeedsDedupeLookup(conv, &c.cmd)) {
+			seenKey[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(need) > 0 || len(keys) > 0 {
+		loaded, found, err := fetchState(ctx, s.w.cfg.DB, need, keys)
+		if err != nil {
+			s.log.Warn("cannot load conversation state", "err", err)
+			for _, c := range batch {
+				c.done(unavailable(c.reqID, "conversation state is unavailable"), true)
+			}
+			return nil
+		}
+		for cid, conv := range loaded {
+			s.convs[cid] = conv
+		}
+		for k, f := range found {
+			if _, ok := s.convs[k.conv].Dedupe[k.cmid]; !ok {
+				s.convs[k.conv].Dedupe[k.cmid] = f
+			}
+		}
+	}
+
+	// 2. Decide, in arrival order, applying each event at once so the next
+	// command of the conversation sees it.
+	now := time.Now()
+	replies := make([]*protocol.Reply, len(batch))
+	var recs []*kgo.Record
+	for i, c := range batch {
+		conv := s.convs[c.cmd.ConversationID]
+		id, err := ulid.New(ulid.Timestamp(now), s.entropy)
+		if err != nil {
+			return fmt.Errorf("shardworker: message id: %w", err)
+		}
+		d := shardcore.Decide(conv, &c.cmd, shardcore.Stamp{Now: now, MessageID: id.String(), VShard: s.v, Epoch: s.epoch}, s.w.cfg.Limits)
+		switch {
+		case d.Reject != nil:
+			replies[i] = protocol.Rejected(c.reqID, d.Reject)
+		case d.Event != nil:
+			shardcore.Apply(conv, d.Event)
+			rec, err := s.record(d.Event)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+			replies[i] = accepted(c, d.Event.Seq, d.Event.MessageID)
+		default:
+			replies[i] = accepted(c, d.Seq, d.MessageID)
+		}
+	}
+
+	// 3. Commit; answer only after the commit returned success.
+	if len(recs) > 0 {
+		if err := s.commit(ctx, cl, recs); err != nil {
+			for _, c := range batch {
+				c.done(unavailable(c.reqID, "commit failed; retry with the same ids"), false)
+			}
+			return err
+		}
+		s.w.stats.Commits.Add(1)
+		s.w.stats.Events.Add(int64(len(recs)))
+	}
+	for i, c := range batch {
+		c.done(replies[i], false)
+	}
+	return nil
+}
+
+func accepted(c *call, seq int64, messageID string) *protocol.Reply {
+	r := &protocol.Reply{Op: protocol.OpAccepted, ID: c.reqID, ConversationID: c.cmd.ConversationID, Seq: seq, MessageID: messageID}
+	if c.cmd.Op == protocol.OpSend {
+		r.ClientMessageID = c.cmd.ClientMessageID
+	}
+	return r
+}
+
+// commit produces recs in one transaction and commits it. Any produce error
+// aborts the whole transaction (a commit after a failed produce would
+// commit what did succeed). An error from EndTransaction may still mean the
+// transaction committed: the caller treats every error as an unknown
+// outcome.
+func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) error {
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("shardworker: begin transaction: %w", err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	wg.Add(len(recs))
+	for _, r := range recs {
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	if err := cl.Flush(ctx); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	wg.Wait()
+	if firstErr != nil {
+		s.countFence(firstErr)
+		_ = cl.AbortBufferedRecords(ctx)
+		_ = cl.EndTransaction(ctx, kgo.TryAbort)
+		return fmt.Errorf("shardworker: produce: %w", firstErr)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		s.countFence(err)
+		s.w.stats.UnknownCommits.Add(1)
+		return fmt.Errorf("shardworker: commit: %w", err)
+	}
+	return nil
+}
+
+func (s *shard) countFence(err error) {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		s.w.stats.FencedWrites.Add(1)
+		s.log.Warn("writes fenced: another writer took this vshard over", "err", err)
+	}
+}

@@ -1,0 +1,275 @@
+package shardworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/shardcore"
+	"github.com/chatpipe/chatpipe/wire"
+)
+
+// Config configures a Worker. Zero fields get the defaults of validate.
+type Config struct {
+	ID            string // worker id, unique in the deployment
+	Listen        string // address of the gateway-facing listener (default 127.0.0.1:0)
+	Advertise     string // address advertised in etcd (default: the listener's)
+	Etcd          *clientv3.Client
+	Prefix        string
+	Brokers       []string
+	Topic         string
+	VShards       int
+	Partitions    int
+	DB            *pgxpool.Pool
+	MaxBatch      int           // commands per transaction (default 1000)
+	Linger        time.Duration // extra wait for a batch to fill (default 0: take what queued during the last commit)
+	QueueLen      int           // commands queued per vshard (default 10000)
+	CommitTimeout time.Duration // per transaction (default 10 s)
+	TxnTimeout    time.Duration // Kafka transaction.timeout (default 10 s)
+	ReplayTimeout time.Duration // default 60 s
+	LeaseTTL      int64         // seconds (default 10)
+	Limits        shardcore.Limits
+	Log           *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.ID == "" || c.Etcd == nil || c.DB == nil || len(c.Brokers) == 0 || c.VShards <= 0 || c.Partitions <= 0 {
+		return errors.New("shardworker: ID, Etcd, DB, Brokers, VShards and Partitions are required")
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.Prefix == "" {
+		c.Prefix = lease.DefaultPrefix
+	}
+	if c.Topic == "" {
+		c.Topic = logrecord.DefaultTopic
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 1000
+	}
+	if c.QueueLen <= 0 {
+		c.QueueLen = 10000
+	}
+	if c.CommitTimeout <= 0 {
+		c.CommitTimeout = 10 * time.Second
+	}
+	if c.TxnTimeout <= 0 {
+		c.TxnTimeout = 10 * time.Second
+	}
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 60 * time.Second
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = lease.DefaultTTL
+	}
+	if c.Limits.MaxMembers <= 0 {
+		c.Limits.MaxMembers = protocol.DefaultLimits().MaxMembers
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return nil
+}
+
+// Stats are the worker's counters.
+type Stats struct {
+	Takeovers      atomic.Int64
+	Commits        atomic.Int64
+	Events         atomic.Int64
+	FencedWrites   atomic.Int64
+	UnknownCommits atomic.Int64
+}
+
+// Worker owns some vshards and runs their writers.
+type Worker struct {
+	cfg   Config
+	log   *slog.Logger
+	stats Stats
+	gen   atomic.Int64
+
+	mu     sync.Mutex
+	shards map[int]*shard
+	wg     sync.WaitGroup
+	addr   string
+	ready  chan struct{}
+}
+
+// New returns a worker; Run starts it.
+func New(cfg Config) (*Worker, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Worker{cfg: cfg, log: cfg.Log.With("worker", cfg.ID), shards: map[int]*shard{}, ready: make(chan struct{})}, nil
+}
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() *Stats { return &w.stats }
+
+// Addr is the advertised address, valid once Ready is closed.
+func (w *Worker) Addr() string { return w.addr }
+
+// Ready is closed when the worker is registered in etcd.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// Owned returns the vshards this worker is accepting for.
+func (w *Worker) Owned() []int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []int
+	for v, s := range w.shards {
+		if s.ready.Load() {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Run serves until ctx ends, then stops its writers, revokes its lease (so
+// its shards move at once) and returns.
+func (w *Worker) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", w.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("shardworker: listen: %w", err)
+	}
+	w.addr = ln.Addr().String()
+	if w.cfg.Advertise != "" {
+		w.addr = w.cfg.Advertise
+	}
+	bg, stopBG := context.WithCancel(context.Background())
+	var bgwg sync.WaitGroup
+	defer func() { stopBG(); bgwg.Wait() }()
+
+	watcher, err := lease.Watch(bg, w.cfg.Etcd, w.cfg.Prefix, w.log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	bgwg.Add(2)
+	go func() {
+		defer bgwg.Done()
+		if err := wire.Serve(bg, ln, w.handle, w.log); err != nil {
+			w.log.Error("worker listener failed", "err", err)
+		}
+	}()
+	go func() {
+		defer bgwg.Done()
+		_ = lease.RunCoordinator(ctx, w.cfg.Etcd, watcher, lease.CoordinatorConfig{
+			Prefix: w.cfg.Prefix, VShards: w.cfg.VShards, Candidate: w.cfg.ID, Log: w.log})
+	}()
+
+	readyOnce := sync.Once{}
+	for ctx.Err() == nil {
+		reg, err := lease.Register(ctx, w.cfg.Etcd, w.cfg.Prefix, w.cfg.ID, w.addr, w.cfg.LeaseTTL, w.log)
+		if err != nil {
+			w.log.Warn("cannot register worker", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		w.gen.Store(reg.Gen)
+		w.log.Info("worker registered", "gen", reg.Gen, "addr", w.addr)
+		readyOnce.Do(func() { close(w.ready) })
+		w.manage(ctx, reg, watcher)
+		w.stopAll()
+		if ctx.Err() != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := reg.Close(rctx); err != nil {
+				w.log.Warn("lease revoke failed; shards move when it expires", "err", err)
+			}
+			cancel()
+			break
+		}
+		_ = reg.Close(context.Background())
+		w.log.Warn("worker lease lost; registering again with a new gen")
+	}
+	return nil
+}
+
+// manage starts and stops shard writers as the owner rows change, until the
+// lease is lost or ctx ends.
+func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *lease.Watcher) {
+	for {
+		changed := watcher.Changed()
+		view := watcher.Snapshot()
+		w.mu.Lock()
+		for v := 0; v < w.cfg.VShards; v++ {
+			row, ok := view.Shards[v]
+			mine := ok && row.Worker == w.cfg.ID && row.Gen == reg.Gen
+			cur := w.shards[v]
+			if cur != nil && (!mine || cur.epoch != row.Epoch) {
+				cur.stop()
+				delete(w.shards, v)
+				cur = nil
+			}
+			if mine && cur == nil {
+				s := newShard(w, v, row.Epoch)
+				w.shards[v] = s
+				w.wg.Add(1)
+				go func() { defer w.wg.Done(); s.run() }()
+			}
+		}
+		w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-reg.Lost():
+			return
+		case <-changed:
+		}
+	}
+}
+
+func (w *Worker) stopAll() {
+	w.mu.Lock()
+	for v, s := range w.shards {
+		s.stop()
+		delete(w.shards, v)
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+}
+
+// handle routes a gateway request to the shard writer of its conversation.
+func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
+	r := req.Req
+	done := func(rep *protocol.Reply, retry bool) { reply(&wire.Response{RID: req.RID, Reply: rep, Retry: retry}) }
+	if e := r.Validate(protocol.DefaultLimits()); e != nil {
+		done(protocol.Rejected(r.ID, e), false)
+		return
+	}
+	switch r.Op {
+	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend:
+	default:
+		done(protocol.Rejected(r.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not served by workers", r.Op)), false)
+		return
+	}
+	v := logrecord.VShard(r.ConversationID, w.cfg.VShards)
+	w.mu.Lock()
+	s := w.shards[v]
+	w.mu.Unlock()
+	if s == nil {
+		done(unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
+		return
+	}
+	c := &call{reqID: r.ID, done: done, cmd: shardcore.Command{
+		Op: r.Op, ConversationID: r.ConversationID, Sender: req.User, UserID: r.UserID,
+		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
+	}}
+	if !s.submit(c) {
+		done(unavailable(r.ID, "vshard %d is overloaded", v), true)
+	}
+}
