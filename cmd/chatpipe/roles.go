@@ -249,4 +249,3 @@ func runToken(_ context.Context, args []string) error {
 	fmt.Println(tok)
 	return nil
 }
-
