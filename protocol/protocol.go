@@ -4,10 +4,10 @@
 package protocol
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -98,21 +98,29 @@ func Decode(frame []byte, lim Limits) (*Request, string, *Error) {
 	if err := json.Unmarshal(frame, &raw); err != nil || raw == nil {
 		return nil, "", Errorf(CodeBadRequest, "frame is not a JSON object")
 	}
+	// encoding/json matches field names case-insensitively, last key
+	// winning: an "ID" or "Body" key must not replace a checked field.
+	for k := range raw {
+		if l := strings.ToLower(k); l != k && fieldNames[l] {
+			return nil, "", Errorf(CodeBadRequest, "field names are case-sensitive: %q", k)
+		}
+	}
 	var id string
 	if rid, ok := raw["id"]; ok {
 		if err := json.Unmarshal(rid, &id); err != nil {
 			return nil, "", Errorf(CodeBadRequest, "id must be a string")
 		}
 	}
-	if id == "" {
-		return nil, "", Errorf(CodeBadRequest, "missing id")
+	if e := CheckID("id", id, lim); e != nil {
+		return nil, "", e
 	}
-	if len(id) > lim.MaxIDBytes {
-		return nil, "", Errorf(CodeTooLarge, "id longer than %d bytes", lim.MaxIDBytes)
+	// encoding/json replaces invalid UTF-8 and lone surrogate escapes with
+	// U+FFFD, which would store an altered message: reject them instead.
+	if !utf8.Valid(frame) || hasLoneSurrogate(frame) {
+		return nil, id, Errorf(CodeBadRequest, "frame is not valid UTF-8")
 	}
 	var r Request
-	dec := json.NewDecoder(bytes.NewReader(frame))
-	if err := dec.Decode(&r); err != nil {
+	if err := json.Unmarshal(frame, &r); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return nil, id, Errorf(CodeBadRequest, "field %s has the wrong type", te.Field)
@@ -123,6 +131,61 @@ func Decode(frame []byte, lim Limits) (*Request, string, *Error) {
 		return nil, id, e
 	}
 	return &r, id, nil
+}
+
+// fieldNames are the JSON names of Request's fields.
+var fieldNames = map[string]bool{
+	"op": true, "id": true, "conversation_id": true, "members": true, "user_id": true,
+	"client_message_id": true, "body": true, "cursors": true, "before_seq": true, "limit": true,
+}
+
+// hasLoneSurrogate reports whether a JSON text has a \uD800–\uDFFF escape
+// that is not half of a surrogate pair.
+func hasLoneSurrogate(b []byte) bool {
+	for i := 0; i+5 < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if b[i+1] != 'u' {
+			i++ // skip the escaped character
+			continue
+		}
+		v, ok := hex4(b[i+2 : i+6])
+		if !ok {
+			continue
+		}
+		switch {
+		case v >= 0xD800 && v < 0xDC00:
+			if i+11 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+				if w, ok := hex4(b[i+8 : i+12]); ok && w >= 0xDC00 && w < 0xE000 {
+					i += 11
+					continue
+				}
+			}
+			return true
+		case v >= 0xDC00 && v < 0xE000:
+			return true
+		}
+		i += 5
+	}
+	return false
+}
+
+func hex4(b []byte) (rune, bool) {
+	var v rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			v = v<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			v = v<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // Validate checks the fields its op needs.

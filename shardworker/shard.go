@@ -45,7 +45,12 @@ type shard struct {
 	done   chan struct{}
 	ready  atomic.Bool
 
-	convs   map[string]*shardcore.Conv
+	convs map[string]*shardcore.Conv
+	// lastOff is the log offset of the newest event of each cached
+	// conversation that may not be in Postgres yet (-1: none). Only a
+	// conversation whose lastOff is below persist's offset may be evicted:
+	// otherwise reloading it from Postgres would miss its newest events.
+	lastOff map[string]int64
 	entropy io.Reader
 
 	qmu    sync.Mutex // guards closed against submit racing the final drain
@@ -174,6 +179,10 @@ func (s *shard) session() error {
 		return err
 	}
 	s.convs = convs
+	s.lastOff = make(map[string]int64, len(convs))
+	for cid := range convs {
+		s.lastOff[cid] = markerOff
+	}
 	s.w.stats.Takeovers.Add(1)
 	s.log.Info("accepting", "marker_offset", markerOff, "replayed", n, "conversations", len(convs), "took", time.Since(start).Round(time.Millisecond))
 	s.ready.Store(true)
@@ -391,6 +400,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		}
 		for cid, conv := range loaded {
 			s.convs[cid] = conv
+			s.lastOff[cid] = -1
 		}
 		for k, f := range found {
 			if _, ok := s.convs[k.conv].Dedupe[k.cmid]; !ok {
@@ -437,11 +447,42 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		}
 		s.w.stats.Commits.Add(1)
 		s.w.stats.Events.Add(int64(len(recs)))
+		for _, r := range recs {
+			s.lastOff[string(r.Key)] = r.Offset
+		}
 	}
 	for i, c := range batch {
 		c.done(replies[i], false)
 	}
+	if len(s.convs) > s.w.cfg.MaxConvs {
+		s.evict(ctx)
+	}
 	return nil
+}
+
+// evict drops cached conversations whose events are all in Postgres until
+// the cache is at 3/4 of MaxConvs; they are reloaded on their next command.
+// Conversations persist has not caught up with stay: the cache is bounded
+// by MaxConvs plus persist's lag.
+func (s *shard) evict(ctx context.Context) {
+	persisted, ok, err := persistOffset(ctx, s.w.cfg.DB, s.w.cfg.Topic, s.part)
+	if err != nil || !ok {
+		return
+	}
+	target := s.w.cfg.MaxConvs * 3 / 4
+	n := 0
+	for cid, off := range s.lastOff {
+		if len(s.convs) <= target {
+			break
+		}
+		if off < persisted {
+			delete(s.convs, cid)
+			delete(s.lastOff, cid)
+			n++
+		}
+	}
+	s.w.stats.Evictions.Add(int64(n))
+	s.log.Debug("evicted conversations", "n", n, "cached", len(s.convs))
 }
 
 func accepted(c *call, seq int64, messageID string) *protocol.Reply {

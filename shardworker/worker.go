@@ -35,6 +35,7 @@ type Config struct {
 	MaxBatch      int           // commands per transaction (default 1000)
 	Linger        time.Duration // extra wait for a batch to fill (default 0: take what queued during the last commit)
 	QueueLen      int           // commands queued per vshard (default 10000)
+	MaxConvs      int           // conversations cached per vshard (default 20000; more while persist lags)
 	CommitTimeout time.Duration // per transaction (default 10 s)
 	TxnTimeout    time.Duration // Kafka transaction.timeout (default 10 s)
 	ReplayTimeout time.Duration // default 60 s
@@ -58,6 +59,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 1000
+	}
+	if c.MaxConvs <= 0 {
+		c.MaxConvs = 20000
 	}
 	if c.QueueLen <= 0 {
 		c.QueueLen = 10000
@@ -90,6 +94,7 @@ type Stats struct {
 	Events         atomic.Int64
 	FencedWrites   atomic.Int64
 	UnknownCommits atomic.Int64
+	Evictions      atomic.Int64 // cached conversations dropped (reloaded on next use)
 }
 
 // Worker owns some vshards and runs their writers.

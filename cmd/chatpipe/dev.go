@@ -37,6 +37,7 @@ func runDev(ctx context.Context, args []string) error {
 	dbURL := fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
+	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -124,7 +125,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	start("persist", p.Run)
 	for i := 1; i <= *workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", cli, cfg, brokers, db, *linger, log)
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", cli, cfg, brokers, db, *linger, *cacheConvs, log)
 		if err != nil {
 			return err
 		}
@@ -178,11 +179,11 @@ Press Ctrl-C to stop.
 	return nil
 }
 
-func newWorker(id, listen, advertise string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, log *slog.Logger) (*shardworker.Worker, error) {
+func newWorker(id, listen, advertise string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, log *slog.Logger) (*shardworker.Worker, error) {
 	return shardworker.New(shardworker.Config{
 		ID: id, Listen: listen, Advertise: advertise, Etcd: cli, Prefix: lease.DefaultPrefix,
 		Brokers: brokers, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
-		DB: db, Linger: linger, Log: log.With("role", "worker"),
+		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
 	})
 }
 

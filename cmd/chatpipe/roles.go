@@ -72,6 +72,7 @@ func runWorker(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
 	advertise := fs.String("advertise", "", "address gateways dial (default: the listener's)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
+	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -105,7 +106,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	w, err := newWorker(*id, *listen, *advertise, cli, cfg, splitList(*inf.kafka), db, *linger, log)
+	w, err := newWorker(*id, *listen, *advertise, cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, log)
 	if err != nil {
 		return err
 	}
