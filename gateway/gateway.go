@@ -12,12 +12,14 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/lease"
@@ -98,6 +100,20 @@ func New(cfg Config) (*Gateway, error) {
 
 // Stats returns the counters.
 func (g *Gateway) Stats() *Stats { return &g.stats }
+
+// Collectors returns the gateway's Prometheus metrics.
+func (g *Gateway) Collectors() []prometheus.Collector {
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_gateway_connections", Help: "Open websocket connections."},
+			func() float64 { return float64(g.stats.Connections.Load()) }),
+		counter("chatpipe_gateway_accepted_total", "Commands answered accepted.", &g.stats.Accepted),
+		counter("chatpipe_gateway_rejected_total", "Commands and frames answered rejected (but unavailable).", &g.stats.Rejected),
+		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
+	}
+}
 
 // Handler serves /v1/ws and /healthz.
 func (g *Gateway) Handler() http.Handler {
@@ -306,7 +322,7 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 			}
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return unavailable(req.ID, "vshard "+itoa(v)+" has no available owner", 1000)
+			return unavailable(req.ID, "vshard "+strconv.Itoa(v)+" has no available owner", 1000)
 		}
 		select {
 		case <-ctx.Done():
@@ -321,11 +337,6 @@ func unavailable(id, msg string, after int64) *protocol.Reply {
 	e := protocol.Errorf(protocol.CodeUnavailable, "%s", msg)
 	e.RetryAfterMS = after
 	return protocol.Rejected(id, e)
-}
-
-func itoa(v int) string {
-	b, _ := json.Marshal(v)
-	return string(b)
 }
 
 func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error) {

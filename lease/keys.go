@@ -61,8 +61,9 @@ func EnsureConfig(ctx context.Context, cli *clientv3.Client, prefix string, want
 
 // WorkerInfo is the value of workers/<id>, attached to the worker's lease.
 type WorkerInfo struct {
-	Addr string `json:"addr"`
-	Gen  int64  `json:"gen"`
+	Addr  string `json:"addr"`
+	Gen   int64  `json:"gen"`
+	Admin string `json:"admin,omitempty"` // the worker's /metrics, /healthz, /readyz server, if any
 }
 
 // Owner is the value of shards/<n>.

@@ -26,18 +26,22 @@ type Registration struct {
 	cli      *clientv3.Client
 	log      *slog.Logger
 	lost     chan struct{}
-	renewals atomic.Int64
+	renewals *atomic.Int64
 	cancel   context.CancelFunc
 	done     chan struct{}
 	once     sync.Once
 }
 
 // Register takes a new gen for workerID, grants a lease of ttl seconds and
-// writes workers/<id> = {addr, gen} on it. It starts the single keep-alive
-// that renews the lease for all the worker's shards; Close stops it.
-func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID, addr string, ttl int64, log *slog.Logger) (*Registration, error) {
+// writes workers/<id> = info (with the new gen) on it. It starts the single
+// keep-alive that renews the lease for all the worker's shards, counting
+// each renewal into renewals (may be nil); Close stops it.
+func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID string, info WorkerInfo, ttl int64, renewals *atomic.Int64, log *slog.Logger) (*Registration, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	if renewals == nil {
+		renewals = new(atomic.Int64)
 	}
 	gen, err := nextGen(ctx, cli, prefix+"gens/"+workerID)
 	if err != nil {
@@ -47,13 +51,14 @@ func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID, addr 
 	if err != nil {
 		return nil, fmt.Errorf("lease: grant: %w", err)
 	}
-	val, _ := json.Marshal(WorkerInfo{Addr: addr, Gen: gen})
+	info.Gen = gen
+	val, _ := json.Marshal(info)
 	if _, err := cli.Put(ctx, workersPrefix(prefix)+workerID, string(val), clientv3.WithLease(grant.ID)); err != nil {
 		return nil, fmt.Errorf("lease: register worker %s: %w", workerID, err)
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	r := &Registration{WorkerID: workerID, Gen: gen, LeaseID: grant.ID, cli: cli, log: log,
-		lost: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+		lost: make(chan struct{}), renewals: renewals, cancel: cancel, done: make(chan struct{})}
 	go r.keepAlive(kctx)
 	return r, nil
 }

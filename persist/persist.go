@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -84,6 +85,20 @@ func New(cfg Config) (*Persister, error) {
 
 // Stats returns the counters.
 func (p *Persister) Stats() *Stats { return &p.stats }
+
+// Collectors returns the persister's Prometheus metrics.
+func (p *Persister) Collectors() []prometheus.Collector {
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	return []prometheus.Collector{
+		counter("chatpipe_persist_batches_total", "Postgres transactions written.", &p.stats.Batches),
+		counter("chatpipe_persist_inserted_total", "Events inserted.", &p.stats.Inserted),
+		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
+		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
+		counter("chatpipe_persist_bad_records_total", "Records that did not decode and were skipped.", &p.stats.BadRecord),
+	}
+}
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.

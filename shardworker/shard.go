@@ -12,9 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -167,14 +169,21 @@ func (s *shard) session() error {
 	}
 	defer cl.Close()
 
-	markerOff, err := s.commitMarker(cl)
-	if err != nil {
-		return err
+	var markerOff int64
+	var convs map[string]*shardcore.Conv
+	var n int
+	if faultAcceptBeforeMarker {
+		convs, n, markerOff, err = s.replayWithoutMarker()
+	} else {
+		markerOff, err = s.commitMarker(cl)
+		if err != nil {
+			return err
+		}
+		if s.ctx.Err() != nil {
+			return nil
+		}
+		convs, n, err = s.replay(markerOff)
 	}
-	if s.ctx.Err() != nil {
-		return nil
-	}
-	convs, n, err := s.replay(markerOff)
 	if err != nil {
 		return err
 	}
@@ -184,6 +193,7 @@ func (s *shard) session() error {
 		s.lastOff[cid] = markerOff
 	}
 	s.w.stats.Takeovers.Add(1)
+	s.w.takeoverSeconds.Observe(time.Since(start).Seconds())
 	s.log.Info("accepting", "marker_offset", markerOff, "replayed", n, "conversations", len(convs), "took", time.Since(start).Round(time.Millisecond))
 	s.ready.Store(true)
 	defer s.ready.Store(false)
@@ -241,7 +251,7 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 		if ok {
 			start = kgo.NewOffset().At(from)
 		}
-		tail, err = readTail(ctx, s.w.cfg.Brokers, s.w.cfg.Topic, s.part, start, markerOff, s.v)
+		tail, err = readTail(ctx, s.w.cfg.Brokers, s.w.cfg.Topic, s.part, start, markerOff, s.v, faultAcceptBeforeMarker)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -264,9 +274,68 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 	return convs, len(tail), nil
 }
 
+// replayWithoutMarker is the BROKEN takeover order of the fault tests:
+// replay up to the partition's current end without fencing anyone, wait
+// faultAcceptDelay, then accept. The previous writer can commit in between
+// and the seqs it used get assigned again.
+func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.w.cfg.ReplayTimeout)
+	defer cancel()
+	adm, err := kgo.NewClient(kgo.SeedBrokers(s.w.cfg.Brokers...))
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer adm.Close()
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.IsolationLevel = 1
+	t := kmsg.NewListOffsetsRequestTopic()
+	t.Topic = s.w.cfg.Topic
+	p := kmsg.NewListOffsetsRequestTopicPartition()
+	p.Partition, p.Timestamp = s.part, -1
+	t.Partitions = append(t.Partitions, p)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, adm)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	end := resp.Topics[0].Partitions[0].Offset
+	convs, n, err := s.replay(end)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	// Load every conversation now, as a replay-everything writer would, so
+	// the state is that of this moment and not of the first command.
+	rows, err := s.w.cfg.DB.Query(ctx, `SELECT DISTINCT conversation_id FROM events WHERE vshard = $1`, s.v)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	var missing []string
+	for _, id := range ids {
+		if convs[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	loaded, _, err := fetchState(ctx, s.w.cfg.DB, missing, nil)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	for id, c := range loaded {
+		convs[id] = c
+	}
+	s.log.Warn("FAULT: accepting without a takeover marker", "replayed_to", end)
+	time.Sleep(faultAcceptDelay)
+	return convs, n, end, nil
+}
+
 // readTail reads partition part from start up to (not including) the
 // marker at end, read_committed, and returns the events of vshard v.
-func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int) ([]*logrecord.Event, error) {
+// untilIdle (only for the broken order of the fault tests, which has no
+// marker to wait for) stops at the first empty fetch instead.
+func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int, untilIdle bool) ([]*logrecord.Event, error) {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: start}}),
@@ -280,9 +349,18 @@ func readTail(ctx context.Context, brokers []string, topic string, part int32, s
 	want := strconv.Itoa(v)
 	var out []*logrecord.Event
 	for {
-		fs := cl.PollFetches(ctx)
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if untilIdle {
+			pctx, cancel = context.WithTimeout(ctx, time.Second)
+		}
+		fs := cl.PollFetches(pctx)
+		idle := pctx.Err() != nil
+		cancel()
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("shardworker: replay of partition %d did not reach the marker at %d: %w", part, end, err)
+		}
+		if untilIdle && idle {
+			return out, nil
 		}
 		if errs := fs.Errors(); len(errs) > 0 {
 			return nil, fmt.Errorf("shardworker: replay fetch: %w", errs[0].Err)
@@ -527,6 +605,9 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) 
 		_ = cl.AbortBufferedRecords(ctx)
 		_ = cl.EndTransaction(ctx, kgo.TryAbort)
 		return fmt.Errorf("shardworker: produce: %w", firstErr)
+	}
+	if faultSleepBeforeCommit > 0 {
+		time.Sleep(faultSleepBeforeCommit)
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		s.countFence(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/lease"
@@ -25,6 +26,7 @@ type Config struct {
 	ID            string // worker id, unique in the deployment
 	Listen        string // address of the gateway-facing listener (default 127.0.0.1:0)
 	Advertise     string // address advertised in etcd (default: the listener's)
+	AdminAddr     string // advertised address of the worker's metrics server, if any
 	Etcd          *clientv3.Client
 	Prefix        string
 	Brokers       []string
@@ -89,6 +91,7 @@ func (c *Config) validate() error {
 
 // Stats are the worker's counters.
 type Stats struct {
+	LeaseRenewals  atomic.Int64 // keep-alive responses: one stream per worker, whatever its shard count
 	Takeovers      atomic.Int64
 	Commits        atomic.Int64
 	Events         atomic.Int64
@@ -104,6 +107,8 @@ type Worker struct {
 	stats Stats
 	gen   atomic.Int64
 
+	takeoverSeconds prometheus.Histogram
+
 	mu     sync.Mutex
 	shards map[int]*shard
 	wg     sync.WaitGroup
@@ -116,7 +121,40 @@ func New(cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, log: cfg.Log.With("worker", cfg.ID), shards: map[int]*shard{}, ready: make(chan struct{})}, nil
+	return &Worker{cfg: cfg, log: cfg.Log.With("worker", cfg.ID), shards: map[int]*shard{}, ready: make(chan struct{}),
+		takeoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "chatpipe_worker_takeover_seconds", Help: "Time from seeing the owner row to accepting commands (marker + replay), per vshard.",
+			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+	}, nil
+}
+
+// Collectors returns the worker's Prometheus metrics.
+func (w *Worker) Collectors() []prometheus.Collector {
+	l := prometheus.Labels{"worker": w.cfg.ID}
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, func() float64 { return float64(v.Load()) })
+	}
+	return []prometheus.Collector{
+		counter("chatpipe_worker_fenced_writes_total", "Produces or commits refused because another writer took the vshard over.", &w.stats.FencedWrites),
+		counter("chatpipe_worker_unknown_commits_total", "Transactions whose commit returned an error (outcome unknown; never answered accepted).", &w.stats.UnknownCommits),
+		counter("chatpipe_worker_takeovers_total", "Vshards taken over (marker committed, replayed, accepting).", &w.stats.Takeovers),
+		counter("chatpipe_worker_commits_total", "Kafka transactions committed.", &w.stats.Commits),
+		counter("chatpipe_worker_events_total", "Events committed.", &w.stats.Events),
+		counter("chatpipe_worker_lease_renewals_total", "Lease keep-alive responses (one stream per worker).", &w.stats.LeaseRenewals),
+		counter("chatpipe_worker_evictions_total", "Cached conversations evicted.", &w.stats.Evictions),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
+			func() float64 { return float64(len(w.Owned())) }),
+		w.takeoverSeconds,
+	}
+}
+
+// SetTxnTimeout sets the Kafka transaction timeout of writers started
+// after the call.
+func (w *Worker) SetTxnTimeout(d time.Duration) {
+	if d > 0 {
+		w.cfg.TxnTimeout = d
+	}
 }
 
 // Stats returns the worker's counters.
@@ -176,7 +214,8 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	readyOnce := sync.Once{}
 	for ctx.Err() == nil {
-		reg, err := lease.Register(ctx, w.cfg.Etcd, w.cfg.Prefix, w.cfg.ID, w.addr, w.cfg.LeaseTTL, w.log)
+		reg, err := lease.Register(ctx, w.cfg.Etcd, w.cfg.Prefix, w.cfg.ID, lease.WorkerInfo{Addr: w.addr, Admin: w.cfg.AdminAddr},
+			w.cfg.LeaseTTL, &w.stats.LeaseRenewals, w.log)
 		if err != nil {
 			w.log.Warn("cannot register worker", "err", err)
 			select {

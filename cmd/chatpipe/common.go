@@ -25,6 +25,7 @@ type Endpoints struct {
 	Prefix     string   `json:"prefix"`
 	VShards    int      `json:"vshards"`
 	Partitions int      `json:"partitions"`
+	Metrics    string   `json:"metrics"`
 	PID        int      `json:"pid"`
 }
 

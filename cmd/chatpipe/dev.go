@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/auth"
@@ -35,6 +37,8 @@ func runDev(ctx context.Context, args []string) error {
 	vshards := fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
 	partitions := fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
 	dbURL := fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
+	kafkaAddrs := fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
+	runPersist := fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
@@ -70,11 +74,15 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	closers = append(closers, func() { etcd.Close() })
-	kafka, err := devstack.StartKafka(filepath.Join(dir, "kafka"), 0, log)
-	if err != nil {
-		return err
+	brokers := splitList(*kafkaAddrs)
+	if len(brokers) == 0 {
+		kafka, err := devstack.StartKafka(filepath.Join(dir, "kafka"), 0, log)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, kafka.Close)
+		brokers = []string{kafka.Addr()}
 	}
-	closers = append(closers, kafka.Close)
 	pgURL := *dbURL
 	if pgURL == "" {
 		pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
@@ -93,7 +101,6 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	brokers := []string{kafka.Addr()}
 	if err := devstack.EnsureTopic(ctx, brokers, cfg.Topic, cfg.Partitions); err != nil {
 		return err
 	}
@@ -119,16 +126,21 @@ func runDev(ctx context.Context, args []string) error {
 			}
 		}()
 	}
-	p, err := persist.New(persist.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
-	if err != nil {
-		return err
-	}
-	start("persist", p.Run)
-	for i := 1; i <= *workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", cli, cfg, brokers, db, *linger, *cacheConvs, log)
+	var metrics []prometheus.Collector
+	if *runPersist {
+		p, err := persist.New(persist.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
 		if err != nil {
 			return err
 		}
+		metrics = append(metrics, p.Collectors()...)
+		start("persist", p.Run)
+	}
+	for i := 1; i <= *workers; i++ {
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, log)
+		if err != nil {
+			return err
+		}
+		metrics = append(metrics, w.Collectors()...)
 		start("worker", w.Run)
 	}
 
@@ -136,6 +148,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...))
 	closers = append(closers, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -148,7 +161,7 @@ func runDev(ctx context.Context, args []string) error {
 	httpURL := "http://" + ln.Addr().String()
 	ep := Endpoints{
 		WebSocket: "ws://" + ln.Addr().String() + "/v1/ws", HTTP: httpURL,
-		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcd.Endpoints(), Prefix: lease.DefaultPrefix,
+		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcd.Endpoints(), Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics",
 		VShards: cfg.VShards, Partitions: cfg.Partitions, PID: os.Getpid(),
 	}
 	b, _ := json.MarshalIndent(ep, "", "  ")
@@ -179,9 +192,9 @@ Press Ctrl-C to stop.
 	return nil
 }
 
-func newWorker(id, listen, advertise string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, log *slog.Logger) (*shardworker.Worker, error) {
+func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, log *slog.Logger) (*shardworker.Worker, error) {
 	return shardworker.New(shardworker.Config{
-		ID: id, Listen: listen, Advertise: advertise, Etcd: cli, Prefix: lease.DefaultPrefix,
+		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
 		Brokers: brokers, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
 		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
 	})
@@ -202,4 +215,12 @@ func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, s
 	}
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return gw, srv, ln, nil
+}
+
+// withMetrics adds /metrics to the gateway's HTTP server.
+func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry) {
+	mux := http.NewServeMux()
+	mux.Handle("/", gw.Handler())
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv.Handler = mux
 }

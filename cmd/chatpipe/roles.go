@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/chatpipe/chatpipe/auth"
@@ -71,8 +72,10 @@ func runWorker(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "worker id, unique in the deployment (default: worker-<random>)")
 	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
 	advertise := fs.String("advertise", "", "address gateways dial (default: the listener's)")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz (advertised in etcd)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
+	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -106,16 +109,39 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	w, err := newWorker(*id, *listen, *advertise, cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, log)
+	ln, err := listenAdmin(*adminAddr)
 	if err != nil {
 		return err
 	}
+	w, err := newWorker(*id, *listen, *advertise, ln.Addr().String(), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	w.SetTxnTimeout(*txnTimeout)
+	var registered atomic.Bool
+	admin := serveAdmin(ln, newRegistry(w.Collectors()...), func() error {
+		if !registered.Load() {
+			return errors.New("not registered in etcd yet")
+		}
+		return nil
+	}, log)
+	defer admin.Close()
+	go func() {
+		select {
+		case <-w.Ready():
+			registered.Store(true)
+		case <-ctx.Done():
+		}
+	}()
+	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
 }
 
 func runPersist(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("persist", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -142,6 +168,13 @@ func runPersist(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ln, err := listenAdmin(*adminAddr)
+	if err != nil {
+		return err
+	}
+	admin := serveAdmin(ln, newRegistry(p.Collectors()...), func() error { return nil }, log)
+	defer admin.Close()
+	log.Info("persist starting", "admin", admin.Addr())
 	return p.Run(ctx)
 }
 
@@ -182,6 +215,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	withMetrics(srv, gw, newRegistry(gw.Collectors()...))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("gateway listening", "addr", ln.Addr().String())

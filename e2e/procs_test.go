@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/lease"
+)
+
+// proc is one role of the stack running as its own OS process.
+type proc struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func startProc(t *testing.T, dir, name string, env []string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() { cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// startWorker runs `chatpipe worker` joining dev's stack.
+func (d *devProc) startWorker(t *testing.T, id string, env ...string) *proc {
+	return startProc(t, d.dir, id, env, "worker", "--endpoints", filepath.Join(d.dir, "endpoints.json"), "--id", id, "--log-level", "warn")
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v to %s: %v", sig, p.name, err)
+	}
+}
+
+// kill9 kills the process without warning and waits for it.
+func (p *proc) kill9() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// stop ends the process gracefully (SIGCONT first, in case it is paused).
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+		p.t.Errorf("%s did not stop within 30 s of SIGTERM; log:\n%s", p.name, tail(p.log))
+	}
+}
+
+// etcdView reads the owner rows and live workers.
+func etcdView(t *testing.T, ep endpoints) lease.View {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, lease.DefaultPrefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := lease.View{Shards: map[int]lease.Row{}, Workers: map[string]lease.WorkerInfo{}}
+	for _, kv := range resp.Kvs {
+		k := strings.TrimPrefix(string(kv.Key), lease.DefaultPrefix)
+		switch {
+		case strings.HasPrefix(k, "shards/"):
+			n, _ := strconv.Atoi(strings.TrimPrefix(k, "shards/"))
+			var o lease.Owner
+			json.Unmarshal(kv.Value, &o)
+			v.Shards[n] = lease.Row{Owner: o, ModRevision: kv.ModRevision}
+		case strings.HasPrefix(k, "workers/"):
+			var w lease.WorkerInfo
+			json.Unmarshal(kv.Value, &w)
+			v.Workers[strings.TrimPrefix(k, "workers/")] = w
+		}
+	}
+	return v
+}
+
+// ownedBy counts the vshards whose live owner is worker.
+func ownedBy(v lease.View, vshards int, worker string) int {
+	n := 0
+	for s := 0; s < vshards; s++ {
+		if row, _, ok := v.Live(s); ok && row.Worker == worker {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// metric sums a Prometheus metric over its label sets.
+func metric(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("metrics %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func adminURL(t *testing.T, ep endpoints, worker string) string {
+	t.Helper()
+	w, ok := etcdView(t, ep).Workers[worker]
+	if !ok || w.Admin == "" {
+		t.Fatalf("worker %s has no admin address in etcd", worker)
+	}
+	return fmt.Sprintf("http://%s/metrics", w.Admin)
+}

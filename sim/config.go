@@ -1,0 +1,78 @@
+package sim
+
+// Bugs are deliberate mistakes the simulated writer can be built with, to
+// show that the properties catch them. The zero value is the correct writer,
+// which follows shardworker's order.
+type Bugs struct {
+	// AcceptBeforeMarker reverses the takeover order: replay the log as it
+	// is now, accept commands, and initialise the producer (which fences
+	// the previous writer) and write the takeover marker only with the
+	// first commit.
+	AcceptBeforeMarker bool
+	// AcceptedBeforeCommit answers `accepted` as soon as a batch is
+	// produced, before the transaction commit returned.
+	AcceptedBeforeCommit bool
+	// MembershipOutsideMailbox checks membership against the members the
+	// writer knew when the command arrived (a snapshot taken outside the
+	// mailbox), not against the state at seq assignment.
+	MembershipOutsideMailbox bool
+}
+
+// Any reports whether a bug is switched on.
+func (b Bugs) Any() bool {
+	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox
+}
+
+// Config is the shape of one simulated deployment and the size of its
+// schedule. Times are in ticks of the simulated clock.
+type Config struct {
+	VShards        int // virtual shards
+	Partitions     int // log partitions; vshard v is in partition v mod Partitions
+	Workers        int // worker processes
+	Conversations  int // conversation i lands on vshard i mod VShards
+	Users          int // u0 owns every conversation; u1, u2 are initial members
+	DevicesPerUser int
+	MaxBatch       int // commands per writer transaction (group commit)
+	PersistBatch   int // records per sink transaction
+	MaxMembers     int // shardcore.Limits.MaxMembers
+
+	LeaseTTL      int64 // worker lease; a worker not renewing for this long loses it
+	TxnTimeout    int64 // the log aborts (and fences) a transaction open this long
+	ClientTimeout int64 // a client retries an attempt unanswered this long
+
+	Steps      int // scheduled steps before the drain
+	MaxOps     int // client operations issued by the schedule
+	MaxFaults  int // pauses, crashes, dropped messages and lost commit replies
+	DrainSteps int // bound of the drain (heal, then run to quiescence)
+
+	Bugs Bugs
+
+	// RecheckAtOpen is a what-if, not the real writer: re-read the owner row
+	// in the same step as InitProducer, instead of only before the
+	// backoff that precedes a new session (see doc.go, "What the model
+	// found").
+	RecheckAtOpen bool
+}
+
+// DefaultConfig is the shape the CI runs: few shards sharing partitions,
+// three workers, a few conversations and users, short leases.
+func DefaultConfig() Config {
+	return Config{
+		VShards:        3,
+		Partitions:     2,
+		Workers:        3,
+		Conversations:  3,
+		Users:          4,
+		DevicesPerUser: 2,
+		MaxBatch:       3,
+		PersistBatch:   4,
+		MaxMembers:     100,
+		LeaseTTL:       10,
+		TxnTimeout:     15,
+		ClientTimeout:  6,
+		Steps:          250,
+		MaxOps:         40,
+		MaxFaults:      8,
+		DrainSteps:     20000,
+	}
+}

@@ -1,0 +1,271 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/shardcore"
+)
+
+// Stats count what a run exercised.
+type Stats struct {
+	Steps             int
+	Ops               int
+	Retries           int
+	Batches           int
+	Commits           int
+	Takeovers         int // replays finished (a writer started accepting)
+	Moves             int // owner rows changed by the coordinator
+	FencedWrites      int // produce/commit calls the log rejected for an old producer epoch
+	FencedCommits     int // batches whose commit was fenced
+	TimedOutTxns      int
+	LostCommitReplies int
+	Pauses            int
+	PausesInFlight    int // pauses of a worker holding a produced, uncommitted batch
+	Crashes           int
+	CrashesInFlight   int // crashes between produce and commit
+	DroppedMessages   int
+	StaleAnswers      int // answers without a write that no state of the log during the op justifies
+	StaleFromFenced   int // of those, answers from a writer whose producer was already fenced
+	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
+}
+
+// add sums o into s.
+func (s *Stats) add(o Stats) {
+	s.Steps += o.Steps
+	s.Ops += o.Ops
+	s.Retries += o.Retries
+	s.Batches += o.Batches
+	s.Commits += o.Commits
+	s.Takeovers += o.Takeovers
+	s.Moves += o.Moves
+	s.FencedWrites += o.FencedWrites
+	s.FencedCommits += o.FencedCommits
+	s.TimedOutTxns += o.TimedOutTxns
+	s.LostCommitReplies += o.LostCommitReplies
+	s.Pauses += o.Pauses
+	s.PausesInFlight += o.PausesInFlight
+	s.Crashes += o.Crashes
+	s.CrashesInFlight += o.CrashesInFlight
+	s.DroppedMessages += o.DroppedMessages
+	s.StaleAnswers += o.StaleAnswers
+	s.StaleFromFenced += o.StaleFromFenced
+	s.EpochRegressions += o.EpochRegressions
+}
+
+// Violation is one broken property.
+type Violation struct {
+	Property string
+	Detail   string
+}
+
+func (v Violation) String() string { return v.Property + ": " + v.Detail }
+
+// Result is what one run found.
+type Result struct {
+	Violations []Violation
+	Stats      Stats
+	// Trace is the run's actions, one line each.
+	Trace []string
+	// Stale describes the first stale answer (see Stats.StaleAnswers).
+	Stale string
+}
+
+// Failed reports whether a property was broken.
+func (r *Result) Failed() bool { return len(r.Violations) > 0 }
+
+// Properties returns the broken properties, each once, sorted.
+func (r *Result) Properties() []string {
+	var ps []string
+	for _, v := range r.Violations {
+		if !slices.Contains(ps, v.Property) {
+			ps = append(ps, v.Property)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// Report is a readable account of the violations and the tail of the trace.
+func (r *Result) Report(traceLines int) string {
+	var b strings.Builder
+	for i, v := range r.Violations {
+		if i == 20 {
+			fmt.Fprintf(&b, "... %d more\n", len(r.Violations)-i)
+			break
+		}
+		fmt.Fprintf(&b, "VIOLATION %s\n", v)
+	}
+	fmt.Fprintf(&b, "stats: %+v\n", r.Stats)
+	from := max(0, len(r.Trace)-traceLines)
+	fmt.Fprintf(&b, "trace (last %d of %d steps):\n", len(r.Trace)-from, len(r.Trace))
+	for _, l := range r.Trace[from:] {
+		b.WriteString("  " + l + "\n")
+	}
+	return b.String()
+}
+
+// World is one simulated deployment: log, owner store, sink, workers,
+// gateway view, network, clients and devices, on one simulated clock.
+// Nothing in it runs concurrently; every change is one step chosen by the
+// schedule, so a run is a pure function of its Config and its choices.
+type World struct {
+	cfg Config
+	ch  Chooser
+
+	now  int64
+	step int
+
+	log     *Log
+	owners  *OwnerStore
+	sink    *Sink
+	workers []*worker
+	net     network
+	gateway lease.View
+	gwRev   int64
+
+	convs   []string
+	users   []string
+	ops     []*op
+	devices []*device
+	sends   int
+	msgIDs  int
+
+	faults       int
+	stats        Stats
+	staleExample string
+	violations   []Violation
+	trace        []string
+}
+
+// Run simulates one schedule whose choices ch makes, drains it (heal every
+// fault, run to quiescence) and checks the properties.
+func Run(cfg Config, ch Chooser) *Result {
+	w := newWorld(cfg, ch)
+	w.setup()
+	for i := 0; i < cfg.Steps; i++ {
+		w.randomStep()
+	}
+	return w.finish()
+}
+
+// finish drains the world, checks the properties and returns the result.
+func (w *World) finish() *Result {
+	w.drain()
+	w.check()
+	w.stats.Steps = w.step
+	w.stats.Ops = len(w.ops)
+	w.stats.FencedWrites = w.log.Fenced
+	w.stats.TimedOutTxns = w.log.TimedOut
+	return &Result{Violations: w.violations, Stats: w.stats, Trace: w.trace, Stale: w.staleExample}
+}
+
+func newWorld(cfg Config, ch Chooser) *World {
+	w := &World{cfg: cfg, ch: ch, log: NewLog(cfg.Partitions), owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink()}
+	for i := 0; i < cfg.Workers; i++ {
+		w.workers = append(w.workers, &worker{id: fmt.Sprintf("w%d", i), alive: true, writers: map[int]*writer{}})
+	}
+	for i := 0; i < cfg.Users; i++ {
+		w.users = append(w.users, fmt.Sprintf("u%d", i))
+	}
+	w.convs = conversationIDs(cfg.Conversations, cfg.VShards)
+	for _, u := range w.users {
+		for n := 0; n < cfg.DevicesPerUser; n++ {
+			w.devices = append(w.devices, newDevice(u, n))
+		}
+	}
+	return w
+}
+
+// conversationIDs names n conversations so that conversation i lands on
+// vshard i mod vshards.
+func conversationIDs(n, vshards int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		for k := 0; ; k++ {
+			id := fmt.Sprintf("c%d.%d", i, k)
+			if logrecord.VShard(id, vshards) == i%vshards {
+				out = append(out, id)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// setup registers the workers, assigns the vshards and has u0 create every
+// conversation with u1 and u2; the creates are ordinary client ops.
+func (w *World) setup() {
+	for _, wk := range w.workers {
+		w.register(wk)
+	}
+	w.coordinate()
+	for _, wk := range w.workers {
+		w.manage(wk)
+	}
+	w.refreshGateway()
+	for _, c := range w.convs {
+		w.issue(shardcore.Command{Op: protocol.OpCreate, ConversationID: c, Sender: w.users[0], Members: w.users[1:min(3, len(w.users))]}, true)
+	}
+}
+
+// coordinate is one round of the coordinator: lease.Plan on the current
+// view, each move written by compare-and-swap.
+func (w *World) coordinate() {
+	for _, m := range lease.Plan(w.owners.View(), w.cfg.VShards) {
+		if w.owners.CAS(m) {
+			w.stats.Moves++
+			w.tracef("  move v%d %s→%s gen %d epoch %d", m.VShard, m.From, m.To, m.Gen, m.Epoch)
+		}
+	}
+}
+
+func (w *World) refreshGateway() {
+	w.gateway, w.gwRev = w.owners.View(), w.owners.Rev()
+}
+
+// advance moves the clock: leases run out, running workers renew theirs
+// (or learn it is gone), old transactions time out.
+func (w *World) advance(d int64) {
+	w.now += d
+	w.owners.Expire(w.now)
+	for _, wk := range w.workers {
+		if wk.running(w.now) && wk.registered && !wk.leaseLost && !w.owners.KeepAlive(wk.id, wk.gen, w.now) {
+			wk.leaseLost = true
+		}
+	}
+	w.log.ExpireTransactions(w.now, w.cfg.TxnTimeout)
+}
+
+func (w *World) worker(id string) *worker {
+	for _, wk := range w.workers {
+		if wk.id == id {
+			return wk
+		}
+	}
+	panic("sim: no worker " + id)
+}
+
+func (w *World) violate(prop, format string, args ...any) {
+	w.violations = append(w.violations, Violation{Property: prop, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (w *World) tracef(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf(format, args...))
+}
+
+// sortedKeys returns a map's keys in order: the simulation never depends on
+// map iteration order.
+func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
