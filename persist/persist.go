@@ -106,6 +106,8 @@ func (p *Persister) Run(ctx context.Context) error {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(p.cfg.Brokers...),
 		kgo.ConsumerGroup(p.cfg.Group),
+		// A crashed member's partitions move after 10 s, not the default 45 s.
+		kgo.SessionTimeout(10*time.Second),
 		kgo.ConsumeTopics(p.cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
@@ -313,6 +315,9 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 			SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`,
 			p.cfg.Consumer, topic, parts, offs); err != nil {
 			return fmt.Errorf("persist: store offsets: %w", err)
+		}
+		if faultSleepBeforeCommit > 0 {
+			time.Sleep(faultSleepBeforeCommit)
 		}
 		return nil
 	})

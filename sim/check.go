@@ -34,6 +34,9 @@ const (
 	PropDevices = "I6 devices-diverge"
 	// PropUngated: an accepted answer left a writer before its event was committed (I7, I1).
 	PropUngated = "I7 accepted-before-commit"
+	// PropStaleAnswer: an answer that wrote nothing and that no state of the
+	// committed log between the attempt's send and the answer justifies (I7).
+	PropStaleAnswer = "I7 stale-answer"
 	// PropLiveness: the healed world did not answer every op, persist every record and sync every device.
 	PropLiveness = "liveness"
 )
@@ -44,10 +47,10 @@ func (w *World) check() {
 		w.violate(PropSinkConflict, "%s", c)
 	}
 	w.checkLog()
+	w.checkStale()
 	w.checkAnswers()
 	w.checkRealTime()
 	w.checkDevices()
-	w.checkStale()
 }
 
 // convLog returns conv's committed events in log (offset) order.
@@ -143,7 +146,7 @@ func (w *World) checkAnswers() {
 						o.id, conv, o.cmd.ClientMessageID, r.Seq, r.MessageID, first.Event.Seq, first.Event.MessageID)
 				}
 			case a.sentStep > first.CommittedStep && first.Event.Sender == o.cmd.Sender:
-				w.violate(PropRetry, "op%d send %s/%s rejected %s at step %d after its first result (seq %d) was committed at step %d",
+				w.stale(PropRetry, a, "op%d send %s/%s rejected %s at step %d after its first result (seq %d) was committed at step %d",
 					o.id, conv, o.cmd.ClientMessageID, r.Code, a.sentStep, first.Event.Seq, first.CommittedStep)
 			}
 		}

@@ -32,8 +32,9 @@ type op struct {
 
 // attempt is one try of an op.
 type attempt struct {
-	op *op
-	n  int
+	op       *op
+	n        int
+	sentStep int
 }
 
 func (a *attempt) reqID() string { return fmt.Sprintf("op%d.%d", a.op.id, a.n) }
@@ -47,7 +48,7 @@ func (w *World) issue(cmd shardcore.Command, fresh bool) *op {
 }
 
 func (w *World) send(o *op) {
-	a := &attempt{op: o, n: len(o.attempts) + 1}
+	a := &attempt{op: o, n: len(o.attempts) + 1, sentStep: w.step}
 	o.attempts = append(o.attempts, a)
 	o.lastSent, o.retryable = w.now, false
 	w.route(a)

@@ -45,13 +45,29 @@ type Config struct {
 	MaxFaults  int // pauses, crashes, dropped messages and lost commit replies
 	DrainSteps int // bound of the drain (heal, then run to quiescence)
 
-	Bugs Bugs
+	Bugs   Bugs
+	WhatIf WhatIf
 
-	// RecheckAtOpen is a what-if, not the real writer: re-read the owner row
-	// in the same step as InitProducer, instead of only before the
-	// backoff that precedes a new session (see doc.go, "What the model
-	// found").
+	// StrictAnswers makes an answer from a fenced writer that the log
+	// contradicts a violation (PropStaleAnswer). The real writer gives such
+	// answers (doc.go, "What the model found"), so by default they are
+	// only counted, in Stats.StaleAnswers.
+	StrictAnswers bool
+}
+
+// WhatIf are changes to the real writer's order that the model can try, to
+// measure a fix for an issue it found (doc.go, "What the model found"). The
+// zero value is the real order.
+type WhatIf struct {
+	// RecheckAtOpen re-reads the owner row in the same step as
+	// InitProducer, instead of only before the backoff that precedes a new
+	// session.
 	RecheckAtOpen bool
+	// FenceCheckedAnswers answers a batch that wrote nothing only after
+	// checking that the producer is still current (in Kafka: a
+	// transactional round trip); a fenced writer answers unavailable and
+	// takes over again.
+	FenceCheckedAnswers bool
 }
 
 // DefaultConfig is the shape the CI runs: few shards sharing partitions,

@@ -10,6 +10,7 @@ import (
 // answer is a reply on its way to a client, with what the simulation knows
 // about how it was made.
 type answer struct {
+	att   *attempt
 	reply *protocol.Reply
 	// wrote is true when the writer produced a new event for the command.
 	wrote bool
@@ -17,6 +18,8 @@ type answer struct {
 	sentStep int
 	// fenced is true when the writer that sent it had been fenced already.
 	fenced bool
+	// counted is true once the answer was counted as stale.
+	counted bool
 }
 
 // message is one message in flight: a request from the gateway to a worker
@@ -80,7 +83,7 @@ func (w *World) reply(att *attempt, r *protocol.Reply, wrote bool) *answer {
 				att.op.id, att.op.cmd.Op, att.op.cmd.ConversationID, r.Seq)
 		}
 	}
-	a := &answer{reply: r, wrote: wrote, sentStep: w.step}
+	a := &answer{att: att, reply: r, wrote: wrote, sentStep: w.step}
 	w.net.send(&message{att: att, ans: a})
 	return a
 }

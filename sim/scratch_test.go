@@ -24,7 +24,9 @@ func TestScratch(t *testing.T) {
 		case "c":
 			cfg.Bugs.MembershipOutsideMailbox = true
 		}
-		cfg.RecheckAtOpen = os.Getenv("FIX") != ""
+		cfg.WhatIf.RecheckAtOpen = os.Getenv("FIX") != ""
+		cfg.WhatIf.FenceCheckedAnswers = os.Getenv("FIX2") != ""
+		cfg.StrictAnswers = os.Getenv("STRICT") != ""
 		r := Run(cfg, NewSeededChooser(uint64(seed)))
 		tot.add(r.Stats)
 		for _, p := range r.Properties() {

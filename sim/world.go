@@ -30,8 +30,7 @@ type Stats struct {
 	Crashes           int
 	CrashesInFlight   int // crashes between produce and commit
 	DroppedMessages   int
-	StaleAnswers      int // answers without a write that no state of the log during the op justifies
-	StaleFromFenced   int // of those, answers from a writer whose producer was already fenced
+	StaleAnswers      int // answers of fenced writers the log contradicts (not violations unless StrictAnswers)
 	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
 }
 
@@ -54,7 +53,6 @@ func (s *Stats) add(o Stats) {
 	s.CrashesInFlight += o.CrashesInFlight
 	s.DroppedMessages += o.DroppedMessages
 	s.StaleAnswers += o.StaleAnswers
-	s.StaleFromFenced += o.StaleFromFenced
 	s.EpochRegressions += o.EpochRegressions
 }
 
@@ -72,7 +70,7 @@ type Result struct {
 	Stats      Stats
 	// Trace is the run's actions, one line each.
 	Trace []string
-	// Stale describes the first stale answer (see Stats.StaleAnswers).
+	// Stale describes the first stale answer counted in Stats.StaleAnswers.
 	Stale string
 }
 

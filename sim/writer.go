@@ -172,7 +172,7 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 // (fencing every older session of the vshard); AcceptBeforeMarker delays
 // that to its first commit.
 func (wr *writer) open(w *World) {
-	if w.cfg.RecheckAtOpen && !wr.stillOwner(w) {
+	if w.cfg.WhatIf.RecheckAtOpen && !wr.stillOwner(w) {
 		wr.finish(w)
 		return
 	}
@@ -309,6 +309,14 @@ func (wr *writer) process(w *World) {
 		}
 	}
 	if len(events) == 0 {
+		if w.cfg.WhatIf.FenceCheckedAnswers && wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch {
+			w.log.Fenced++
+			for _, c := range batch {
+				wr.answer(w, c, unavailable(c.att, "fenced; retry with the same ids"), false)
+			}
+			wr.fail(w)
+			return
+		}
 		for i, c := range batch {
 			wr.answer(w, c, replies[i], false)
 		}

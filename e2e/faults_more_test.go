@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// underLoad starts load on dev, runs fault after some sends were accepted,
+// keeps the load going until more were accepted after the fault, and
+// checks the world.
+func underLoad(t *testing.T, dev *devProc, fault func()) {
+	t.Helper()
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	fault()
+	n := load.count()
+	waitFor(t, 120*time.Second, "load to go on after the fault", func() bool { return load.count() > n+300 })
+	accepted := load.finish()
+	t.Logf("%d sends accepted", len(accepted))
+	checkWorld(t, dev.ep, accepted)
+}
+
+func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
+	t.Helper()
+	wa := dev.startWorker(t, "wa", waEnv...)
+	waitFor(t, 30*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	wb := dev.startWorker(t, "wb")
+	waitFor(t, 30*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	return wa, wb
+}
+
+// TestKilledWriterBetweenProduceAndCommit kills a worker with kill -9 while
+// its transactions sit between produce and commit (fault test 2).
+func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--workers", "0")
+	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms")
+	underLoad(t, dev, func() {
+		wa.kill9()
+		waitFor(t, 30*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	})
+}
+
+// TestKilledPersistResumes kills persist with kill -9 in the middle of a
+// Postgres transaction; a new persist resumes from the offsets in Postgres
+// and every event ends up there exactly once (fault test 3).
+func TestKilledPersistResumes(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--persist=false")
+	ep := filepath.Join(dev.dir, "endpoints.json")
+	p1 := startProc(t, dev.dir, "persist1", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"}, "persist", "--endpoints", ep, "--log-level", "warn")
+	underLoad(t, dev, func() {
+		time.Sleep(time.Second)
+		p1.kill9()
+		startProc(t, dev.dir, "persist2", nil, "persist", "--endpoints", ep, "--log-level", "warn")
+	})
+}
+
+// TestKafkaRestartUnderLoad stops the broker gracefully and starts it again
+// on the same data dir and port while clients send (fault test 4).
+func TestKafkaRestartUnderLoad(t *testing.T) {
+	dir := t.TempDir()
+	port := freePort(t)
+	kdir := filepath.Join(dir, "broker")
+	args := []string{"kafka", "--data-dir", kdir, "--port", strconv.Itoa(port), "--partitions", "8", "--log-level", "warn"}
+	k := startProc(t, dir, "kafka1", nil, args...)
+	waitFor(t, 30*time.Second, "the broker to listen", func() bool { return dialable(port) })
+	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port))
+	underLoad(t, dev, func() {
+		k.stop()
+		k = startProc(t, dir, "kafka2", nil, args...)
+		waitFor(t, 30*time.Second, "the broker to listen again", func() bool { return dialable(port) })
+	})
+}
+
+// TestAddWorkerUnderLoad adds a third worker while clients send: shards move
+// to it by hand-off and no message is lost (fault test 6).
+func TestAddWorkerUnderLoad(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--workers", "0")
+	twoWorkers(t, dev)
+	underLoad(t, dev, func() {
+		dev.startWorker(t, "wc")
+		waitFor(t, 30*time.Second, "wc to get a third", func() bool {
+			return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wc") >= dev.ep.VShards/3
+		})
+	})
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func dialable(port int) bool {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
