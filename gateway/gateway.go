@@ -300,25 +300,21 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 func retrySafe(op string) bool { return op == protocol.OpSend || op == protocol.OpJoin }
 
 // route sends a write command to the owner of its vshard, retrying while
-// ownership moves, for at most RouteTimeout.
+// ownership moves, for at most RouteTimeout since the last move it saw.
 func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {
 	v := logrecord.VShard(req.ConversationID, g.cfg.VShards)
 	deadline := time.Now().Add(g.cfg.RouteTimeout)
 	backoff := 10 * time.Millisecond
 	for {
 		changed := g.cfg.Owners.Changed()
-		if _, w, ok := g.cfg.Owners.Route(v); ok {
-			cl, err := g.client(ctx, w.Addr)
-			if err == nil {
-				cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
-				resp, err := cl.Do(cctx, user, req)
-				cancel()
-				switch {
-				case err == nil && !resp.Retry && !(resp.Reply.Code == protocol.CodeUnavailable && retrySafe(req.Op)):
-					return resp.Reply
-				case err != nil && !retrySafe(req.Op):
-					return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200)
-				}
+		if row, w, ok := g.cfg.Owners.Route(v); ok {
+			rep, moved := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
+			if rep != nil {
+				return rep
+			}
+			if moved {
+				deadline = time.Now().Add(g.cfg.RouteTimeout)
+				continue
 			}
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -331,6 +327,61 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 		}
 		backoff = min(backoff*2, 250*time.Millisecond)
 	}
+}
+
+// attempt sends req once to the worker at addr, owner of v at epoch. It
+// returns the reply to give the client, or nil to try again (moved: the
+// shard moved while the call was waiting).
+func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, user string, req *protocol.Request) (rep *protocol.Reply, moved bool) {
+	cl, err := g.client(ctx, addr)
+	if err != nil {
+		return nil, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	defer cancel()
+	safe := retrySafe(req.Op)
+	stop := func() {}
+	if safe {
+		// A frozen owner never answers: when the shard moves, ask the new
+		// owner instead (dedupe makes that safe).
+		stop = g.cancelOnMove(cctx, cancel, v, epoch, &moved)
+	}
+	resp, err := cl.Do(cctx, user, req)
+	stop()
+	switch {
+	case err != nil && !safe:
+		return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200), false
+	case err != nil, resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
+		return nil, moved
+	}
+	return resp.Reply, false
+}
+
+// cancelOnMove cancels a call when vshard v's owner row moves past epoch;
+// it sets *moved when it did. The returned stop ends the watch.
+func (g *Gateway) cancelOnMove(ctx context.Context, cancel context.CancelFunc, v int, epoch int64, moved *bool) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			changed := g.cfg.Owners.Changed()
+			if row, _, _ := g.cfg.Owners.Route(v); row.Epoch != epoch {
+				*moved = true
+				cancel()
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
 }
 
 func unavailable(id, msg string, after int64) *protocol.Reply {

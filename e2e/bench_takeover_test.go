@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestBenchTakeover measures (it asserts nothing about time) the takeover
+// time claim → accepting, for one vshard moving by hand-off and for a
+// frozen worker's whole share at once, and the send gap clients see after
+// the freeze. Run it with CHATPIPE_BENCH=1 (go test ./e2e -run
+// TestBenchTakeover -v); CI skips it.
+func TestBenchTakeover(t *testing.T) {
+	if os.Getenv("CHATPIPE_BENCH") == "" {
+		t.Skip("set CHATPIPE_BENCH=1 to run the takeover benchmark")
+	}
+	dev := startDev(t, t.TempDir(), "--workers", "0", "--vshards", "256", "--partitions", "16")
+	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wa")
+	waitFor(t, 60*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	wb := startProc(t, dev.dir, "wb", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wb")
+	waitFor(t, 60*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 60*time.Second, "wb to accept on its half", func() bool { return len(takeoverTimes(t, wb.log)) >= dev.ep.VShards/2 })
+	handoff := takeoverTimes(t, wb.log)
+	t.Logf("hand-off of 128 of 256 vshards to a live worker, claim→accepting: %s", durStats(handoff))
+
+	load := startLoad(t, dev, 10, 40)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 300 })
+	before := len(takeoverTimes(t, wb.log))
+	wa.signal(syscall.SIGSTOP)
+	frozen := time.Now()
+	waitFor(t, 60*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 60*time.Second, "wb to accept on all of them", func() bool { return len(takeoverTimes(t, wb.log)) >= before+128 })
+	failover := takeoverTimes(t, wb.log)[before:]
+	t.Logf("a frozen worker's 128 of 256 vshards taken over at once, claim→accepting: %s", durStats(failover))
+	n := load.count()
+	waitFor(t, 60*time.Second, "load to go on", func() bool { return load.count() > n+300 })
+	accepted := load.finish()
+	wa.signal(syscall.SIGCONT)
+	// the send gap: the longest wait between a send and its accepted, for
+	// sends made after the freeze
+	var gap time.Duration
+	for _, a := range accepted {
+		if a.SentAt.After(frozen.Add(-time.Second)) && a.AcceptedAt.Sub(a.SentAt) > gap {
+			gap = a.AcceptedAt.Sub(a.SentAt)
+		}
+	}
+	t.Logf("longest send → accepted after the freeze: %v (lease TTL 10 s)", gap.Round(time.Millisecond))
+}
+
+var tookRe = regexp.MustCompile(`msg=accepting .* took=([0-9.]+[mµn]?s)`)
+
+func takeoverTimes(t *testing.T, logPath string) []time.Duration {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Duration
+	for _, line := range strings.Split(string(b), "\n") {
+		if m := tookRe.FindStringSubmatch(line); m != nil {
+			d, err := time.ParseDuration(m[1])
+			if err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+func durStats(d []time.Duration) string {
+	if len(d) == 0 {
+		return "none"
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return fmt.Sprintf("n=%d", len(s)) + " p50 " + s[len(s)/2].String() + " p99 " + s[len(s)*99/100].String() + " max " + s[len(s)-1].String()
+}
