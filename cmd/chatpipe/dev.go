@@ -38,6 +38,7 @@ func runDev(ctx context.Context, args []string) error {
 	partitions := fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
 	dbURL := fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
 	kafkaAddrs := fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
+	etcdAddrs := fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
 	runPersist := fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
@@ -69,11 +70,15 @@ func runDev(ctx context.Context, args []string) error {
 	}()
 
 	// Infrastructure.
-	etcd, err := devstack.StartEtcd(ctx, filepath.Join(dir, "etcd"), 0, log)
-	if err != nil {
-		return err
+	etcdEndpoints := splitList(*etcdAddrs)
+	if len(etcdEndpoints) == 0 {
+		etcd, err := devstack.StartEtcd(ctx, filepath.Join(dir, "etcd"), 0, log)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, func() { etcd.Close() })
+		etcdEndpoints = etcd.Endpoints()
 	}
-	closers = append(closers, func() { etcd.Close() })
 	brokers := splitList(*kafkaAddrs)
 	if len(brokers) == 0 {
 		kafka, err := devstack.StartKafka(filepath.Join(dir, "kafka"), 0, log)
@@ -92,7 +97,7 @@ func runDev(ctx context.Context, args []string) error {
 		closers = append(closers, func() { pg.Close() })
 		pgURL = pg.URL()
 	}
-	cli, err := dialEtcd(ctx, etcd.Endpoints())
+	cli, err := dialEtcd(ctx, etcdEndpoints)
 	if err != nil {
 		return err
 	}
@@ -161,7 +166,7 @@ func runDev(ctx context.Context, args []string) error {
 	httpURL := "http://" + ln.Addr().String()
 	ep := Endpoints{
 		WebSocket: "ws://" + ln.Addr().String() + "/v1/ws", HTTP: httpURL,
-		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcd.Endpoints(), Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics",
+		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcdEndpoints, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics",
 		VShards: cfg.VShards, Partitions: cfg.Partitions, PID: os.Getpid(),
 	}
 	b, _ := json.MarshalIndent(ep, "", "  ")
@@ -178,7 +183,7 @@ func runDev(ctx context.Context, args []string) error {
   endpoints  %s
   get a token: chatpipe token --data-dir %s --user alice
 Press Ctrl-C to stop.
-`, dir, ep.WebSocket, brokers[0], cfg.Topic, pgURL, etcd.Endpoints()[0], epPath, dir)
+`, dir, ep.WebSocket, brokers[0], cfg.Topic, pgURL, etcdEndpoints[0], epPath, dir)
 	log.Info("ready", "websocket", ep.WebSocket)
 
 	select {
