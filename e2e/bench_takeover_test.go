@@ -24,6 +24,7 @@ func TestBenchTakeover(t *testing.T) {
 	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wa")
 	waitFor(t, 60*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
 	wb := startProc(t, dev.dir, "wb", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wb")
+	wbStart := time.Now()
 	waitFor(t, 60*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
 	waitFor(t, 60*time.Second, "wb to accept on its half", func() bool { return len(takeoverTimes(t, wb.log)) >= dev.ep.VShards/2 })
 	handoff := takeoverTimes(t, wb.log)
@@ -51,6 +52,8 @@ func TestBenchTakeover(t *testing.T) {
 		}
 	}
 	t.Logf("longest send → accepted after the freeze: %v (lease TTL 10 s)", gap.Round(time.Millisecond))
+	t.Logf("wb's lease renewals: %v in %v while owning up to %d vshards (one keep-alive stream per worker)",
+		metric(t, adminURL(t, dev.ep, "wb"), "chatpipe_worker_lease_renewals_total"), time.Since(wbStart).Round(time.Second), dev.ep.VShards)
 }
 
 var tookRe = regexp.MustCompile(`msg=accepting .* took=([0-9.]+[mµn]?s)`)

@@ -27,9 +27,9 @@ func underLoad(t *testing.T, dev *devProc, fault func()) {
 func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
 	t.Helper()
 	wa := dev.startWorker(t, "wa", waEnv...)
-	waitFor(t, 30*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
 	wb := dev.startWorker(t, "wb")
-	waitFor(t, 30*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
 	return wa, wb
 }
 
@@ -40,7 +40,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms")
 	underLoad(t, dev, func() {
 		wa.kill9()
-		waitFor(t, 30*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+		waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
 	})
 }
 
@@ -76,15 +76,26 @@ func TestKafkaRestartUnderLoad(t *testing.T) {
 }
 
 // TestAddWorkerUnderLoad adds a third worker while clients send: shards move
-// to it by hand-off and no message is lost (fault test 6).
+// to it by hand-off and no message is lost (fault test 6). Then the worker
+// shuts down gracefully: it revokes its lease on the way out, so its
+// vshards move without waiting for the TTL.
 func TestAddWorkerUnderLoad(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	twoWorkers(t, dev)
+	var wc *proc
 	underLoad(t, dev, func() {
-		dev.startWorker(t, "wc")
-		waitFor(t, 30*time.Second, "wc to get a third", func() bool {
+		wc = dev.startWorker(t, "wc")
+		waitFor(t, 120*time.Second, "wc to get a third", func() bool {
 			return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wc") >= dev.ep.VShards/3
 		})
+	})
+	wc.stop()
+	if _, ok := etcdView(t, dev.ep).Workers["wc"]; ok {
+		t.Error("wc exited gracefully but its lease is still alive: it did not hand its shards off")
+	}
+	waitFor(t, 30*time.Second, "wc's vshards to move", func() bool {
+		v := etcdView(t, dev.ep)
+		return ownedBy(v, dev.ep.VShards, "wa")+ownedBy(v, dev.ep.VShards, "wb") == dev.ep.VShards
 	})
 }
 

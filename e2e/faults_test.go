@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -89,17 +91,21 @@ func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float
 	// so the pause lands in that window.
 	// Its transaction timeout outlasts the pause, so only the new owner's
 	// fencing — not Kafka's timeout — can stop its late commits.
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms", "CHATPIPE_TXN_TIMEOUT=60s")
-	waitFor(t, 30*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	mark := filepath.Join(dev.dir, "wa-in-commit")
+	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
 	dev.startWorker(t, "wb", wbEnv...)
-	waitFor(t, 30*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
 	waMetrics := adminURL(t, dev.ep, "wa")
 
 	load := startLoad(t, dev, 10, 20)
 	waitFor(t, 30*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	// pause wa while one of its transactions sits between produce and commit
+	os.Remove(mark)
+	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitFor(t, 30*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
 	t.Logf("shards moved %v after the pause", time.Since(paused).Round(time.Millisecond))
 	// Let wb finish taking over (and, in the broken order, sit in its
 	// accept delay) before wa wakes up.

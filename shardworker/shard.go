@@ -607,6 +607,7 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) 
 		return fmt.Errorf("shardworker: produce: %w", firstErr)
 	}
 	if faultSleepBeforeCommit > 0 {
+		markCommit()
 		time.Sleep(faultSleepBeforeCommit)
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {

@@ -140,6 +140,7 @@ func runDev(ctx context.Context, args []string) error {
 		metrics = append(metrics, p.Collectors()...)
 		start("persist", p.Run)
 	}
+	var ws []*shardworker.Worker
 	for i := 1; i <= *workers; i++ {
 		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, log)
 		if err != nil {
@@ -147,7 +148,10 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		metrics = append(metrics, w.Collectors()...)
 		start("worker", w.Run)
+		ws = append(ws, w)
 	}
+	// Ready means every vshard has a writer accepting commands.
+	waitAccepting(ctx, ws, cfg.VShards, log)
 
 	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, log)
 	if err != nil {
@@ -195,6 +199,26 @@ Press Ctrl-C to stop.
 		}
 	}
 	return nil
+}
+
+// waitAccepting waits (at most a minute) until the workers accept commands
+// for all vshards between them.
+func waitAccepting(ctx context.Context, ws []*shardworker.Worker, vshards int, log *slog.Logger) {
+	if len(ws) == 0 {
+		return
+	}
+	deadline := time.Now().Add(time.Minute)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		n := 0
+		for _, w := range ws {
+			n += len(w.Owned())
+		}
+		if n >= vshards {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log.Warn("not every vshard has an accepting writer yet; starting anyway")
 }
 
 func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, log *slog.Logger) (*shardworker.Worker, error) {
