@@ -38,18 +38,18 @@ func Mint(secret []byte, user string, ttl time.Duration, now time.Time) (string,
 	return s, nil
 }
 
-// Verify checks token and returns its subject.
-func Verify(secret []byte, token string) (string, error) {
+// Verify checks token and returns its subject and expiry.
+func Verify(secret []byte, token string) (string, time.Time, error) {
 	var claims jwt.RegisteredClaims
 	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return secret, nil },
 		jwt.WithValidMethods([]string{"HS256"}), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(5*time.Second))
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidToken, err)
+		return "", time.Time{}, fmt.Errorf("%w: %v", ErrInvalidToken, err)
 	}
 	if e := protocol.CheckID("sub", claims.Subject, protocol.DefaultLimits()); e != nil {
-		return "", fmt.Errorf("%w: %s", ErrInvalidToken, e.Message)
+		return "", time.Time{}, fmt.Errorf("%w: %s", ErrInvalidToken, e.Message)
 	}
-	return claims.Subject, nil
+	return claims.Subject, claims.ExpiresAt.Time, nil
 }
 
 // SecretFile is the name of the generated secret inside a data dir.

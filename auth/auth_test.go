@@ -3,6 +3,8 @@ package auth
 import (
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 func TestMintVerify(t *testing.T) {
@@ -12,17 +14,30 @@ func TestMintVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sub, err := Verify(secret, tok); err != nil || sub != "u1" {
-		t.Fatalf("verify: %q %v", sub, err)
+	if sub, exp, err := Verify(secret, tok); err != nil || sub != "u1" || !exp.Equal(now.Add(time.Hour).Truncate(time.Second)) {
+		t.Fatalf("verify: %q %v %v", sub, exp, err)
 	}
-	if _, err := Verify([]byte("other"), tok); err == nil {
+	nbf, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{Subject: "u1",
+		ExpiresAt: jwt.NewNumericDate(now.Add(2 * time.Hour)), NotBefore: jwt.NewNumericDate(now.Add(time.Hour))}).SignedString(secret)
+	if _, _, err := Verify(secret, nbf); err == nil {
+		t.Fatal("token before its nbf accepted")
+	}
+	noExp, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{Subject: "u1"}).SignedString(secret)
+	if _, _, err := Verify(secret, noExp); err == nil {
+		t.Fatal("token without exp accepted")
+	}
+	none, _ := jwt.NewWithClaims(jwt.SigningMethodNone, jwt.RegisteredClaims{Subject: "u1", ExpiresAt: jwt.NewNumericDate(now.Add(time.Hour))}).SignedString(jwt.UnsafeAllowNoneSignatureType)
+	if _, _, err := Verify(secret, none); err == nil {
+		t.Fatal("alg=none token accepted")
+	}
+	if _, _, err := Verify([]byte("other"), tok); err == nil {
 		t.Fatal("wrong secret accepted")
 	}
 	old, _ := Mint(secret, "u1", time.Minute, now.Add(-time.Hour))
-	if _, err := Verify(secret, old); err == nil {
+	if _, _, err := Verify(secret, old); err == nil {
 		t.Fatal("expired token accepted")
 	}
-	if _, err := Verify(secret, "garbage"); err == nil {
+	if _, _, err := Verify(secret, "garbage"); err == nil {
 		t.Fatal("garbage accepted")
 	}
 	if _, err := Mint(secret, "bad user", time.Hour, now); err == nil {

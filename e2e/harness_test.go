@@ -223,12 +223,21 @@ func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
 	}
 }
 
-// must is do for requests that have to succeed.
+// must is do for requests that have to succeed; it waits out
+// rate_limited and unavailable as a client should.
 func (cl *client) must(req map[string]any) *protocol.Reply {
 	cl.t.Helper()
-	r, err := cl.do(req)
-	if err != nil {
-		cl.t.Fatalf("%s: %v", cl.user, err)
+	var r *protocol.Reply
+	var err error
+	for start := time.Now(); ; {
+		r, err = cl.do(req)
+		if err != nil {
+			cl.t.Fatalf("%s: %v", cl.user, err)
+		}
+		if (r.Code != protocol.CodeUnavailable && r.Code != protocol.CodeRateLimited) || time.Since(start) > 90*time.Second {
+			break
+		}
+		time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)
 	}
 	if r.Op != protocol.OpAccepted {
 		cl.t.Fatalf("%s %v: %+v", cl.user, req, r)
@@ -244,7 +253,7 @@ func (cl *client) sendRetrying(conv, cmid, body string) (*protocol.Reply, error)
 		if err != nil {
 			return nil, err
 		}
-		if r.Code != protocol.CodeUnavailable || time.Since(start) > 90*time.Second {
+		if (r.Code != protocol.CodeUnavailable && r.Code != protocol.CodeRateLimited) || time.Since(start) > 90*time.Second {
 			return r, nil
 		}
 		time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)

@@ -39,7 +39,13 @@ type Config struct {
 	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
 	MaxInFlight    int           // commands in flight per connection (default 256)
 	OriginPatterns []string      // allowed browser origins besides the gateway's own host
-	Log            *slog.Logger
+	// UserRate and UserBurst are the per-user command token bucket on this
+	// gateway (default 20/s, bursts of 40; a negative rate turns it off).
+	UserRate        float64
+	UserBurst       int
+	MaxConnsPerUser int           // open websockets per user on this gateway (default 16)
+	PingInterval    time.Duration // websocket ping period; a missed pong closes the connection (default 30 s)
+	Log             *slog.Logger
 }
 
 func (c *Config) validate() error {
@@ -61,6 +67,18 @@ func (c *Config) validate() error {
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 256
 	}
+	if c.UserRate == 0 {
+		c.UserRate = 20
+	}
+	if c.UserBurst <= 0 {
+		c.UserBurst = 40
+	}
+	if c.MaxConnsPerUser <= 0 {
+		c.MaxConnsPerUser = 16
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = 30 * time.Second
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -69,16 +87,18 @@ func (c *Config) validate() error {
 
 // Stats are the gateway's counters.
 type Stats struct {
-	Connections atomic.Int64
-	Accepted    atomic.Int64
-	Rejected    atomic.Int64
-	Unavailable atomic.Int64
+	Unauthorized atomic.Int64 // upgrades refused with 401
+	Connections  atomic.Int64
+	Accepted     atomic.Int64
+	Rejected     atomic.Int64
+	Unavailable  atomic.Int64
 }
 
 // Gateway is the websocket front door.
 type Gateway struct {
 	cfg   Config
 	stats Stats
+	users *users
 
 	pmu  sync.Mutex
 	pool map[string]*wire.Client
@@ -95,7 +115,8 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Gateway{cfg: cfg, pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
+		pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
 }
 
 // Stats returns the counters.
@@ -112,6 +133,7 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		counter("chatpipe_gateway_accepted_total", "Commands answered accepted.", &g.stats.Accepted),
 		counter("chatpipe_gateway_rejected_total", "Commands and frames answered rejected (but unavailable).", &g.stats.Rejected),
 		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
+		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
 	}
 }
 
@@ -159,11 +181,18 @@ func bearer(r *http.Request) string {
 }
 
 func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
-	user, err := auth.Verify(g.cfg.Secret, bearer(r))
+	user, exp, err := auth.Verify(g.cfg.Secret, bearer(r))
 	if err != nil {
+		g.stats.Unauthorized.Add(1)
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
+	st, ok := g.users.connect(user, time.Now())
+	if !ok {
+		http.Error(w, "too many connections for this user", http.StatusTooManyRequests)
+		return
+	}
+	defer g.users.disconnect(st, time.Now())
 	g.cmu.Lock()
 	if g.closing {
 		g.cmu.Unlock()
@@ -190,16 +219,20 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 		g.stats.Connections.Add(-1)
 		c.CloseNow()
 	}()
-	newSession(g, c, user).run(r.Context())
+	sess := newSession(g, c, user)
+	sess.exp, sess.limits = exp, st
+	sess.run(r.Context())
 }
 
 // session is one websocket connection of an authenticated user.
 type session struct {
-	g    *Gateway
-	c    *websocket.Conn
-	user string
-	out  chan []byte
-	sem  chan struct{}
+	g      *Gateway
+	c      *websocket.Conn
+	user   string
+	exp    time.Time  // the token's expiry: later commands get unauthorized
+	limits *userState // the user's rate limiter, shared by their connections
+	out    chan []byte
+	sem    chan struct{}
 }
 
 func newSession(g *Gateway, c *websocket.Conn, user string) *session {
@@ -228,6 +261,27 @@ func (s *session) run(parent context.Context) {
 			}
 		}
 	}()
+	wg.Add(1)
+	go func() { // liveness: a peer that stops answering pings is closed
+		defer wg.Done()
+		t := time.NewTicker(s.g.cfg.PingInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				pctx, pcancel := context.WithTimeout(ctx, s.g.cfg.PingInterval)
+				err := s.c.Ping(pctx)
+				pcancel()
+				if err != nil {
+					s.c.Close(websocket.StatusPolicyViolation, "ping timeout")
+					cancel()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	defer wg.Wait()
 	defer cancel()
 	for {
@@ -240,6 +294,9 @@ func (s *session) run(parent context.Context) {
 			continue
 		}
 		req, id, perr := protocol.Decode(frame, s.g.cfg.Limits)
+		if perr == nil {
+			perr = s.admit(time.Now())
+		}
 		if perr != nil {
 			s.g.stats.Rejected.Add(1)
 			s.send(protocol.Rejected(id, perr))
@@ -257,6 +314,21 @@ func (s *session) run(parent context.Context) {
 			s.send(s.g.handle(ctx, s.user, req))
 		}()
 	}
+}
+
+// admit checks the token is still valid and takes a token from the user's
+// bucket: over the limit, the command is answered rate_limited before it
+// reaches any writer.
+func (s *session) admit(now time.Time) *protocol.Error {
+	if now.After(s.exp) {
+		return protocol.Errorf(protocol.CodeUnauthorized, "the token expired; reconnect with a new one")
+	}
+	if wait, ok := s.limits.allow(now); !ok {
+		e := protocol.Errorf(protocol.CodeRateLimited, "more than %g commands/s from %s", s.g.cfg.UserRate, s.user)
+		e.RetryAfterMS = max(wait.Milliseconds(), 1)
+		return e
+	}
+	return nil
 }
 
 // send queues a frame; a connection whose buffer is full is a slow reader:

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/time/rate"
 
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -53,6 +54,8 @@ type shard struct {
 	// conversation whose lastOff is below persist's offset may be evicted:
 	// otherwise reloading it from Postgres would miss its newest events.
 	lastOff map[string]int64
+	// rates is the per-conversation message token bucket (nil map: off).
+	rates   map[string]*rate.Limiter
 	entropy io.Reader
 
 	qmu    sync.Mutex // guards closed against submit racing the final drain
@@ -494,6 +497,12 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	var recs []*kgo.Record
 	for i, c := range batch {
 		conv := s.convs[c.cmd.ConversationID]
+		if wait, ok := s.allowSend(conv, &c.cmd, now); !ok {
+			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", s.w.cfg.ConvRate, c.cmd.ConversationID)
+			e.RetryAfterMS = max(wait.Milliseconds(), 1)
+			replies[i] = protocol.Rejected(c.reqID, e)
+			continue
+		}
 		id, err := ulid.New(ulid.Timestamp(now), s.entropy)
 		if err != nil {
 			return fmt.Errorf("shardworker: message id: %w", err)
@@ -556,11 +565,38 @@ func (s *shard) evict(ctx context.Context) {
 		if off < persisted {
 			delete(s.convs, cid)
 			delete(s.lastOff, cid)
+			delete(s.rates, cid)
 			n++
 		}
 	}
 	s.w.stats.Evictions.Add(int64(n))
 	s.log.Debug("evicted conversations", "n", n, "cached", len(s.convs))
+}
+
+// allowSend takes a token from the conversation's message bucket for a new
+// send; a retry that dedupe answers costs nothing (it writes nothing). It
+// runs in the mailbox, before any seq is assigned.
+func (s *shard) allowSend(conv *shardcore.Conv, cmd *shardcore.Command, now time.Time) (time.Duration, bool) {
+	if cmd.Op != protocol.OpSend || s.w.cfg.ConvRate <= 0 {
+		return 0, true
+	}
+	if _, dup := conv.Dedupe[cmd.ClientMessageID]; dup {
+		return 0, true
+	}
+	if s.rates == nil {
+		s.rates = map[string]*rate.Limiter{}
+	}
+	lim := s.rates[cmd.ConversationID]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Limit(s.w.cfg.ConvRate), s.w.cfg.ConvBurst)
+		s.rates[cmd.ConversationID] = lim
+	}
+	r := lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, false
+	}
+	return 0, true
 }
 
 func accepted(c *call, seq int64, messageID string) *protocol.Reply {

@@ -43,6 +43,9 @@ type Config struct {
 	ReplayTimeout time.Duration // default 60 s
 	LeaseTTL      int64         // seconds (default 10)
 	Limits        shardcore.Limits
+	Protocol      protocol.Limits // request limits re-checked here (default protocol.DefaultLimits)
+	ConvRate      float64         // messages/s per conversation (default 100; negative: off)
+	ConvBurst     int             // default 200
 	Log           *slog.Logger
 }
 
@@ -62,6 +65,12 @@ func (c *Config) validate() error {
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 1000
 	}
+	if c.ConvRate == 0 {
+		c.ConvRate = 100
+	}
+	if c.ConvBurst <= 0 {
+		c.ConvBurst = 200
+	}
 	if c.MaxConvs <= 0 {
 		c.MaxConvs = 20000
 	}
@@ -79,6 +88,9 @@ func (c *Config) validate() error {
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = lease.DefaultTTL
+	}
+	if c.Protocol.MaxFrameBytes == 0 {
+		c.Protocol = protocol.DefaultLimits()
 	}
 	if c.Limits.MaxMembers <= 0 {
 		c.Limits.MaxMembers = protocol.DefaultLimits().MaxMembers
@@ -291,7 +303,7 @@ func (w *Worker) stopAll() {
 func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 	r := req.Req
 	done := func(rep *protocol.Reply, retry bool) { reply(&wire.Response{RID: req.RID, Reply: rep, Retry: retry}) }
-	if e := r.Validate(protocol.DefaultLimits()); e != nil {
+	if e := r.Validate(w.cfg.Protocol); e != nil {
 		done(protocol.Rejected(r.ID, e), false)
 		return
 	}

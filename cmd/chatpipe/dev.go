@@ -43,6 +43,7 @@ func runDev(ctx context.Context, args []string) error {
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
+	lim := addLimitFlags(fs)
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -142,7 +143,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	var ws []*shardworker.Worker
 	for i := 1; i <= *workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, log)
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, lim, log)
 		if err != nil {
 			return err
 		}
@@ -153,7 +154,7 @@ func runDev(ctx context.Context, args []string) error {
 	// Ready means every vshard has a writer accepting commands.
 	waitAccepting(ctx, ws, cfg.VShards, log)
 
-	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, log)
+	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, lim, log)
 	if err != nil {
 		return err
 	}
@@ -221,20 +222,24 @@ func waitAccepting(ctx context.Context, ws []*shardworker.Worker, vshards int, l
 	log.Warn("not every vshard has an accepting writer yet; starting anyway")
 }
 
-func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, log *slog.Logger) (*shardworker.Worker, error) {
-	return shardworker.New(shardworker.Config{
+func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
+	wc := shardworker.Config{
 		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
 		Brokers: brokers, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
 		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
-	})
+	}
+	lim.worker(&wc)
+	return shardworker.New(wc)
 }
 
-func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
 	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	gw, err := gateway.New(gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")})
+	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
+	lim.gateway(&gcfg)
+	gw, err := gateway.New(gcfg)
 	if err != nil {
 		return nil, nil, nil, err
 	}

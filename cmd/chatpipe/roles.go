@@ -76,6 +76,7 @@ func runWorker(ctx context.Context, args []string) error {
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
+	lim := addLimitFlags(fs)
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -113,7 +114,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(*id, *listen, *advertise, ln.Addr().String(), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, log)
+	w, err := newWorker(*id, *listen, *advertise, ln.Addr().String(), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, lim, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -184,6 +185,7 @@ func runGateway(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http", "127.0.0.1:8080", "listen address (websocket at /v1/ws)")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
+	lim := addLimitFlags(fs)
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -211,7 +213,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, log)
+	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, lim, log)
 	if err != nil {
 		return err
 	}

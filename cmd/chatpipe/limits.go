@@ -1,0 +1,57 @@
+package main
+
+import (
+	"flag"
+	"time"
+
+	"github.com/chatpipe/chatpipe/gateway"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/shardcore"
+	"github.com/chatpipe/chatpipe/shardworker"
+)
+
+// limitFlags are the abuse limits; every default is safe for the internet.
+type limitFlags struct {
+	userRate, convRate                  *float64
+	userBurst, convBurst, maxConns      *int
+	frame, body, idBytes, members, sbuf *int
+	origins                             *string
+	ping                                *time.Duration
+}
+
+func addLimitFlags(fs *flag.FlagSet) limitFlags {
+	d := protocol.DefaultLimits()
+	return limitFlags{
+		userRate:  fs.Float64("rate-user", 20, "commands/s per user on a gateway (negative: no limit)"),
+		userBurst: fs.Int("rate-user-burst", 40, "burst of the per-user command limit"),
+		convRate:  fs.Float64("rate-conv", 100, "messages/s per conversation, enforced by its writer (negative: no limit)"),
+		convBurst: fs.Int("rate-conv-burst", 200, "burst of the per-conversation message limit"),
+		maxConns:  fs.Int("max-conns-per-user", 16, "open websockets per user on a gateway"),
+		frame:     fs.Int("max-frame-bytes", d.MaxFrameBytes, "largest websocket frame; a larger one closes the connection with 1009"),
+		body:      fs.Int("max-body-bytes", d.MaxBodyBytes, "largest message body (bytes of UTF-8)"),
+		idBytes:   fs.Int("max-id-bytes", d.MaxIDBytes, "longest id ([A-Za-z0-9._:-])"),
+		members:   fs.Int("max-members", d.MaxMembers, "members per conversation, owner included"),
+		sbuf:      fs.Int("send-buffer", 1024, "frames queued per connection before a slow reader is closed with 1008"),
+		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
+		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
+	}
+}
+
+func (l limitFlags) protocol() protocol.Limits {
+	d := protocol.DefaultLimits()
+	d.MaxFrameBytes, d.MaxBodyBytes, d.MaxIDBytes, d.MaxMembers = *l.frame, *l.body, *l.idBytes, *l.members
+	return d
+}
+
+func (l limitFlags) gateway(c *gateway.Config) {
+	c.Limits = l.protocol()
+	c.UserRate, c.UserBurst, c.MaxConnsPerUser = *l.userRate, *l.userBurst, *l.maxConns
+	c.OriginPatterns = splitList(*l.origins)
+	c.PingInterval, c.SendBuffer = *l.ping, *l.sbuf
+}
+
+func (l limitFlags) worker(c *shardworker.Config) {
+	c.Limits = shardcore.Limits{MaxMembers: *l.members}
+	c.Protocol = l.protocol()
+	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
+}

@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// users tracks, per user on this gateway, the open connections and the
+// command rate limiter. An entry outlives the user's last connection for a
+// while, so reconnecting does not refill the bucket.
+type users struct {
+	perSec  float64
+	burst   int
+	maxConn int
+
+	mu sync.Mutex
+	m  map[string]*userState
+}
+
+type userState struct {
+	conns   int
+	limiter *rate.Limiter // nil: no limit
+	idle    time.Time     // when conns last dropped to zero
+}
+
+func newUsers(perSec float64, burst, maxConn int) *users {
+	return &users{perSec: perSec, burst: burst, maxConn: maxConn, m: map[string]*userState{}}
+}
+
+// connect registers a connection of user; false when the user has
+// MaxConnsPerUser open already.
+func (u *users) connect(user string, now time.Time) (*userState, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.m) > 10000 {
+		u.sweepLocked(now)
+	}
+	st := u.m[user]
+	if st == nil {
+		st = &userState{}
+		if u.perSec > 0 {
+			st.limiter = rate.NewLimiter(rate.Limit(u.perSec), u.burst)
+		}
+		u.m[user] = st
+	}
+	if u.maxConn > 0 && st.conns >= u.maxConn {
+		return nil, false
+	}
+	st.conns++
+	return st, true
+}
+
+func (u *users) disconnect(st *userState, now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	st.conns--
+	if st.conns == 0 {
+		st.idle = now
+	}
+}
+
+// sweepLocked forgets users idle for a minute, whose buckets are full again.
+func (u *users) sweepLocked(now time.Time) {
+	for k, st := range u.m {
+		if st.conns == 0 && now.Sub(st.idle) > time.Minute {
+			delete(u.m, k)
+		}
+	}
+}
+
+// allow takes one command from the user's bucket; when empty it returns
+// how long until a token is there.
+func (st *userState) allow(now time.Time) (time.Duration, bool) {
+	if st.limiter == nil {
+		return 0, true
+	}
+	r := st.limiter.ReserveN(now, 1)
+	if !r.OK() {
+		return time.Second, false
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}

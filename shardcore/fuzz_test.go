@@ -1,0 +1,49 @@
+package shardcore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// FuzzDecide feeds arbitrary command sequences to Decide/Apply: it never
+// panics, a write always takes LastSeq+1, nobody but a member ever gets a
+// message written, and a retry always returns its first seq.
+func FuzzDecide(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{4, 4, 4, 0, 4, 2, 4, 3, 4})
+	ops := []string{protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend, "bogus"}
+	users := []string{"a", "b", "c", "d"}
+	f.Fuzz(func(t *testing.T, script []byte) {
+		c := NewConv()
+		first := map[string]int64{}
+		for i := 0; i+1 < len(script); i += 2 {
+			op, arg := script[i], script[i+1]
+			cmd := Command{Op: ops[int(op)%len(ops)], ConversationID: "c", Sender: users[int(arg)%len(users)],
+				UserID: users[int(arg>>2)%len(users)], ClientMessageID: string(rune('m' + arg%4)), Body: "x",
+				Members: users[:int(arg>>4)%len(users)]}
+			_, wasMember := c.Members[cmd.Sender]
+			d := Decide(c, &cmd, Stamp{Now: time.Unix(0, 0), MessageID: "id"}, Limits{MaxMembers: 3})
+			if d.Event != nil {
+				if d.Event.Seq != c.LastSeq+1 {
+					t.Fatalf("write took seq %d after %d", d.Event.Seq, c.LastSeq)
+				}
+				if cmd.Op == protocol.OpSend && !wasMember {
+					t.Fatalf("message written for non-member %s", cmd.Sender)
+				}
+				Apply(c, d.Event)
+			}
+			if cmd.Op == protocol.OpSend && d.Reject == nil {
+				seq := d.Seq
+				if d.Event != nil {
+					seq = d.Event.Seq
+				}
+				if f, ok := first[cmd.ClientMessageID]; ok && f != seq {
+					t.Fatalf("retry of %s got seq %d, first %d", cmd.ClientMessageID, seq, f)
+				}
+				first[cmd.ClientMessageID] = seq
+			}
+		}
+	})
+}
