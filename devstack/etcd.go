@@ -45,7 +45,9 @@ type etcdState struct {
 	PeerPort int `json:"peer_port"`
 }
 
-// Etcd is a single-member embedded etcd (go.etcd.io/etcd/server/v3/embed).
+// Etcd is an embedded etcd member (go.etcd.io/etcd/server/v3/embed): a
+// single-member server (StartEtcd) or one member of a static cluster
+// (StartEtcdMember).
 //
 // Its data lives in the directory given to StartEtcd; stop it with Close.
 type Etcd struct {

@@ -24,6 +24,7 @@ Commands:
   worker    own virtual shards and write their conversations to Kafka
   persist   copy the committed log into Postgres
   kafka     run a standalone dev Kafka broker (kfake) with a data dir
+  etcd      run one member of a static etcd cluster on 127.0.0.1 (fault tests, multi-process setups)
   token     print a client token for a user
 
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
@@ -37,7 +38,7 @@ func main() {
 	}
 	cmds := map[string]func(ctx context.Context, args []string) error{
 		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
-		"kafka": runKafka, "token": runToken,
+		"kafka": runKafka, "token": runToken, "etcd": runEtcd,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
