@@ -87,8 +87,9 @@ func (s *shard) submit(c *call) bool {
 	}
 }
 
-// stop makes the shard stop accepting at once; its loop ends after the
-// batch in hand (whose commit the new owner's marker fences anyway).
+// stop makes the shard stop accepting at once: commands it collected but
+// has not decided are answered with a retry, and the batch in hand, if any,
+// finishes (the new owner's marker fences its commit anyway).
 func (s *shard) stop() { s.cancel() }
 
 func (s *shard) run() {
@@ -101,15 +102,20 @@ func (s *shard) run() {
 			return
 		}
 		s.log.Warn("shard writer stopped; re-checking ownership before taking over again", "err", err)
-		if !s.stillOwner() {
-			return
-		}
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+		// Re-check right before re-opening the producer: re-initialising
+		// the transactional.id fences whoever holds it. (A pause between the
+		// check and the re-open can still fence a new owner for a moment;
+		// it then re-checks and fences back, and every answer waits for a
+		// commit, so no stale answer gets out.)
+		if !s.stillOwner() {
+			return
+		}
 	}
 }
 
@@ -203,6 +209,12 @@ func (s *shard) session() error {
 	for {
 		batch, ok := s.collect()
 		if !ok {
+			return nil
+		}
+		if s.ctx.Err() != nil { // stopped while collecting: the new owner answers these
+			for _, c := range batch {
+				c.done(unavailable(c.reqID, "vshard %d is moving to another worker", s.v), true)
+			}
 			return nil
 		}
 		if err := s.process(cl, batch); err != nil {
@@ -448,8 +460,17 @@ func (s *shard) collect() ([]*call, bool) {
 }
 
 // process decides a batch, commits its events in one transaction and
-// answers. A returned error ends the session: the state is thrown away.
+// answers. A returned error ends the session: the state is thrown away, and
+// every command of the batch has been answered `unavailable`.
 func (s *shard) process(cl *kgo.Client, batch []*call) error {
+	answered := false
+	defer func() {
+		if !answered {
+			for _, c := range batch {
+				c.done(unavailable(c.reqID, "the writer failed; retry with the same ids"), false)
+			}
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
 	defer cancel()
 
@@ -477,6 +498,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 			for _, c := range batch {
 				c.done(unavailable(c.reqID, "conversation state is unavailable"), true)
 			}
+			answered = true
 			return nil
 		}
 		for cid, conv := range loaded {
@@ -495,6 +517,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	now := time.Now()
 	replies := make([]*protocol.Reply, len(batch))
 	var recs []*kgo.Record
+	decided := false // some answer depends on the conversation's state
 	for i, c := range batch {
 		conv := s.convs[c.cmd.ConversationID]
 		if wait, ok := s.allowSend(conv, &c.cmd, now); !ok {
@@ -508,6 +531,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 			return fmt.Errorf("shardworker: message id: %w", err)
 		}
 		d := shardcore.Decide(conv, &c.cmd, shardcore.Stamp{Now: now, MessageID: id.String(), VShard: s.v, Epoch: s.epoch}, s.w.cfg.Limits)
+		decided = true
 		switch {
 		case d.Reject != nil:
 			replies[i] = protocol.Rejected(c.reqID, d.Reject)
@@ -524,20 +548,31 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		}
 	}
 
-	// 3. Commit; answer only after the commit returned success.
+	// 3. Commit; answer only after the commit returned success. A batch
+	// that writes nothing still answers from the writer's state (a retry's
+	// first result, forbidden, not_found, …), and a writer fenced without
+	// knowing it would answer from a stale one: so such a batch commits a
+	// takeover marker first, which succeeds only while no other writer has
+	// taken the vshard over since this one did.
+	events := len(recs)
+	if events == 0 && decided {
+		rec, err := s.record(&logrecord.Event{Kind: logrecord.KindTakeover, VShard: s.v, Epoch: s.epoch, Worker: s.w.cfg.ID, CreatedAt: now.UTC()})
+		if err != nil {
+			return err
+		}
+		recs = append(recs, rec)
+	}
 	if len(recs) > 0 {
 		if err := s.commit(ctx, cl, recs); err != nil {
-			for _, c := range batch {
-				c.done(unavailable(c.reqID, "commit failed; retry with the same ids"), false)
-			}
 			return err
 		}
 		s.w.stats.Commits.Add(1)
-		s.w.stats.Events.Add(int64(len(recs)))
-		for _, r := range recs {
+		s.w.stats.Events.Add(int64(events))
+		for _, r := range recs[:events] {
 			s.lastOff[string(r.Key)] = r.Offset
 		}
 	}
+	answered = true
 	for i, c := range batch {
 		c.done(replies[i], false)
 	}

@@ -49,15 +49,15 @@ type Config struct {
 	WhatIf WhatIf
 
 	// StrictAnswers makes an answer from a fenced writer that the log
-	// contradicts a violation (PropStaleAnswer). The real writer gives such
-	// answers (doc.go, "What the model found"), so by default they are
-	// only counted, in Stats.StaleAnswers.
+	// contradicts a violation (PropStaleAnswer); without it they are only
+	// counted, in Stats.StaleAnswers. DefaultConfig turns it on: the real
+	// writer no longer gives such answers (doc.go, "What the model found").
 	StrictAnswers bool
 }
 
-// WhatIf are changes to the real writer's order that the model can try, to
+// WhatIf are changes to the writer's order that the model can try, to
 // measure a fix for an issue it found (doc.go, "What the model found"). The
-// zero value is the real order.
+// zero value is the order before that fix; DefaultConfig has the real one.
 type WhatIf struct {
 	// RecheckAtOpen re-reads the owner row in the same step as
 	// InitProducer, instead of only before the backoff that precedes a new
@@ -90,5 +90,9 @@ func DefaultConfig() Config {
 		MaxOps:         40,
 		MaxFaults:      8,
 		DrainSteps:     20000,
+		// the real writer's order (shardworker.process): answers of a batch
+		// that wrote nothing wait for a commit, so a stale answer is a bug
+		WhatIf:        WhatIf{FenceCheckedAnswers: true},
+		StrictAnswers: true,
 	}
 }

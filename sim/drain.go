@@ -30,7 +30,7 @@ func (w *World) drain() {
 		if w.quiescent() {
 			return
 		}
-		w.run(action{"clock +1", func() { w.advance(1) }})
+		w.run(action{format: "clock +1", do: func() { w.advance(1) }})
 	}
 	w.violate(PropLiveness, "not quiescent after %d drain steps: %s", w.cfg.DrainSteps, w.pending())
 }

@@ -32,6 +32,7 @@ type message struct {
 	ans *answer
 }
 
+// String describes the message for traces.
 func (m *message) String() string {
 	if m.to != "" {
 		return fmt.Sprintf("msg%d request op%d.%d %s→%s", m.id, m.att.op.id, m.att.n, m.att.op.cmd.Op, m.to)

@@ -37,16 +37,20 @@ var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1
 
 func (c category) fault() bool { return c >= catPause }
 
-// action is one thing the world can do now.
+// action is one thing the world can do now. Its name is formatted only
+// when it runs (or a script looks for it).
 type action struct {
-	name string
-	do   func()
+	format string
+	args   []any
+	do     func()
 }
+
+func (a action) name() string { return fmt.Sprintf(a.format, a.args...) }
 
 // actions lists what category c can do now, in a fixed order.
 func (w *World) actions(c category) []action {
 	var out []action
-	add := func(name string, do func()) { out = append(out, action{name, do}) }
+	add := func(do func(), format string, args ...any) { out = append(out, action{format, args, do}) }
 	switch c {
 	case catWriter, catLostCommit:
 		for _, wk := range w.workers {
@@ -57,9 +61,9 @@ func (w *World) actions(c category) []action {
 				for _, s := range wr.steps(w) {
 					wr, s := wr, s
 					if c == catWriter {
-						add(fmt.Sprintf("%s %s (phase %s)", wr, s, wr.phase), func() { wr.do(w, s, false) })
+						add(func() { wr.do(w, s, false) }, "%s %s (phase %s)", wr, s, wr.phase)
 					} else if s == stCommit || s == stMarker {
-						add(fmt.Sprintf("%s %s, reply LOST", wr, s), func() { wr.do(w, s, true) })
+						add(func() { wr.do(w, s, true) }, "%s %s, reply LOST", wr, s)
 					}
 				}
 			}
@@ -68,49 +72,49 @@ func (w *World) actions(c category) []action {
 		for _, m := range w.net.inflight {
 			m := m
 			if c == catDrop {
-				add("DROP "+m.String(), func() { w.net.remove(m); w.stats.DroppedMessages++ })
+				add(func() { w.net.remove(m); w.stats.DroppedMessages++ }, "DROP %s", m)
 				continue
 			}
 			if m.to != "" && w.worker(m.to).paused(w.now) {
 				continue // sits in the frozen process's socket buffer
 			}
-			add("deliver "+m.String(), func() { w.deliver(m) })
+			add(func() { w.deliver(m) }, "deliver %s", m)
 		}
 	case catIssue:
 		if len(w.ops) < w.cfg.MaxOps {
-			add("issue", w.issueRandom)
+			add(w.issueRandom, "issue")
 		}
 	case catRetry:
 		for _, o := range w.ops {
 			if w.needsRetry(o) {
 				o := o
-				add(fmt.Sprintf("retry op%d", o.id), func() { w.retry(o) })
+				add(func() { w.retry(o) }, "retry op%d", o.id)
 			}
 		}
 	case catPersist:
 		for p := 0; p < w.log.Partitions(); p++ {
 			if part := int32(p); w.sink.Pending(w.log, part) {
-				add(fmt.Sprintf("persist p%d", p), func() { w.sink.Poll(w.log, part, w.cfg.PersistBatch) })
+				add(func() { w.sink.Poll(w.log, part, w.cfg.PersistBatch) }, "persist p%d", p)
 			}
 		}
 	case catClock:
-		add("clock", func() { w.advance(int64(1 + w.ch.Choose(3, "ticks"))) })
+		add(func() { w.advance(int64(1 + w.ch.Choose(3, "ticks"))) }, "clock")
 	case catManage:
 		for _, wk := range w.workers {
 			if wk.running(w.now) && wk.registered && !wk.leaseLost {
 				if stop, start := w.manageChanges(wk); len(stop)+len(start) > 0 {
 					wk := wk
-					add(fmt.Sprintf("manage %s stop %v start %v", wk.id, stop, start), func() { w.manage(wk) })
+					add(func() { w.manage(wk) }, "manage %s stop %v start %v", wk.id, stop, start)
 				}
 			}
 		}
 	case catCoordinate:
 		if w.planWouldMove() {
-			add("coordinate", w.coordinate)
+			add(w.coordinate, "coordinate")
 		}
 	case catGateway:
 		if w.gwRev != w.owners.Rev() {
-			add("gateway refresh", w.refreshGateway)
+			add(w.refreshGateway, "gateway refresh")
 		}
 	case catLifecycle:
 		for _, wk := range w.workers {
@@ -118,37 +122,37 @@ func (w *World) actions(c category) []action {
 			switch {
 			case !wk.running(w.now):
 			case wk.registered && wk.leaseLost:
-				add(fmt.Sprintf("%s lease lost: stop writers", wk.id), func() { w.noticeLost(wk) })
+				add(func() { w.noticeLost(wk) }, "%s lease lost: stop writers", wk.id)
 			case wk.canRegister():
-				add(fmt.Sprintf("%s register", wk.id), func() { w.register(wk) })
+				add(func() { w.register(wk) }, "%s register", wk.id)
 			}
 		}
 	case catDevice:
 		for _, d := range w.devices {
 			if d.behind(w.sink, w.convs) {
 				d := d
-				add(fmt.Sprintf("device %s/%d sync", d.user, d.n), func() { d.sync(w.sink, w.convs) })
+				add(func() { d.sync(w.sink, w.convs) }, "device %s/%d sync", d.user, d.n)
 			}
 		}
 	case catRestart:
 		for _, wk := range w.workers {
 			if !wk.alive {
 				wk := wk
-				add(fmt.Sprintf("%s restart", wk.id), func() { w.restart(wk) })
+				add(func() { w.restart(wk) }, "%s restart", wk.id)
 			}
 		}
 	case catPause:
 		for _, wk := range w.workers {
 			if wk.running(w.now) {
 				wk := wk
-				add(fmt.Sprintf("PAUSE %s", wk.id), func() { w.pause(wk, int64(w.ch.Choose(int(w.cfg.LeaseTTL), "pause extra"))) })
+				add(func() { w.pause(wk, int64(w.ch.Choose(int(w.cfg.LeaseTTL), "pause extra"))) }, "PAUSE %s", wk.id)
 			}
 		}
 	case catCrash:
 		for _, wk := range w.workers {
 			if wk.alive {
 				wk := wk
-				add(fmt.Sprintf("CRASH %s", wk.id), func() { w.crash(wk) })
+				add(func() { w.crash(wk) }, "CRASH %s", wk.id)
 			}
 		}
 	}
@@ -194,6 +198,6 @@ func (w *World) randomStep() {
 // run executes an action as the next step.
 func (w *World) run(a action) {
 	w.step++
-	w.tracef("%4d t=%-3d %s", w.step, w.now, a.name)
+	w.tracef("%4d t=%-3d %s", w.step, w.now, a.name())
 	a.do()
 }

@@ -16,9 +16,10 @@ import (
 // conflict, and stores the partition's next offset in the same transaction.
 // It also answers the two queries a writer asks (shardworker/pgstate.go).
 type Sink struct {
-	next  map[int32]int64
-	rows  map[string]map[int64]*logrecord.Event
-	cmids map[string]map[string]int64
+	next   map[int32]int64
+	rows   map[string]map[int64]*logrecord.Event
+	cmids  map[string]map[string]int64
+	maxSeq map[string]int64
 
 	// Conflicts describes every broken invariant persist would log.
 	Conflicts []string
@@ -28,7 +29,7 @@ type Sink struct {
 
 // NewSink returns an empty sink.
 func NewSink() *Sink {
-	return &Sink{next: map[int32]int64{}, rows: map[string]map[int64]*logrecord.Event{}, cmids: map[string]map[string]int64{}}
+	return &Sink{next: map[int32]int64{}, rows: map[string]map[int64]*logrecord.Event{}, cmids: map[string]map[string]int64{}, maxSeq: map[string]int64{}}
 }
 
 // Offset is persist's next offset of part; ok is false before its first
@@ -86,6 +87,7 @@ func (s *Sink) insert(r *Record) {
 		cm[e.ClientMessageID] = e.Seq
 	}
 	rows[e.Seq] = e
+	s.maxSeq[e.ConversationID] = max(s.maxSeq[e.ConversationID], e.Seq)
 	s.Inserted++
 }
 
@@ -101,13 +103,7 @@ func (s *Sink) Events(conv string) []*logrecord.Event {
 }
 
 // MaxSeq is the largest stored seq of conv (0: none).
-func (s *Sink) MaxSeq(conv string) int64 {
-	var m int64
-	for seq := range s.rows[conv] {
-		m = max(m, seq)
-	}
-	return m
-}
+func (s *Sink) MaxSeq(conv string) int64 { return s.maxSeq[conv] }
 
 // LoadConv is shardworker's loadConvsSQL: every membership event of conv
 // plus its last event, in seq order, in one snapshot.

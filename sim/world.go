@@ -4,109 +4,12 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
-
-// Stats count what a run exercised.
-type Stats struct {
-	Steps             int
-	Ops               int
-	Retries           int
-	Batches           int
-	Commits           int
-	Takeovers         int // replays finished (a writer started accepting)
-	Moves             int // owner rows changed by the coordinator
-	FencedWrites      int // produce/commit calls the log rejected for an old producer epoch
-	FencedCommits     int // batches whose commit was fenced
-	TimedOutTxns      int
-	LostCommitReplies int
-	Pauses            int
-	PausesInFlight    int // pauses of a worker holding a produced, uncommitted batch
-	Crashes           int
-	CrashesInFlight   int // crashes between produce and commit
-	DroppedMessages   int
-	StaleAnswers      int // answers of fenced writers the log contradicts (not violations unless StrictAnswers)
-	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
-}
-
-// add sums o into s.
-func (s *Stats) add(o Stats) {
-	s.Steps += o.Steps
-	s.Ops += o.Ops
-	s.Retries += o.Retries
-	s.Batches += o.Batches
-	s.Commits += o.Commits
-	s.Takeovers += o.Takeovers
-	s.Moves += o.Moves
-	s.FencedWrites += o.FencedWrites
-	s.FencedCommits += o.FencedCommits
-	s.TimedOutTxns += o.TimedOutTxns
-	s.LostCommitReplies += o.LostCommitReplies
-	s.Pauses += o.Pauses
-	s.PausesInFlight += o.PausesInFlight
-	s.Crashes += o.Crashes
-	s.CrashesInFlight += o.CrashesInFlight
-	s.DroppedMessages += o.DroppedMessages
-	s.StaleAnswers += o.StaleAnswers
-	s.EpochRegressions += o.EpochRegressions
-}
-
-// Violation is one broken property.
-type Violation struct {
-	Property string
-	Detail   string
-}
-
-func (v Violation) String() string { return v.Property + ": " + v.Detail }
-
-// Result is what one run found.
-type Result struct {
-	Violations []Violation
-	Stats      Stats
-	// Trace is the run's actions, one line each.
-	Trace []string
-	// Stale describes the first stale answer counted in Stats.StaleAnswers.
-	Stale string
-}
-
-// Failed reports whether a property was broken.
-func (r *Result) Failed() bool { return len(r.Violations) > 0 }
-
-// Properties returns the broken properties, each once, sorted.
-func (r *Result) Properties() []string {
-	var ps []string
-	for _, v := range r.Violations {
-		if !slices.Contains(ps, v.Property) {
-			ps = append(ps, v.Property)
-		}
-	}
-	slices.Sort(ps)
-	return ps
-}
-
-// Report is a readable account of the violations and the tail of the trace.
-func (r *Result) Report(traceLines int) string {
-	var b strings.Builder
-	for i, v := range r.Violations {
-		if i == 20 {
-			fmt.Fprintf(&b, "... %d more\n", len(r.Violations)-i)
-			break
-		}
-		fmt.Fprintf(&b, "VIOLATION %s\n", v)
-	}
-	fmt.Fprintf(&b, "stats: %+v\n", r.Stats)
-	from := max(0, len(r.Trace)-traceLines)
-	fmt.Fprintf(&b, "trace (last %d of %d steps):\n", len(r.Trace)-from, len(r.Trace))
-	for _, l := range r.Trace[from:] {
-		b.WriteString("  " + l + "\n")
-	}
-	return b.String()
-}
 
 // World is one simulated deployment: log, owner store, sink, workers,
 // gateway view, network, clients and devices, on one simulated clock.

@@ -29,6 +29,7 @@ const (
 
 var phaseNames = [...]string{"open", "marker", "replay-offset", "replay-tail", "accepting", "committing", "recheck", "done"}
 
+// String names the phase.
 func (p phase) String() string { return phaseNames[p] }
 
 // stepKind is one thing a writer can do next; each is one scheduling point,
@@ -48,6 +49,7 @@ const (
 
 var stepNames = [...]string{"open", "marker", "replay-offset", "replay-tail", "process", "commit", "recheck", "finish"}
 
+// String names the step.
 func (s stepKind) String() string { return stepNames[s] }
 
 // call is a command in a writer's mailbox.
@@ -90,6 +92,7 @@ func newWriter(wk *worker, v int, epoch int64, partitions int) *writer {
 	return &writer{wk: wk, v: v, part: logrecord.Partition(v, partitions), epoch: epoch, txnID: logrecord.TransactionalID(v)}
 }
 
+// String is worker/vshard@epoch.
 func (wr *writer) String() string {
 	return fmt.Sprintf("%s/v%d@e%d", wr.wk.id, wr.v, wr.epoch)
 }

@@ -1,0 +1,95 @@
+package sim
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// bugCases are the writer's bug switches, each with the property that must
+// catch it.
+var bugCases = []struct {
+	name string
+	bugs Bugs
+	want string
+}{
+	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision},
+	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost},
+	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved},
+}
+
+// bugSeeds is how many seeded schedules each bug runs in CI (a soak runs
+// 25 times as many).
+const bugSeeds = 300
+
+// TestBugsAreCaught runs each bug switch over the same seeded schedules CI
+// uses for the correct writer (DefaultConfig, seeds 1..bugSeeds) and
+// asserts that the properties find it, and that the property meant for it
+// is among those that do. It logs, per property, in how many schedules it
+// fired and the first seed; replay one with TestReplay.
+func TestBugsAreCaught(t *testing.T) {
+	seeds := bugSeeds
+	if soak(t) > 0 {
+		seeds *= 25
+	}
+	for _, bc := range bugCases {
+		t.Run(bc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Bugs = bc.bugs
+			caught := 0
+			count, first := map[string]int{}, map[string]int{}
+			for seed := 1; seed <= seeds; seed++ {
+				r := Run(cfg, NewSeededChooser(uint64(seed)))
+				if !r.Failed() {
+					continue
+				}
+				caught++
+				for _, p := range r.Properties() {
+					if count[p]++; first[p] == 0 {
+						first[p] = seed
+					}
+				}
+			}
+			var lines []string
+			for p, n := range count {
+				lines = append(lines, fmt.Sprintf("%-34s in %3d schedules, first seed %d", p, n, first[p]))
+			}
+			sort.Strings(lines)
+			t.Logf("caught in %d of %d schedules:\n  %s\nreplay: CHATPIPE_SIM_BUG=%s CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v",
+				caught, seeds, strings.Join(lines, "\n  "), bc.name, first[bc.want])
+			if caught == 0 {
+				t.Fatalf("%s was not caught by any property in %d schedules", bc.name, seeds)
+			}
+			if count[bc.want] == 0 {
+				t.Errorf("%s was caught, but never by %s", bc.name, bc.want)
+			}
+		})
+	}
+}
+
+// TestCorrectWriterOnBugSeeds runs the correct writer on the seeds the bug
+// tests use: every violation they find must come from the bug.
+func TestCorrectWriterOnBugSeeds(t *testing.T) {
+	for seed := 1; seed <= bugSeeds; seed++ {
+		if r := Run(DefaultConfig(), NewSeededChooser(uint64(seed))); r.Failed() {
+			t.Fatalf("seed %d: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, r.Properties(), r.Report(150), seed)
+		}
+	}
+}
+
+// bugByName returns the bug switch named name ("" is the correct writer).
+func bugByName(t *testing.T, name string) Bugs {
+	if name == "" {
+		return Bugs{}
+	}
+	var names []string
+	for _, bc := range bugCases {
+		if bc.name == name {
+			return bc.bugs
+		}
+		names = append(names, bc.name)
+	}
+	t.Fatalf("CHATPIPE_SIM_BUG=%q: want one of %v", name, names)
+	return Bugs{}
+}

@@ -1,0 +1,44 @@
+package sim
+
+import (
+	"os"
+	"reflect"
+	"strconv"
+	"testing"
+)
+
+// TestReplay replays one seeded schedule with its full trace:
+//
+//	CHATPIPE_SIM_SEED=17 [CHATPIPE_SIM_BUG=AcceptBeforeMarker] go test ./sim/ -run TestReplay -v
+//
+// It fails when a property is broken, so it reproduces what the seed found.
+// A failure of TestProperties is replayed with -rapid.seed instead.
+func TestReplay(t *testing.T) {
+	v := os.Getenv("CHATPIPE_SIM_SEED")
+	if v == "" {
+		t.Skip("set CHATPIPE_SIM_SEED (and CHATPIPE_SIM_BUG) to replay a seeded schedule")
+	}
+	seed, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("CHATPIPE_SIM_SEED=%q: %v", v, err)
+	}
+	cfg := DefaultConfig()
+	cfg.Bugs = bugByName(t, os.Getenv("CHATPIPE_SIM_BUG"))
+	r := Run(cfg, NewSeededChooser(seed))
+	t.Logf("seed %d, bugs %+v:\n%s", seed, cfg.Bugs, r.Report(len(r.Trace)))
+	if r.Failed() {
+		t.Fail()
+	}
+}
+
+// TestDeterministic: a schedule is a pure function of its config and
+// choices.
+func TestDeterministic(t *testing.T) {
+	for seed := uint64(1); seed <= 5; seed++ {
+		a := Run(DefaultConfig(), NewSeededChooser(seed))
+		b := Run(DefaultConfig(), NewSeededChooser(seed))
+		if !reflect.DeepEqual(a.Trace, b.Trace) || a.Stats != b.Stats || !reflect.DeepEqual(a.Violations, b.Violations) {
+			t.Fatalf("seed %d ran differently twice", seed)
+		}
+	}
+}
