@@ -681,7 +681,13 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) 
 		markCommit()
 		time.Sleep(faultSleepBeforeCommit)
 	}
-	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+	// EndTransaction gets a context of its own: a cancelled or expired one
+	// leaves the outcome unknown without even asking the broker (franz-go
+	// advises against cancelling it), and after a long pause the broker's
+	// answer — fenced or committed — is exactly what the writer must learn.
+	ectx, ecancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
+	defer ecancel()
+	if err := cl.EndTransaction(ectx, kgo.TryCommit); err != nil {
 		s.countFence(err)
 		s.w.stats.UnknownCommits.Add(1)
 		return fmt.Errorf("shardworker: commit: %w", err)
