@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"sync/atomic"
@@ -55,6 +56,18 @@ func (f infraFlags) resolve() error {
 	return nil
 }
 
+// setup parses the flags (env first), fills the infrastructure flags from
+// --endpoints and makes the logger.
+func (f infraFlags) setup(fs *flag.FlagSet, args []string, level, format *string) (*slog.Logger, error) {
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	if err := f.resolve(); err != nil {
+		return nil, err
+	}
+	return newLogger(*level, *format)
+}
+
 func joinList(l []string) string {
 	s := ""
 	for i, x := range l {
@@ -78,13 +91,7 @@ func runWorker(ctx context.Context, args []string) error {
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
 	lim := addLimitFlags(fs)
 	level, format := logFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := inf.resolve(); err != nil {
-		return err
-	}
-	log, err := newLogger(*level, *format)
+	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
 		return err
 	}
@@ -144,13 +151,7 @@ func runPersist(ctx context.Context, args []string) error {
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
 	level, format := logFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := inf.resolve(); err != nil {
-		return err
-	}
-	log, err := newLogger(*level, *format)
+	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
 		return err
 	}
@@ -187,13 +188,7 @@ func runGateway(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
 	lim := addLimitFlags(fs)
 	level, format := logFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := inf.resolve(); err != nil {
-		return err
-	}
-	log, err := newLogger(*level, *format)
+	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
 		return err
 	}
