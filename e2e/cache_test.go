@@ -12,7 +12,7 @@ import (
 // two vshards, so conversations are evicted and reloaded from Postgres all
 // the time: seqs, membership and dedupe must come back intact.
 func TestEvictedStateReloads(t *testing.T) {
-	dev := startDev(t, t.TempDir(), "--vshards", "2", "--partitions", "2", "--cache-convs", "1")
+	dev := startDev(t, t.TempDir(), "--vshards", "2", "--partitions", "2", "--cache-convs", "1", "--rate-user", "-1", "--rate-conv", "-1")
 	alice, bob := dev.dial(t, "alice"), dev.dial(t, "bob")
 	const n = 20
 	for k := 0; k < n; k++ {
