@@ -137,11 +137,22 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 	}
 }
 
-// Handler serves /v1/ws and /healthz.
+// Handler serves /v1/ws, /healthz and /readyz.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/ws", g.serveWS)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// ready: the ownership view from etcd has at least one live worker
+		v := g.cfg.Owners.Snapshot()
+		for s := 0; s < g.cfg.VShards; s++ {
+			if _, _, ok := v.Live(s); ok {
+				w.Write([]byte("ready\n"))
+				return
+			}
+		}
+		http.Error(w, "no live worker owns a vshard", http.StatusServiceUnavailable)
+	})
 	return mux
 }
 

@@ -21,6 +21,10 @@ type Config struct {
 	Topic      string `json:"topic"`
 }
 
+// ErrNoConfig is returned by EnsureConfig when etcd holds no config and the
+// caller did not give a complete one to write (run `chatpipe init`).
+var ErrNoConfig = errors.New("lease: no deployment config in etcd yet (run 'chatpipe init' or 'chatpipe dev' first)")
+
 // ErrConfigMismatch is returned by EnsureConfig when etcd holds another config.
 var ErrConfigMismatch = errors.New("lease: config in etcd differs")
 
@@ -29,18 +33,26 @@ var ErrConfigMismatch = errors.New("lease: config in etcd differs")
 // it gets ErrConfigMismatch. A want with zero fields adopts etcd's values.
 func EnsureConfig(ctx context.Context, cli *clientv3.Client, prefix string, want Config) (Config, error) {
 	key := prefix + "config"
+	complete := want.VShards > 0 && want.Partitions > 0 && want.Topic != ""
 	val, err := json.Marshal(want)
 	if err != nil {
 		return Config{}, fmt.Errorf("lease: encode config: %w", err)
 	}
+	put := clientv3.OpPut(key, string(val))
+	if !complete {
+		put = clientv3.OpGet(key) // never write a partial config
+	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(val))).
+		Then(put).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return Config{}, fmt.Errorf("lease: write config: %w", err)
 	}
 	if resp.Succeeded {
+		if !complete {
+			return Config{}, ErrNoConfig
+		}
 		return want, nil
 	}
 	var have Config

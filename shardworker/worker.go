@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,6 +129,19 @@ type Worker struct {
 	ready  chan struct{}
 }
 
+// Advertised returns addr as others should dial it: a wildcard listen
+// address (0.0.0.0, ::) becomes this host's name, as in a container.
+func Advertised(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || !net.ParseIP(host).IsUnspecified() {
+		return addr
+	}
+	if h, err := os.Hostname(); err == nil {
+		return net.JoinHostPort(h, port)
+	}
+	return addr
+}
+
 // New returns a worker; Run starts it.
 func New(cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
@@ -198,7 +212,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("shardworker: listen: %w", err)
 	}
-	w.addr = ln.Addr().String()
+	w.addr = Advertised(ln.Addr().String())
 	if w.cfg.Advertise != "" {
 		w.addr = w.cfg.Advertise
 	}

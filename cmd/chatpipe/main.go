@@ -26,6 +26,9 @@ Commands:
   kafka     run a standalone dev Kafka broker (kfake) with a data dir
   etcd      run one member of a static etcd cluster on 127.0.0.1 (fault tests, multi-process setups)
   token     print a client token for a user
+  init      prepare a deployment once: its shape in etcd, the Postgres schema, the topic
+  version   print the version
+  admin     operator commands: shards, check-config
 
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
 Run 'chatpipe <command> -h' for its flags and defaults.
@@ -38,7 +41,7 @@ func main() {
 	}
 	cmds := map[string]func(ctx context.Context, args []string) error{
 		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
-		"kafka": runKafka, "token": runToken, "etcd": runEtcd,
+		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {

@@ -19,6 +19,7 @@ import (
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
 	"github.com/chatpipe/chatpipe/schema"
+	"github.com/chatpipe/chatpipe/shardworker"
 )
 
 // infraFlags are the flags of roles that join a running stack.
@@ -121,7 +122,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(*id, *listen, *advertise, ln.Addr().String(), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, lim, log)
+	w, err := newWorker(*id, *listen, *advertise, shardworker.Advertised(ln.Addr().String()), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, lim, log)
 	if err != nil {
 		ln.Close()
 		return err

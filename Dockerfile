@@ -1,0 +1,12 @@
+# Multi-stage build of the single chatpipe binary (every role).
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/chatpipe ./cmd/chatpipe
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/chatpipe /usr/local/bin/chatpipe
+ENTRYPOINT ["/usr/local/bin/chatpipe"]

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/lease"
+)
+
+const adminUsage = `Usage: chatpipe admin <command> [flags]
+
+Commands:
+  shards        every vshard's owner, worker gen and epoch, and each worker's lease TTL left
+  check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
+`
+
+func runAdmin(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, adminUsage)
+		return errors.New("missing admin command")
+	}
+	switch args[0] {
+	case "shards":
+		return adminShards(ctx, args[1:])
+	case "check-config":
+		return adminCheckConfig(ctx, args[1:])
+	}
+	fmt.Fprint(os.Stderr, adminUsage)
+	return fmt.Errorf("unknown admin command %q", args[0])
+}
+
+// adminShards prints the ownership table from etcd.
+func adminShards(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin shards", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	level, format := logFlags(fs)
+	if _, err := inf.setup(fs, args, level, format); err != nil {
+		return err
+	}
+	if *inf.etcd == "" {
+		return errors.New("need --endpoints or --etcd")
+	}
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
+	if err != nil {
+		return err
+	}
+	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/", clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("read workers: %w", err)
+	}
+	type worker struct {
+		ID     string `json:"id"`
+		Addr   string `json:"addr"`
+		Gen    int64  `json:"gen"`
+		TTL    int64  `json:"lease_ttl_seconds"`
+		Shards int    `json:"shards"`
+	}
+	workers := map[string]*worker{}
+	for _, kv := range resp.Kvs {
+		var info lease.WorkerInfo
+		if json.Unmarshal(kv.Value, &info) != nil {
+			continue
+		}
+		id := strings.TrimPrefix(string(kv.Key), lease.DefaultPrefix+"workers/")
+		w := &worker{ID: id, Addr: info.Addr, Gen: info.Gen, TTL: -1}
+		if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil {
+			w.TTL = ttl.TTL
+		}
+		workers[id] = w
+	}
+	type shard struct {
+		VShard int    `json:"vshard"`
+		Worker string `json:"worker"`
+		Gen    int64  `json:"gen"`
+		Epoch  int64  `json:"epoch"`
+		Live   bool   `json:"live"`
+	}
+	var shards []shard
+	for v := 0; v < cfg.VShards; v++ {
+		o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, v)
+		if err != nil {
+			return err
+		}
+		s := shard{VShard: v}
+		if ok {
+			s.Worker, s.Gen, s.Epoch = o.Worker, o.Gen, o.Epoch
+			if w := workers[o.Worker]; w != nil && w.Gen == o.Gen {
+				s.Live = true
+				w.Shards++
+			}
+		}
+		shards = append(shards, s)
+	}
+	ids := make([]string, 0, len(workers))
+	for id := range workers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	if *asJSON {
+		out := struct {
+			Config  lease.Config `json:"config"`
+			Workers []*worker    `json:"workers"`
+			Shards  []shard      `json:"shards"`
+		}{Config: cfg, Shards: shards}
+		for _, id := range ids {
+			out.Workers = append(out.Workers, workers[id])
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tADDR\tGEN\tLEASE TTL\tSHARDS")
+	for _, id := range ids {
+		w := workers[id]
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%ds\t%d\n", w.ID, w.Addr, w.Gen, w.TTL, w.Shards)
+	}
+	fmt.Fprintln(tw, "\nVSHARD\tOWNER\tGEN\tEPOCH\tLIVE")
+	for _, s := range shards {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%v\n", s.VShard, s.Worker, s.Gen, s.Epoch, s.Live)
+	}
+	return tw.Flush()
+}
+
+// adminCheckConfig compares what this process was given with what the
+// deployment holds, and lists every disagreement.
+func adminCheckConfig(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin check-config", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	vshards := fs.Int("vshards", 0, "expected virtual shards (0: don't check)")
+	partitions := fs.Int("partitions", 0, "expected partitions (0: don't check)")
+	level, format := logFlags(fs)
+	if _, err := inf.setup(fs, args, level, format); err != nil {
+		return err
+	}
+	var problems []string
+	var cfg lease.Config
+	if *inf.etcd == "" {
+		problems = append(problems, "no etcd endpoints (--etcd or --endpoints)")
+	} else if cli, err := dialEtcd(ctx, splitList(*inf.etcd)); err != nil {
+		problems = append(problems, err.Error())
+	} else {
+		defer cli.Close()
+		cfg, err = lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
+		if err != nil && !errors.Is(err, lease.ErrConfigMismatch) {
+			problems = append(problems, err.Error())
+		} else if err != nil {
+			problems = append(problems, fmt.Sprintf("etcd holds vshards=%d partitions=%d topic=%s, this process was given vshards=%d partitions=%d topic=%s",
+				cfg.VShards, cfg.Partitions, cfg.Topic, *vshards, *partitions, *inf.topic))
+		}
+	}
+	if *inf.kafka == "" {
+		problems = append(problems, "no Kafka brokers (--kafka or --endpoints)")
+	} else if cl, err := kgo.NewClient(kgo.SeedBrokers(splitList(*inf.kafka)...)); err != nil {
+		problems = append(problems, err.Error())
+	} else {
+		defer cl.Close()
+		topics, err := kadm.NewClient(cl).ListTopics(ctx, *inf.topic)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("kafka: %v", err))
+		case !topics.Has(*inf.topic):
+			problems = append(problems, fmt.Sprintf("kafka has no topic %s", *inf.topic))
+		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Partitions:
+			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Partitions))
+		}
+	}
+	if *inf.dbURL == "" {
+		problems = append(problems, "no Postgres URL (--database-url or --endpoints)")
+	} else if db, err := openDB(ctx, *inf.dbURL); err != nil {
+		problems = append(problems, err.Error())
+	} else {
+		defer db.Close()
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n == 0 {
+			problems = append(problems, "postgres has no chatpipe schema (run 'chatpipe init')")
+		}
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Println("✗", p)
+		}
+		return fmt.Errorf("%d configuration problem(s)", len(problems))
+	}
+	fmt.Printf("✓ etcd, Kafka and Postgres agree: vshards=%d partitions=%d topic=%s\n", cfg.VShards, cfg.Partitions, cfg.Topic)
+	return nil
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/schema"
+)
+
+// version is set at build time with -ldflags "-X main.version=v1.2.3";
+// otherwise the module version and VCS revision of the build are printed.
+var version = ""
+
+func runVersion(_ context.Context, _ []string) error {
+	v := version
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if v == "" {
+			v = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				v += " " + s.Value
+			}
+		}
+		v += " " + info.GoVersion
+	}
+	fmt.Println("chatpipe", v)
+	return nil
+}
+
+// runInit prepares a deployment once: the fixed shape in etcd, the
+// Postgres schema, and (with --kafka) the log topic.
+func runInit(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	vshards := fs.Int("vshards", 4096, "virtual shards (fixed for the deployment's life)")
+	partitions := fs.Int("partitions", 64, "partitions of the log topic (fixed for the deployment's life)")
+	level, format := logFlags(fs)
+	log, err := inf.setup(fs, args, level, format)
+	if err != nil {
+		return err
+	}
+	if *inf.etcd == "" || *inf.dbURL == "" {
+		return errors.New("need --etcd and --database-url (and --kafka to create the topic)")
+	}
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
+	if err != nil {
+		return err
+	}
+	db, err := openDB(ctx, *inf.dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := schema.Migrate(ctx, db); err != nil {
+		return err
+	}
+	if *inf.kafka != "" {
+		if err := devstack.EnsureTopic(ctx, splitList(*inf.kafka), cfg.Topic, cfg.Partitions); err != nil {
+			return err
+		}
+	}
+	log.Info("deployment ready", "vshards", cfg.VShards, "partitions", cfg.Partitions, "topic", cfg.Topic)
+	return nil
+}

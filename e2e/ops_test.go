@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestInitAndConfig: `chatpipe init` agrees with a deployment of the same
+// shape (idempotent), refuses another shape, and `chatpipe version` runs.
+func TestInitAndConfig(t *testing.T) {
+	dev := startDev(t, t.TempDir())
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(binary, args...).CombinedOutput()
+		return string(out), err
+	}
+	base := []string{"init", "--etcd", strings.Join(dev.ep.Etcd, ","), "--database-url", dev.ep.Postgres, "--kafka", strings.Join(dev.ep.Kafka, ",")}
+	if out, err := run(append(base, "--vshards", "64", "--partitions", "8")...); err != nil {
+		t.Fatalf("init with the deployment's shape: %v\n%s", err, out)
+	}
+	out, err := run(append(base, "--vshards", "128", "--partitions", "8")...)
+	if err == nil || !strings.Contains(out, "differs") {
+		t.Errorf("init with another shape: %v\n%s", err, out)
+	}
+	if out, err := run("version"); err != nil || !strings.HasPrefix(out, "chatpipe ") {
+		t.Errorf("version: %v %q", err, out)
+	}
+
+	// health, readiness and metrics on the gateway's address
+	base0 := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(base0 + path)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %v %v", path, resp, err)
+		} else {
+			resp.Body.Close()
+		}
+	}
+	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
+		metric(t, base0+"/metrics", m) // fails the test if unreadable
+	}
+	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.VShards) {
+		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.VShards)
+	}
+
+	// admin shards: every vshard owned by a live worker of dev
+	ep := dev.dir + "/endpoints.json"
+	out, err = run("admin", "shards", "--endpoints", ep, "--json")
+	if err != nil {
+		t.Fatalf("admin shards: %v\n%s", err, out)
+	}
+	var table struct {
+		Workers []struct {
+			ID     string `json:"id"`
+			TTL    int64  `json:"lease_ttl_seconds"`
+			Shards int    `json:"shards"`
+		} `json:"workers"`
+		Shards []struct {
+			Live  bool  `json:"live"`
+			Epoch int64 `json:"epoch"`
+		} `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(out), &table); err != nil {
+		t.Fatalf("admin shards --json: %v\n%s", err, out)
+	}
+	total := 0
+	for _, w := range table.Workers {
+		if w.TTL <= 0 || w.TTL > 10 {
+			t.Errorf("worker %s lease TTL %d", w.ID, w.TTL)
+		}
+		total += w.Shards
+	}
+	if len(table.Shards) != dev.ep.VShards || total != dev.ep.VShards || len(table.Workers) != 2 {
+		t.Errorf("admin shards: %d shards, %d owned by %d workers", len(table.Shards), total, len(table.Workers))
+	}
+	for i, s := range table.Shards {
+		if !s.Live || s.Epoch < 1 {
+			t.Errorf("vshard %d: %+v", i, s)
+		}
+	}
+	if out, err := run("admin", "shards", "--endpoints", ep); err != nil || !strings.Contains(out, "VSHARD") {
+		t.Errorf("admin shards table: %v\n%s", err, out)
+	}
+
+	// admin check-config: agrees as given, lists the disagreement otherwise
+	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "64", "--partitions", "8"); err != nil || !strings.Contains(out, "agree") {
+		t.Errorf("check-config: %v\n%s", err, out)
+	}
+	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "65", "--partitions", "8"); err == nil || !strings.Contains(out, "etcd holds vshards=64") {
+		t.Errorf("check-config with a wrong shape: %v\n%s", err, out)
+	}
+}
