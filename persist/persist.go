@@ -216,6 +216,12 @@ FROM input i
 LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)`
 
+// Write stores records (of one topic, any partitions, in offset order per
+// partition) and their partitions' next offsets in one transaction, exactly
+// as the consumer does. `chatpipe admin rebuild` uses it to rebuild a
+// database from the log alone.
+func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error { return p.write(ctx, recs) }
+
 // write stores one poll's records and the partitions' next offsets in one
 // transaction.
 //

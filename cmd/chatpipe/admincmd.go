@@ -23,6 +23,7 @@ const adminUsage = `Usage: chatpipe admin <command> [flags]
 Commands:
   shards        every vshard's owner, worker gen and epoch, and each worker's lease TTL left
   check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
+  rebuild       rebuild an empty Postgres from the committed log alone and report the counts
 `
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -35,6 +36,8 @@ func runAdmin(ctx context.Context, args []string) error {
 		return adminShards(ctx, args[1:])
 	case "check-config":
 		return adminCheckConfig(ctx, args[1:])
+	case "rebuild":
+		return adminRebuild(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])

@@ -28,7 +28,7 @@ Commands:
   token     print a client token for a user
   init      prepare a deployment once: its shape in etcd, the Postgres schema, the topic
   version   print the version
-  admin     operator commands: shards, check-config
+  admin     operator commands: shards, check-config, rebuild
 
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
 Run 'chatpipe <command> -h' for its flags and defaults.
