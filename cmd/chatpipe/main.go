@@ -29,6 +29,7 @@ Commands:
   init      prepare a deployment once: its shape in etcd, the Postgres schema, the topic
   version   print the version
   admin     operator commands: shards, check-config, rebuild
+  export    write one day's committed events to chunk files, crash-safe and resumable
 
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
 Run 'chatpipe <command> -h' for its flags and defaults.
@@ -41,7 +42,7 @@ func main() {
 	}
 	cmds := map[string]func(ctx context.Context, args []string) error{
 		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
-		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin,
+		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin, "export": runExport,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
