@@ -2,10 +2,15 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // TestInitAndConfig: `chatpipe init` agrees with a deployment of the same
@@ -40,6 +45,27 @@ func TestInitAndConfig(t *testing.T) {
 	}
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
 		metric(t, base0+"/metrics", m) // fails the test if unreadable
+	}
+	// after some traffic: commit latency, persist batches and lag, rejections by code
+	cl0 := dev.dial(t, "metrics")
+	cl0.must(map[string]any{"op": "create", "conversation_id": "mc", "members": []string{}})
+	cl0.do(map[string]any{"op": "send", "conversation_id": "nope", "client_message_id": "x", "body": "x"})
+	readEvents(t, dev.ep.Postgres, 1)
+	time.Sleep(500 * time.Millisecond)
+	body := func() string {
+		resp, err := http.Get(base0 + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}()
+	for _, m := range []string{"chatpipe_worker_commit_seconds_count", "chatpipe_persist_batch_records_count", "chatpipe_persist_batch_seconds_count",
+		`chatpipe_persist_lag_records{partition=`, `chatpipe_gateway_rejected_by_code_total{code="forbidden"}`, "chatpipe_worker_takeover_seconds_count"} {
+		if !strings.Contains(body, m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
 	}
 	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.VShards) {
 		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.VShards)
@@ -82,6 +108,31 @@ func TestInitAndConfig(t *testing.T) {
 	}
 	if out, err := run("admin", "shards", "--endpoints", ep); err != nil || !strings.Contains(out, "VSHARD") {
 		t.Errorf("admin shards table: %v\n%s", err, out)
+	}
+
+	// admin handoff: vshard 0 moves to the other worker with epoch+1
+	before := etcdView(t, dev.ep).Shards[0]
+	other := "w1"
+	if before.Worker == "w1" {
+		other = "w2"
+	}
+	if out, err := run("admin", "handoff", "--endpoints", ep, "--vshard", "0", "--to", other); err != nil {
+		t.Fatalf("admin handoff: %v\n%s", err, out)
+	}
+	after := etcdView(t, dev.ep).Shards[0]
+	if after.Worker != other || after.Epoch != before.Epoch+1 {
+		t.Errorf("handoff: %+v → %+v", before.Owner, after.Owner)
+	}
+	cl := dev.dial(t, "hand")
+	for i := 0; i < 50; i++ { // a conversation on vshard 0 keeps working after the move
+		if conv := fmt.Sprintf("h%d", i); logrecord.VShard(conv, dev.ep.VShards) == 0 {
+			cl.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{}})
+			break
+		}
+	}
+	time.Sleep(2 * time.Second) // the balancer must not undo an operator's move
+	if now := etcdView(t, dev.ep).Shards[0]; now.Worker != other {
+		t.Errorf("vshard 0 moved back to %s after the hand-off", now.Worker)
 	}
 
 	// admin check-config: agrees as given, lists the disagreement otherwise

@@ -96,9 +96,10 @@ type Stats struct {
 
 // Gateway is the websocket front door.
 type Gateway struct {
-	cfg   Config
-	stats Stats
-	users *users
+	cfg      Config
+	stats    Stats
+	users    *users
+	rejected *prometheus.CounterVec
 
 	pmu  sync.Mutex
 	pool map[string]*wire.Client
@@ -116,6 +117,8 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_rejected_by_code_total",
+			Help: "Commands and frames answered rejected, by code."}, []string{"code"}),
 		pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
 }
 
@@ -134,6 +137,7 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		counter("chatpipe_gateway_rejected_total", "Commands and frames answered rejected (but unavailable).", &g.stats.Rejected),
 		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
 		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
+		g.rejected,
 	}
 }
 
@@ -310,6 +314,7 @@ func (s *session) run(parent context.Context) {
 		}
 		if perr != nil {
 			s.g.stats.Rejected.Add(1)
+			s.g.rejected.WithLabelValues(string(perr.Code)).Inc()
 			s.send(protocol.Rejected(id, perr))
 			continue
 		}
@@ -370,8 +375,10 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 		g.stats.Accepted.Add(1)
 	case rep.Code == protocol.CodeUnavailable:
 		g.stats.Unavailable.Add(1)
+		g.rejected.WithLabelValues(string(rep.Code)).Inc()
 	default:
 		g.stats.Rejected.Add(1)
+		g.rejected.WithLabelValues(string(rep.Code)).Inc()
 	}
 	return rep
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -77,9 +79,20 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 		return fmt.Errorf("lease: coordinator session expired")
 	case <-time.After(cfg.Settle):
 	}
+	pins := map[int]time.Time{}
 	for {
 		changed := w.Changed()
-		for _, m := range Plan(w.Snapshot(), cfg.VShards) {
+		handoffs(ctx, cli, w, cfg, pins)
+		view := w.Snapshot()
+		view.Pinned = map[int]bool{}
+		for v, until := range pins {
+			if time.Now().Before(until) {
+				view.Pinned[v] = true
+			} else {
+				delete(pins, v)
+			}
+		}
+		for _, m := range Plan(view, cfg.VShards) {
 			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
 				cfg.Log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
 				continue
@@ -99,6 +112,56 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 			}
 		case <-time.After(cfg.Interval):
 		}
+	}
+}
+
+// HandoffPin is how long a vshard handed off by an operator is kept where
+// it was put before load balancing may move it again.
+const HandoffPin = time.Minute
+
+// RequestHandoff asks the coordinator to move vshard v to worker to, by the
+// normal takeover order (epoch+1, marker, replay, accept).
+func RequestHandoff(ctx context.Context, cli *clientv3.Client, prefix string, v int, to string) error {
+	val, _ := json.Marshal(map[string]string{"to": to})
+	if _, err := cli.Put(ctx, prefix+"handoff/"+strconv.Itoa(v), string(val)); err != nil {
+		return fmt.Errorf("lease: request hand-off: %w", err)
+	}
+	return nil
+}
+
+// handoffs carries out operators' hand-off requests (<prefix>handoff/<n>).
+func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig, pins map[int]time.Time) {
+	resp, err := cli.Get(ctx, cfg.Prefix+"handoff/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) == 0 {
+		return
+	}
+	view := w.Snapshot()
+	for _, kv := range resp.Kvs {
+		n, err := strconv.Atoi(strings.TrimPrefix(string(kv.Key), cfg.Prefix+"handoff/"))
+		var req struct {
+			To string `json:"to"`
+		}
+		if err == nil {
+			err = json.Unmarshal(kv.Value, &req)
+		}
+		to, live := view.Workers[req.To]
+		row := view.Shards[n]
+		switch {
+		case err != nil || n < 0 || n >= cfg.VShards:
+			cfg.Log.Warn("dropping a malformed hand-off request", "key", string(kv.Key))
+		case !live:
+			cfg.Log.Warn("dropping a hand-off to a worker that is not live", "vshard", n, "to", req.To)
+		case row.Worker == req.To && row.Gen == to.Gen:
+		default:
+			m := Move{VShard: n, From: row.Worker, To: req.To, Gen: to.Gen, Epoch: row.Epoch + 1, ModRevision: row.ModRevision}
+			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
+				cfg.Log.Warn("hand-off failed; retrying", "vshard", n, "to", req.To, "err", err)
+				continue
+			}
+			cfg.Log.Info("handed off by request", "vshard", n, "from", m.From, "to", m.To, "epoch", m.Epoch)
+			pins[n] = time.Now().Add(HandoffPin)
+		}
+		_, _ = cli.Delete(ctx, string(kv.Key))
 	}
 }
 

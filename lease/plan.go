@@ -67,9 +67,16 @@ func Plan(v View, vshards int) []Move {
 		if len(owned[hi])-len(owned[lo]) <= 1 {
 			break
 		}
-		n := len(owned[hi])
-		s := owned[hi][n-1]
-		owned[hi] = owned[hi][:n-1]
+		// move the highest vshard that was not just handed off by hand
+		i := len(owned[hi]) - 1
+		for i >= 0 && v.Pinned[owned[hi][i]] {
+			i--
+		}
+		if i < 0 {
+			break
+		}
+		s := owned[hi][i]
+		owned[hi] = append(owned[hi][:i:i], owned[hi][i+1:]...)
 		move(s, lo)
 	}
 	return moves

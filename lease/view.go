@@ -22,6 +22,9 @@ type Row struct {
 type View struct {
 	Shards  map[int]Row
 	Workers map[string]WorkerInfo
+	// Pinned vshards are not moved to balance load (Plan); the coordinator
+	// pins a vshard an operator handed off, for a while.
+	Pinned map[int]bool
 }
 
 // Live reports whether vshard v has a live owner, and returns it.

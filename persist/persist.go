@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,10 @@ type Stats struct {
 type Persister struct {
 	cfg   Config
 	stats Stats
+
+	batchSize    prometheus.Histogram
+	batchSeconds prometheus.Histogram
+	lag          *prometheus.GaugeVec
 }
 
 // New returns a Persister; Run starts it.
@@ -80,7 +85,14 @@ func New(cfg Config) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Persister{cfg: cfg}, nil
+	return &Persister{cfg: cfg,
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
+			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
+		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
+			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "chatpipe_persist_lag_records",
+			Help: "Records of a partition not yet in Postgres, as of the last fetch."}, []string{"partition"}),
+	}, nil
 }
 
 // Stats returns the counters.
@@ -97,6 +109,7 @@ func (p *Persister) Collectors() []prometheus.Collector {
 		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
 		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
 		counter("chatpipe_persist_bad_records_total", "Records that did not decode and were skipped.", &p.stats.BadRecord),
+		p.batchSize, p.batchSeconds, p.lag,
 	}
 }
 
@@ -130,10 +143,18 @@ func (p *Persister) Run(ctx context.Context) error {
 		}
 		recs := fs.Records()
 		if len(recs) > 0 {
+			start := time.Now()
 			if err := p.writeRetrying(ctx, recs); err != nil {
 				return err
 			}
+			p.batchSeconds.Observe(time.Since(start).Seconds())
+			p.batchSize.Observe(float64(len(recs)))
 		}
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if n := len(fp.Records); n > 0 {
+				p.lag.WithLabelValues(strconv.Itoa(int(fp.Partition))).Set(float64(fp.HighWatermark - fp.Records[n-1].Offset - 1))
+			}
+		})
 		cl.AllowRebalance()
 	}
 }

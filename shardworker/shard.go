@@ -563,9 +563,11 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		recs = append(recs, rec)
 	}
 	if len(recs) > 0 {
+		start := time.Now()
 		if err := s.commit(ctx, cl, recs); err != nil {
 			return err
 		}
+		s.w.commitSeconds.Observe(time.Since(start).Seconds())
 		s.w.stats.Commits.Add(1)
 		s.w.stats.Events.Add(int64(events))
 		for _, r := range recs[:events] {

@@ -121,6 +121,7 @@ type Worker struct {
 	gen   atomic.Int64
 
 	takeoverSeconds prometheus.Histogram
+	commitSeconds   prometheus.Histogram
 
 	mu     sync.Mutex
 	shards map[int]*shard
@@ -152,6 +153,10 @@ func New(cfg Config) (*Worker, error) {
 			Name: "chatpipe_worker_takeover_seconds", Help: "Time from seeing the owner row to accepting commands (marker + replay), per vshard.",
 			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "chatpipe_worker_commit_seconds", Help: "Time to produce and commit one transaction (group commit).",
+			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 	}, nil
 }
 
@@ -172,6 +177,7 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
 			func() float64 { return float64(len(w.Owned())) }),
 		w.takeoverSeconds,
+		w.commitSeconds,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -24,6 +25,7 @@ Commands:
   shards        every vshard's owner, worker gen and epoch, and each worker's lease TTL left
   check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
   rebuild       rebuild an empty Postgres from the committed log alone and report the counts
+  handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
 `
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -38,6 +40,8 @@ func runAdmin(ctx context.Context, args []string) error {
 		return adminCheckConfig(ctx, args[1:])
 	case "rebuild":
 		return adminRebuild(ctx, args[1:])
+	case "handoff":
+		return adminHandoff(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])
@@ -204,4 +208,46 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("✓ etcd, Kafka and Postgres agree: vshards=%d partitions=%d topic=%s\n", cfg.VShards, cfg.Partitions, cfg.Topic)
 	return nil
+}
+
+// adminHandoff asks the coordinator to move a vshard and waits until the
+// owner row names the new worker.
+func adminHandoff(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin handoff", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	v := fs.Int("vshard", -1, "the vshard to move")
+	to := fs.String("to", "", "the live worker to move it to")
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the move")
+	level, format := logFlags(fs)
+	if _, err := inf.setup(fs, args, level, format); err != nil {
+		return err
+	}
+	if *inf.etcd == "" || *v < 0 || *to == "" {
+		return errors.New("need --etcd (or --endpoints), --vshard and --to")
+	}
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	before, _, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
+	if err != nil {
+		return err
+	}
+	if err := lease.RequestHandoff(ctx, cli, lease.DefaultPrefix, *v, *to); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(*wait)
+	for time.Now().Before(deadline) {
+		o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
+		if err != nil {
+			return err
+		}
+		if ok && o.Worker == *to && o.Epoch > before.Epoch {
+			fmt.Printf("vshard %d: %s (epoch %d) → %s (epoch %d)\n", *v, before.Worker, before.Epoch, o.Worker, o.Epoch)
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("vshard %d did not move to %s within %v (is it a live worker?)", *v, *to, *wait)
 }

@@ -28,7 +28,7 @@ Commands:
   token     print a client token for a user
   init      prepare a deployment once: its shape in etcd, the Postgres schema, the topic
   version   print the version
-  admin     operator commands: shards, check-config, rebuild
+  admin     operator commands: shards, handoff, check-config, rebuild
   export    write one day's committed events to chunk files, crash-safe and resumable
 
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
