@@ -3,8 +3,10 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -30,6 +32,17 @@ func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
 	wb := dev.startWorker(t, "wb")
 	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	for _, id := range []string{"wa", "wb"} { // /readyz: registered and accepting for every vshard assigned
+		url := strings.TrimSuffix(adminURL(t, dev.ep, id), "/metrics") + "/readyz"
+		waitFor(t, 120*time.Second, id+" to be ready", func() bool {
+			resp, err := http.Get(url)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+	}
 	return wa, wb
 }
 
@@ -50,7 +63,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 func TestKilledPersistResumes(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--persist=false")
 	ep := filepath.Join(dev.dir, "endpoints.json")
-	p1 := startProc(t, dev.dir, "persist1", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"}, "persist", "--endpoints", ep, "--log-level", "warn")
+	p1 := startProc(t, dev.dir, "persist1", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"}, "persist", "--endpoints", ep, "--log-level", "warn", "--admin", "127.0.0.1:0")
 	underLoad(t, dev, func() {
 		time.Sleep(time.Second)
 		p1.kill9()

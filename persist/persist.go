@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,9 @@ type Persister struct {
 	batchSize    prometheus.Histogram
 	batchSeconds prometheus.Histogram
 	lag          *prometheus.GaugeVec
+	polled       atomic.Bool
+	lagMu        sync.Mutex
+	lags         map[int32]int64
 }
 
 // New returns a Persister; Run starts it.
@@ -97,6 +101,22 @@ func New(cfg Config) (*Persister, error) {
 
 // Stats returns the counters.
 func (p *Persister) Stats() *Stats { return &p.stats }
+
+// CaughtUp reports whether the persister has joined its group and no
+// partition lagged by more than maxLag records at its last fetch.
+func (p *Persister) CaughtUp(maxLag int64) error {
+	if !p.polled.Load() {
+		return errors.New("not in the consumer group yet")
+	}
+	p.lagMu.Lock()
+	defer p.lagMu.Unlock()
+	for part, lag := range p.lags {
+		if lag > maxLag {
+			return fmt.Errorf("partition %d lags by %d records", part, lag)
+		}
+	}
+	return nil
+}
 
 // Collectors returns the persister's Prometheus metrics.
 func (p *Persister) Collectors() []prometheus.Collector {
@@ -152,7 +172,14 @@ func (p *Persister) Run(ctx context.Context) error {
 		}
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if n := len(fp.Records); n > 0 {
-				p.lag.WithLabelValues(strconv.Itoa(int(fp.Partition))).Set(float64(fp.HighWatermark - fp.Records[n-1].Offset - 1))
+				lag := fp.HighWatermark - fp.Records[n-1].Offset - 1
+				p.lag.WithLabelValues(strconv.Itoa(int(fp.Partition))).Set(float64(lag))
+				p.lagMu.Lock()
+				if p.lags == nil {
+					p.lags = map[int32]int64{}
+				}
+				p.lags[fp.Partition] = lag
+				p.lagMu.Unlock()
 			}
 		})
 		cl.AllowRebalance()
@@ -179,6 +206,7 @@ func (p *Persister) startOffsets(ctx context.Context, in map[string]map[int32]kg
 	if err != nil {
 		return nil, fmt.Errorf("persist: read offsets: %w", err)
 	}
+	p.polled.Store(true) // joined the group with offsets to start from
 	out := map[string]map[int32]kgo.Offset{}
 	for t, parts := range in {
 		out[t] = map[int32]kgo.Offset{}

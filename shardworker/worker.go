@@ -128,6 +128,7 @@ type Worker struct {
 	wg     sync.WaitGroup
 	addr   string
 	ready  chan struct{}
+	view   atomic.Pointer[lease.Watcher]
 }
 
 // Advertised returns addr as others should dial it: a wildcard listen
@@ -198,6 +199,31 @@ func (w *Worker) Addr() string { return w.addr }
 // Ready is closed when the worker is registered in etcd.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
+// Healthy reports whether the worker is ready to serve: registered in etcd,
+// and accepting for every vshard whose owner row names it.
+func (w *Worker) Healthy() error {
+	select {
+	case <-w.ready:
+	default:
+		return errors.New("not registered in etcd yet")
+	}
+	watcher := w.view.Load()
+	if watcher == nil {
+		return errors.New("no ownership view yet")
+	}
+	v, gen := watcher.Snapshot(), w.gen.Load()
+	assigned := 0
+	for s := 0; s < w.cfg.VShards; s++ {
+		if row, ok := v.Shards[s]; ok && row.Worker == w.cfg.ID && row.Gen == gen {
+			assigned++
+		}
+	}
+	if owned := len(w.Owned()); owned < assigned {
+		return fmt.Errorf("taking over: accepting for %d of the %d vshards assigned to it", owned, assigned)
+	}
+	return nil
+}
+
 // Owned returns the vshards this worker is accepting for.
 func (w *Worker) Owned() []int {
 	w.mu.Lock()
@@ -231,6 +257,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		ln.Close()
 		return err
 	}
+	w.view.Store(watcher)
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()

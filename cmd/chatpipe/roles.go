@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/chatpipe/chatpipe/auth"
@@ -128,21 +127,8 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	var registered atomic.Bool
-	admin := serveAdmin(ln, newRegistry(w.Collectors()...), func() error {
-		if !registered.Load() {
-			return errors.New("not registered in etcd yet")
-		}
-		return nil
-	}, log)
+	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, log)
 	defer admin.Close()
-	go func() {
-		select {
-		case <-w.Ready():
-			registered.Store(true)
-		case <-ctx.Done():
-		}
-	}()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
 }
@@ -151,6 +137,7 @@ func runPersist(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("persist", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
+	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -175,7 +162,7 @@ func runPersist(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	admin := serveAdmin(ln, newRegistry(p.Collectors()...), func() error { return nil }, log)
+	admin := serveAdmin(ln, newRegistry(p.Collectors()...), func() error { return p.CaughtUp(*maxLag) }, log)
 	defer admin.Close()
 	log.Info("persist starting", "admin", admin.Addr())
 	return p.Run(ctx)
