@@ -59,15 +59,11 @@ func adminShards(ctx context.Context, args []string) error {
 	if *inf.etcd == "" {
 		return errors.New("need --endpoints or --etcd")
 	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
-	if err != nil {
-		return err
-	}
 	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/", clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("read workers: %w", err)

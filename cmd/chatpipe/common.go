@@ -11,6 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/schema"
 )
 
 // Endpoints is what `chatpipe dev` writes to DIR/endpoints.json: how to
@@ -102,4 +105,33 @@ func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("connect postgres: %w", err)
 	}
 	return pool, nil
+}
+
+// etcdConfig dials etcd and returns the deployment's config: want is
+// written if etcd has none (a complete one only) and must agree otherwise;
+// a zero want adopts etcd's.
+func etcdConfig(ctx context.Context, endpoints string, want lease.Config) (*clientv3.Client, lease.Config, error) {
+	cli, err := dialEtcd(ctx, splitList(endpoints))
+	if err != nil {
+		return nil, lease.Config{}, err
+	}
+	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, want)
+	if err != nil {
+		cli.Close()
+		return nil, lease.Config{}, err
+	}
+	return cli, cfg, nil
+}
+
+// openMigratedDB connects to Postgres and applies the migrations.
+func openMigratedDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	db, err := openDB(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := schema.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
 }

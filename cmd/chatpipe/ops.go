@@ -9,7 +9,6 @@ import (
 
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/schema"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -48,23 +47,16 @@ func runInit(ctx context.Context, args []string) error {
 	if *inf.etcd == "" || *inf.dbURL == "" {
 		return errors.New("need --etcd and --database-url (and --kafka to create the topic)")
 	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
-	if err != nil {
-		return err
-	}
-	db, err := openDB(ctx, *inf.dbURL)
+	db, err := openMigratedDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := schema.Migrate(ctx, db); err != nil {
-		return err
-	}
 	if *inf.kafka != "" {
 		if err := devstack.EnsureTopic(ctx, splitList(*inf.kafka), cfg.Topic, cfg.Partitions); err != nil {
 			return err

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/persist"
-	"github.com/chatpipe/chatpipe/schema"
 )
 
 // adminRebuild rebuilds an empty Postgres from the committed log alone — the
@@ -30,14 +29,11 @@ func adminRebuild(ctx context.Context, args []string) error {
 	if *inf.kafka == "" || *inf.dbURL == "" {
 		return errors.New("need --kafka and --database-url (the database to rebuild; it must hold no events)")
 	}
-	db, err := openDB(ctx, *inf.dbURL)
+	db, err := openMigratedDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := schema.Migrate(ctx, db); err != nil {
-		return err
-	}
 	var n int64
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n); err != nil {
 		return fmt.Errorf("count events: %w", err)

@@ -17,7 +17,6 @@ import (
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
-	"github.com/chatpipe/chatpipe/schema"
 	"github.com/chatpipe/chatpipe/shardworker"
 )
 
@@ -103,15 +102,11 @@ func runWorker(ctx context.Context, args []string) error {
 		rand.Read(b)
 		*id = "worker-" + hex.EncodeToString(b)
 	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
-	if err != nil {
-		return err
-	}
 	db, err := openDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
@@ -146,14 +141,11 @@ func runPersist(ctx context.Context, args []string) error {
 	if *inf.kafka == "" || *inf.dbURL == "" {
 		return errors.New("need --endpoints, or --kafka and --database-url")
 	}
-	db, err := openDB(ctx, *inf.dbURL)
+	db, err := openMigratedDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := schema.Migrate(ctx, db); err != nil {
-		return err
-	}
 	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), Topic: *inf.topic, DB: db, Log: log})
 	if err != nil {
 		return err
@@ -187,15 +179,11 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{})
-	if err != nil {
-		return err
-	}
 	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, lim, log)
 	if err != nil {
 		return err
