@@ -61,6 +61,11 @@ type Etcd struct {
 	closeOnce sync.Once
 }
 
+// newEtcd wraps a started member listening for clients on cport.
+func newEtcd(ee *embed.Etcd, lock *os.File, cport, peerPort int, log *slog.Logger, quiet *atomic.Bool) *Etcd {
+	return &Etcd{e: ee, lock: lock, endpoints: []string{clientURL(cport).String()}, peerPort: peerPort, log: log, quiet: quiet}
+}
+
 // StartEtcd starts (or restarts, keeping data) an embedded etcd member whose
 // data lives in dir.
 //
@@ -116,14 +121,7 @@ func StartEtcd(ctx context.Context, dir string, clientPort int, log *slog.Logger
 		quiet := new(atomic.Bool)
 		ee, err := startEmbedEtcd(ctx, dir, cport, peerPort, log, quiet)
 		if err == nil {
-			e := &Etcd{
-				e:         ee,
-				lock:      lock,
-				endpoints: []string{clientURL(cport).String()},
-				peerPort:  peerPort,
-				log:       log,
-				quiet:     quiet,
-			}
+			e := newEtcd(ee, lock, cport, peerPort, log, quiet)
 			log.Debug("etcd ready", "dir", dir, "endpoints", e.endpoints, "peer_port", peerPort)
 			return e, nil
 		}

@@ -92,14 +92,7 @@ func StartEtcdMember(ctx context.Context, dir, name string, clientPort, peerPort
 		quiet := new(atomic.Bool)
 		ee, err := startEtcdMember(ctx, dir, name, cport, purl, cluster, log, quiet)
 		if err == nil {
-			e := &Etcd{
-				e:         ee,
-				lock:      lock,
-				endpoints: []string{clientURL(cport).String()},
-				peerPort:  peerPort,
-				log:       log,
-				quiet:     quiet,
-			}
+			e := newEtcd(ee, lock, cport, peerPort, log, quiet)
 			log.Debug("etcd member ready", "dir", dir, "endpoints", e.endpoints, "peer_port", peerPort)
 			return e, nil
 		}

@@ -99,11 +99,20 @@ func TestRejectedCodes(t *testing.T) {
 	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Errorf("fourth connection of a user: %v %v, want 429", resp, err)
 	}
-	// nothing rejected was written: the log holds the create, 3 messages at most, and dave's admitted creates
+	// nothing rejected was written: rl holds its create, exactly the accepted messages; dave's admitted creates only
+	msgs, daves := 0, 0
 	for _, r := range readLog(t, dev.ep) {
-		if r.Sender == "shortlived" || r.Sender == "zed" {
-			t.Errorf("a rejected command was written: %+v", r)
+		switch {
+		case r.Conv == "late" || r.Sender == "shortlived":
+			t.Errorf("a command of an expired token was written: %+v", r)
+		case r.Conv == "rl" && r.Kind == "message":
+			msgs++
+		case r.Sender == "dave" && r.Kind == "create":
+			daves++
 		}
+	}
+	if msgs != int(ok.Load()) || daves != 10-int(limited.Load()) {
+		t.Errorf("log holds %d messages in rl (%d accepted) and %d creates of dave (%d admitted)", msgs, ok.Load(), daves, 10-limited.Load())
 	}
 }
 

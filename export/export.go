@@ -8,7 +8,8 @@
 //     partial file is ever visible under a final name.
 //   - A run is recorded in an append-only run ledger (run name, start, end,
 //     status, the chunk where it died). A run started again with the same
-//     name skips the finished chunks.
+//     name skips the finished chunks and removes the dead run's temp files.
+//     Two runs must not write the same day at once.
 //   - The day's totals are recomputed from the chunk files, not from what
 //     this run did, and appended to the daily ledger once per run name.
 package export
@@ -74,6 +75,14 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	runLedger := filepath.Join(cfg.Out, "runs.ledger")
 	if err := noteDeadRuns(runLedger, cfg.Run, dir); err != nil {
 		return Totals{}, err
+	}
+	// A run killed between writing a chunk and renaming it leaves its temp
+	// file; it never had a final name, so it is only clutter now.
+	stale, _ := filepath.Glob(filepath.Join(dir, ".chunk-*.jsonl.tmp-*"))
+	for _, f := range stale {
+		if err := os.Remove(f); err != nil {
+			return Totals{}, fmt.Errorf("export: remove a dead run's temp file: %w", err)
+		}
 	}
 	if err := appendJSON(runLedger, ledgerLine{Run: cfg.Run, Status: "started", At: time.Now().UTC()}); err != nil {
 		return Totals{}, err

@@ -68,10 +68,6 @@ func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID string
 // no new owner can be made, so the worker keeps serving.
 func (r *Registration) Lost() <-chan struct{} { return r.lost }
 
-// Renewals counts keep-alive responses: one stream per worker, whatever the
-// number of shards it owns.
-func (r *Registration) Renewals() int64 { return r.renewals.Load() }
-
 func (r *Registration) keepAlive(ctx context.Context) {
 	defer close(r.done)
 	for ctx.Err() == nil {

@@ -2,7 +2,12 @@
 
 package shardworker
 
-import "time"
+import (
+	"errors"
+	"time"
+
+	"github.com/chatpipe/chatpipe/shardcore"
+)
 
 // Without the chatpipe_faults build tag every fault point is off and
 // compiled away.
@@ -13,3 +18,8 @@ const (
 )
 
 func markCommit() {}
+
+// replayWithoutMarker exists only in fault-test builds.
+func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
+	return nil, 0, 0, errors.New("shardworker: fault points are not compiled in")
+}

@@ -12,11 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/time/rate"
 
 	"github.com/chatpipe/chatpipe/lease"
@@ -287,63 +285,6 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 		shardcore.Apply(convs[e.ConversationID], e)
 	}
 	return convs, len(tail), nil
-}
-
-// replayWithoutMarker is the BROKEN takeover order of the fault tests:
-// replay up to the partition's current end without fencing anyone, wait
-// faultAcceptDelay, then accept. The previous writer can commit in between
-// and the seqs it used get assigned again.
-func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.w.cfg.ReplayTimeout)
-	defer cancel()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(s.w.cfg.Brokers...))
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	defer adm.Close()
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.IsolationLevel = 1
-	t := kmsg.NewListOffsetsRequestTopic()
-	t.Topic = s.w.cfg.Topic
-	p := kmsg.NewListOffsetsRequestTopicPartition()
-	p.Partition, p.Timestamp = s.part, -1
-	t.Partitions = append(t.Partitions, p)
-	req.Topics = append(req.Topics, t)
-	resp, err := req.RequestWith(ctx, adm)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	end := resp.Topics[0].Partitions[0].Offset
-	convs, n, err := s.replay(end)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	// Load every conversation now, as a replay-everything writer would, so
-	// the state is that of this moment and not of the first command.
-	rows, err := s.w.cfg.DB.Query(ctx, `SELECT DISTINCT conversation_id FROM events WHERE vshard = $1`, s.v)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	var missing []string
-	for _, id := range ids {
-		if convs[id] == nil {
-			missing = append(missing, id)
-		}
-	}
-	loaded, _, err := fetchState(ctx, s.w.cfg.DB, missing, nil)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	for id, c := range loaded {
-		convs[id] = c
-	}
-	s.log.Warn("FAULT: accepting without a takeover marker", "replayed_to", end)
-	time.Sleep(faultAcceptDelay)
-	return convs, n, end, nil
 }
 
 // readTail reads partition part from start up to (not including) the
