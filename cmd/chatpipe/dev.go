@@ -158,7 +158,8 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...))
+	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...),
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, Secret: key, Dev: true, Log: log.With("role", "web")})
 	closers = append(closers, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -251,10 +252,31 @@ func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, s
 	return gw, srv, ln, nil
 }
 
-// withMetrics adds /metrics to the gateway's HTTP server.
-func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry) {
+// webDeps is what the web pages (mountWeb) may use.
+type webDeps struct {
+	Gateway *gateway.Gateway
+	Etcd    *clientv3.Client
+	Config  lease.Config
+	DB      *pgxpool.Pool // nil when the gateway has no database
+	Brokers []string
+	Secret  []byte // JWT secret; used only when Dev is set
+	Dev     bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
+	Log     *slog.Logger
+}
+
+// mountWeb, when set (from web.go), adds the browser pages to the gateway's
+// HTTP server.
+var mountWeb func(mux *http.ServeMux, d webDeps)
+
+// withMetrics adds /metrics (and the web pages, if built in) to the
+// gateway's HTTP server.
+func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
 	mux := http.NewServeMux()
 	mux.Handle("/", gw.Handler())
+	if mountWeb != nil {
+		d.Gateway = gw
+		mountWeb(mux, d)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv.Handler = mux
 }

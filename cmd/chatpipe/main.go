@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 )
@@ -30,28 +31,31 @@ Commands:
   version   print the version
   admin     operator commands: shards, handoff, check-config, rebuild
   export    write one day's committed events to chunk files, crash-safe and resumable
-
+%s
 Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
 Run 'chatpipe <command> -h' for its flags and defaults.
 `
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
+		fmt.Fprint(os.Stderr, usageText())
 		os.Exit(2)
 	}
 	cmds := map[string]func(ctx context.Context, args []string) error{
 		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
 		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin, "export": runExport,
 	}
+	for _, c := range extraCommands {
+		cmds[c.name] = c.run
+	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
-		fmt.Print(usage)
+		fmt.Print(usageText())
 		return
 	}
 	fn, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "chatpipe: unknown command %q\n\n%s", name, usage)
+		fmt.Fprintf(os.Stderr, "chatpipe: unknown command %q\n\n%s", name, usageText())
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -63,6 +67,29 @@ func main() {
 		fmt.Fprintf(os.Stderr, "chatpipe %s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// extraCommand is a subcommand registered from its own file (see register).
+type extraCommand struct {
+	name, summary string
+	run           func(ctx context.Context, args []string) error
+}
+
+var extraCommands []extraCommand
+
+// register adds a subcommand; files call it from init so each command
+// lives in one file.
+func register(name, summary string, run func(ctx context.Context, args []string) error) {
+	extraCommands = append(extraCommands, extraCommand{name, summary, run})
+}
+
+func usageText() string {
+	sort.Slice(extraCommands, func(i, j int) bool { return extraCommands[i].name < extraCommands[j].name })
+	var b strings.Builder
+	for _, c := range extraCommands {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	return fmt.Sprintf(usage, b.String())
 }
 
 // parse applies CHATPIPE_* environment variables as defaults, then args.

@@ -188,7 +188,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	withMetrics(srv, gw, newRegistry(gw.Collectors()...))
+	withMetrics(srv, gw, newRegistry(gw.Collectors()...), webDeps{Etcd: cli, Config: cfg, Brokers: splitList(*inf.kafka), Log: log.With("role", "web")})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("gateway listening", "addr", ln.Addr().String())
