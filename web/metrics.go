@@ -1,0 +1,67 @@
+package web
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// metricSample holds the chatpipe_* metrics of one or more /metrics pages:
+// those with a worker label by worker, the others summed over their label
+// sets. Histograms appear as <name>_sum and <name>_count.
+type metricSample struct {
+	global  map[string]float64
+	workers map[string]map[string]float64
+}
+
+func newMetricSample() *metricSample {
+	return &metricSample{global: map[string]float64{}, workers: map[string]map[string]float64{}}
+}
+
+// parse adds the chatpipe_* metrics of a Prometheus text page to s.
+func (s *metricSample) parse(text []byte) error {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		return fmt.Errorf("web: parse metrics: %w", err)
+	}
+	for name, f := range fams {
+		if !strings.HasPrefix(name, "chatpipe_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			into := s.global
+			if w := label(m, "worker"); w != "" {
+				if s.workers[w] == nil {
+					s.workers[w] = map[string]float64{}
+				}
+				into = s.workers[w]
+			}
+			switch {
+			case m.Counter != nil:
+				into[name] += m.Counter.GetValue()
+			case m.Gauge != nil:
+				into[name] += m.Gauge.GetValue()
+			case m.Untyped != nil:
+				into[name] += m.Untyped.GetValue()
+			case m.Histogram != nil:
+				into[name+"_sum"] += m.Histogram.GetSampleSum()
+				into[name+"_count"] += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return nil
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
