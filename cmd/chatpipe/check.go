@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/runcheck"
+)
+
+func init() {
+	register("check", "verify a loadgen run directory against the committed log and Postgres", runCheck)
+}
+
+func runCheck(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	runDir := fs.String("run", "", "run directory written by 'chatpipe loadgen' (required)")
+	epPath := fs.String("endpoints", "", "endpoints.json of the stack (default: the stack recorded in the run)")
+	wait := fs.Duration("persist-wait", time.Minute, "wait this long at most for persist to copy the log into Postgres")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *runDir == "" {
+		return errors.New("--run is required")
+	}
+	run, err := loadgen.ReadRun(*runDir)
+	if err != nil {
+		return err
+	}
+	stack := run.Info.Stack
+	if *epPath != "" {
+		ep, err := readEndpoints(*epPath)
+		if err != nil {
+			return err
+		}
+		stack = loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+	}
+	var convs []string
+	for _, c := range run.Info.Plan.Conversations {
+		convs = append(convs, c.ID)
+	}
+	world, err := runcheck.ReadWorld(ctx, runcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait})
+	if err != nil {
+		return err
+	}
+	res := runcheck.Check(run, world)
+	fmt.Print(res.Text())
+	if err := loadgen.WriteJSONAtomic(filepath.Join(*runDir, "check.json"), res); err != nil {
+		fmt.Fprintf(os.Stderr, "chatpipe check: %v\n", err)
+	}
+	if !res.OK() {
+		return fmt.Errorf("run %s: %d violations", run.Info.Run, len(res.Violations)+sum(res.Truncated))
+	}
+	return nil
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/loadgen"
+)
+
+func init() {
+	register("loadgen", "drive a running stack at a profile's rate and record what it saw (then 'chatpipe check')", runLoadgen)
+}
+
+func runLoadgen(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	dataDir := fs.String("data-dir", "", "data dir of 'chatpipe dev' holding the generated secret (default: the endpoints file's dir)")
+	profile := fs.String("profile", "peak", "load profile: "+strings.Join(loadgen.ProfileNames(), ", ")+fmt.Sprintf(" (peak = %.0f msg/s)", loadgen.PeakRate))
+	scale := fs.Float64("scale", 1, "multiply the profile's rate (e.g. 0.01)")
+	rate := fs.Float64("rate", 0, "offered messages/s (overrides the profile and --scale)")
+	duration := fs.Duration("duration", time.Minute, "length of the send phase")
+	out := fs.String("out", "loadgen-runs", "directory of run directories and runs.ledger")
+	run := fs.String("run", "", "run name: its directory under --out and the prefix of its ids (default: PROFILE-TIME)")
+	devices := fs.Int("devices", 0, "websocket connections per user (default: the profile's)")
+	users := fs.Int("users", 0, "users (default: enough to stay under the per-user rate limit)")
+	convs := fs.Int("conversations", 0, "conversations (default: enough to stay under the per-conversation limit)")
+	groups := fs.Float64("groups", -1, "share of conversations that are groups of 3-100 (default: the profile's)")
+	dup := fs.Float64("dup", 0.01, "share of sends sent twice with the same ids from a second device")
+	churn := fs.Float64("churn", 0, "membership changes per second (default: rate/500, at least 0.5; negative: none)")
+	body := fs.Int("body-bytes", 100, "message body size")
+	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long")
+	drain := fs.Duration("drain", time.Minute, "wait this long at most for answers and deliveries after the send phase")
+	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
+	progress := fs.Bool("progress", true, "show a live progress line on stderr")
+	level, format := logFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(*level, *format)
+	if err != nil {
+		return err
+	}
+	p, ok := loadgen.Profiles[*profile]
+	if !ok {
+		return fmt.Errorf("unknown profile %q (have %s)", *profile, strings.Join(loadgen.ProfileNames(), ", "))
+	}
+	if *devices > 0 {
+		p.Devices = *devices
+	}
+	if *users > 0 {
+		p.Users = *users
+	}
+	if *convs > 0 {
+		p.Conversations = *convs
+	}
+	if *groups >= 0 {
+		p.GroupShare = *groups
+	}
+	r := p.Rate * *scale
+	if *rate > 0 {
+		r = *rate
+	}
+	ep, err := readEndpoints(*epPath)
+	if err != nil {
+		return err
+	}
+	dir := *dataDir
+	if dir == "" {
+		dir = filepath.Dir(*epPath)
+	}
+	dir, _ = filepath.Abs(dir)
+	key, err := auth.LoadSecret(*secret, dir, false)
+	if err != nil {
+		return err
+	}
+	if *run == "" {
+		*run = p.Name + "-" + time.Now().UTC().Format("20060102-150405")
+	}
+	cfg := loadgen.Config{
+		Run: *run, Out: *out, Profile: p, Rate: r, Duration: *duration, Secret: key, Seed: *seed,
+		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
+			VShards: ep.VShards, Partitions: ep.Partitions},
+		DupShare: orNone(*dup), Churn: *churn, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+	}
+	if *progress {
+		cfg.Progress = os.Stderr
+	}
+	fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, *run))
+	rep, err := loadgen.Run(ctx, cfg)
+	if rep != nil {
+		fmt.Print(rep.Markdown())
+	}
+	if err != nil {
+		return fmt.Errorf("run %s: %w", *run, err)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// orNone maps a flag's 0 ("none") to the config's negative "none".
+func orNone(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}

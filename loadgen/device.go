@@ -1,0 +1,324 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// op is one command of the run, with everything needed to retry it with
+// the same ids.
+type op struct {
+	kind    string // create, send, join, kick, leave, sync
+	conv    string
+	cmid    string
+	body    string
+	target  string // join, kick: the user
+	members []string
+	cursors map[string]int64
+
+	due  time.Time // send: when the schedule wanted it sent
+	sent time.Time // first attempt written
+	// sentAttempt is when the latest attempt was written.
+	sentAttempt time.Time
+	attempts    int
+	dup         bool // the deliberate second copy of a send
+	probe       bool // a send by a user just removed (forbidden expected)
+
+	// done, if set, is called once with the final answer.
+	done func(f *frame)
+}
+
+// frame is any server frame the run reads.
+type frame struct {
+	Op              string           `json:"op"`
+	ID              string           `json:"id"`
+	ConversationID  string           `json:"conversation_id"`
+	Seq             int64            `json:"seq"`
+	MessageID       string           `json:"message_id"`
+	ClientMessageID string           `json:"client_message_id"`
+	Code            string           `json:"code"`
+	Message         string           `json:"message"`
+	RetryAfterMS    int64            `json:"retry_after_ms"`
+	Kind            string           `json:"kind"`
+	Sender          string           `json:"sender"`
+	Body            string           `json:"body"`
+	UserID          string           `json:"user_id"`
+	Cursors         map[string]int64 `json:"cursors"`
+	More            bool             `json:"more"`
+}
+
+// device is one websocket connection of a user. One goroutine (run) owns
+// the connection's writes and reconnects; a reader goroutine per
+// connection dispatches answers and events.
+type device struct {
+	r    *runner
+	user string
+	name string
+	out  chan *op
+
+	mu        sync.Mutex
+	pending   map[string]*op
+	next      int
+	cursors   map[string]int64
+	connected chan struct{} // closed on the first successful dial
+	once      sync.Once
+}
+
+func newDevice(r *runner, user string, i int) *device {
+	return &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096),
+		pending: map[string]*op{}, cursors: map[string]int64{}, connected: make(chan struct{})}
+}
+
+var errConnLost = errors.New("loadgen: connection lost")
+
+// run keeps the device connected until ctx ends, reconnecting with
+// jittered exponential backoff; commands in flight on a lost connection
+// are sent again with the same ids.
+func (d *device) run(ctx context.Context) {
+	for attempt := 0; ctx.Err() == nil; {
+		conn, err := d.dial(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.r.errors.Add(1)
+			d.r.log.Debug("dial failed", "device", d.name, "err", err)
+			sleepCtx(ctx, backoff(attempt))
+			attempt++
+			continue
+		}
+		first := false
+		d.once.Do(func() { first = true; close(d.connected) })
+		if !first {
+			d.r.reconnects.Add(1)
+			if d.r.deliveryServed() {
+				d.r.track(1)
+				d.enqueue(ctx, &op{kind: "sync", cursors: d.cursorCopy(), done: d.r.syncDone(ctx, d)})
+			}
+		}
+		attempt = 0
+		readerDone := make(chan struct{})
+		var readErr error
+		go func() { defer close(readerDone); readErr = d.read(conn) }()
+		err = d.writeLoop(ctx, conn, readerDone)
+		conn.CloseNow()
+		<-readerDone
+		if ctx.Err() != nil {
+			return
+		}
+		d.r.errors.Add(1)
+		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", readErr)
+		d.mu.Lock()
+		var again []*op
+		for id, o := range d.pending {
+			delete(d.pending, id)
+			again = append(again, o)
+		}
+		d.mu.Unlock()
+		for _, o := range again {
+			d.r.retryAfter(ctx, d, o, 0)
+		}
+		sleepCtx(ctx, backoff(0))
+	}
+}
+
+// backoff is full jitter: random(0, min(5 s, 100 ms × 2^attempt)).
+func backoff(attempt int) time.Duration {
+	ceiling := min(5*time.Second, 100*time.Millisecond<<min(attempt, 6))
+	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (d *device) dial(ctx context.Context) (*websocket.Conn, error) {
+	tok, err := d.r.token(d.user)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(dctx, d.r.cfg.Stack.WebSocket+"?token="+tok, nil)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: dial as %s: %w", d.user, err)
+	}
+	conn.SetReadLimit(1 << 20)
+	return conn, nil
+}
+
+// enqueue hands o to the device's writer; it blocks while the queue is
+// full (the run is then saturated: the schedule's due times keep counting).
+func (d *device) enqueue(ctx context.Context, o *op) {
+	select {
+	case d.out <- o:
+	case <-ctx.Done():
+		d.r.track(-1)
+	}
+}
+
+func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone <-chan struct{}) error {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			conn.Close(websocket.StatusNormalClosure, "run over")
+			return ctx.Err()
+		case <-readerDone:
+			return errConnLost
+		case now := <-tick.C:
+			d.sweep(ctx, now)
+		case o := <-d.out:
+			if err := d.write(ctx, conn, o); err != nil {
+				d.r.retryAfter(ctx, d, o, 0)
+				return err
+			}
+		}
+	}
+}
+
+// sweep retries, with the same ids, every command unanswered for longer
+// than the answer timeout.
+func (d *device) sweep(ctx context.Context, now time.Time) {
+	var late []*op
+	d.mu.Lock()
+	for id, o := range d.pending {
+		if now.Sub(o.lastWrite()) > d.r.cfg.Timeout {
+			delete(d.pending, id)
+			late = append(late, o)
+		}
+	}
+	d.mu.Unlock()
+	for _, o := range late {
+		d.r.bump(d.r.retries, "timeout")
+		d.r.errors.Add(1)
+		d.r.retryAfter(ctx, d, o, 0)
+	}
+}
+
+func (o *op) lastWrite() time.Time { return o.sentAttempt }
+
+func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
+	d.mu.Lock()
+	d.next++
+	id := "r" + strconv.Itoa(d.next)
+	now := time.Now()
+	o.attempts++
+	o.sentAttempt = now
+	if o.sent.IsZero() {
+		o.sent = now
+		if o.kind == "send" && !o.dup && !o.probe {
+			d.r.sent.Add(1)
+		}
+	}
+	d.pending[id] = o
+	d.mu.Unlock()
+	req := map[string]any{"op": o.kind, "id": id}
+	switch o.kind {
+	case "create":
+		req["conversation_id"], req["members"] = o.conv, o.members
+	case "send":
+		req["conversation_id"], req["client_message_id"], req["body"] = o.conv, o.cmid, o.body
+	case "join", "kick":
+		req["conversation_id"], req["user_id"] = o.conv, o.target
+	case "leave":
+		req["conversation_id"] = o.conv
+	case "sync":
+		req["cursors"] = o.cursors
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := conn.Write(wctx, websocket.MessageText, b); err != nil {
+		d.mu.Lock()
+		delete(d.pending, id)
+		d.mu.Unlock()
+		return fmt.Errorf("loadgen: write: %w", err)
+	}
+	return nil
+}
+
+// read dispatches every frame of conn until it fails.
+func (d *device) read(conn *websocket.Conn) error {
+	for {
+		_, b, err := conn.Read(context.Background())
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		var f frame
+		if err := json.Unmarshal(b, &f); err != nil {
+			d.r.errors.Add(1)
+			continue
+		}
+		switch f.Op {
+		case "event":
+			d.mu.Lock()
+			if f.Seq > d.cursors[f.ConversationID] {
+				d.cursors[f.ConversationID] = f.Seq
+			}
+			d.mu.Unlock()
+			d.r.delivered(d, &f, now)
+		case "accepted", "rejected", "synced":
+			d.mu.Lock()
+			o := d.pending[f.ID]
+			delete(d.pending, f.ID)
+			d.mu.Unlock()
+			if o != nil { // nil: an answer to an attempt already retried
+				d.r.answer(d, o, &f, now)
+			}
+		}
+	}
+}
+
+func (d *device) cursorCopy() map[string]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := make(map[string]int64, len(d.cursors))
+	for k, v := range d.cursors {
+		m[k] = v
+	}
+	return m
+}
+
+// messageBody makes a body of about n bytes that carries the message's
+// ids and due time, so a device can measure delivery latency from it.
+func messageBody(cmid string, due time.Time, n int) string {
+	s := cmid + " " + strconv.FormatInt(due.UnixNano(), 10) + " "
+	if len(s) < n {
+		s += strings.Repeat("x", n-len(s))
+	}
+	return s
+}
+
+// bodyDue reads the due time back from a body made by messageBody.
+func bodyDue(body string) (time.Time, bool) {
+	_, rest, ok := strings.Cut(body, " ")
+	if !ok {
+		return time.Time{}, false
+	}
+	ns, _, _ := strings.Cut(rest, " ")
+	v, err := strconv.ParseInt(ns, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, v), true
+}

@@ -1,0 +1,253 @@
+package loadgen
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// File names inside a run directory.
+const (
+	RunFile       = "run.json"
+	AcceptedFile  = "accepted.jsonl"
+	RejectedFile  = "rejected.jsonl"
+	DeliveredFile = "delivered.jsonl"
+	ReportJSON    = "report.json"
+	ReportMD      = "report.md"
+	PhaseFile     = "phase"
+	LedgerFile    = "runs.ledger"
+)
+
+// Stack is how to reach the stack a run drove: what `chatpipe dev` writes
+// to endpoints.json. The checker reads the world through it.
+type Stack struct {
+	WebSocket  string   `json:"websocket"`
+	Kafka      []string `json:"kafka"`
+	Topic      string   `json:"topic"`
+	Postgres   string   `json:"postgres"`
+	VShards    int      `json:"vshards"`
+	Partitions int      `json:"partitions"`
+}
+
+// RunInfo is run.json: the run's settings, the stack and the plan.
+type RunInfo struct {
+	Run      string    `json:"run"`
+	Profile  string    `json:"profile"`
+	Rate     float64   `json:"rate"`
+	Duration string    `json:"duration"`
+	Start    time.Time `json:"start"`
+	Stack    Stack     `json:"stack"`
+	Plan     Plan      `json:"plan"`
+}
+
+// Accepted is one line of accepted.jsonl: an `accepted` answer.
+type Accepted struct {
+	Op              string `json:"op"` // create, send, join, kick, leave
+	Conv            string `json:"c"`
+	Seq             int64  `json:"s"`
+	MessageID       string `json:"m"`
+	ClientMessageID string `json:"k,omitempty"`
+	Sender          string `json:"u"`
+	UserID          string `json:"uid,omitempty"` // join, kick: the user added or removed
+	Device          string `json:"d"`
+	Due             int64  `json:"t0"` // unix ns: when the schedule wanted it sent
+	Sent            int64  `json:"ts"` // unix ns: first attempt written
+	At              int64  `json:"ta"` // unix ns: answer received
+	Attempts        int    `json:"n"`
+	Dup             bool   `json:"dup,omitempty"` // the deliberate second copy of a send
+}
+
+// Rejected is one line of rejected.jsonl: a final (not retried) rejection.
+type Rejected struct {
+	Op              string `json:"op"`
+	Conv            string `json:"c"`
+	ClientMessageID string `json:"k,omitempty"`
+	Sender          string `json:"u"`
+	Code            string `json:"code"`
+	Message         string `json:"msg,omitempty"`
+	Probe           bool   `json:"probe,omitempty"` // a send by a user just removed: forbidden is expected
+}
+
+// Delivered is one line of delivered.jsonl: an `event` frame a device got.
+type Delivered struct {
+	Device    string `json:"d"`
+	Conv      string `json:"c"`
+	Seq       int64  `json:"s"`
+	Kind      string `json:"kind"`
+	MessageID string `json:"m"`
+	Sender    string `json:"u"`
+	At        int64  `json:"ta"`
+}
+
+// RunDir is a run directory read back.
+type RunDir struct {
+	Dir       string
+	Info      RunInfo
+	Report    Report
+	Accepted  []Accepted
+	Rejected  []Rejected
+	Delivered []Delivered
+}
+
+// ReadRun reads a finished run directory. A run without report.json never
+// finished and cannot be checked.
+func ReadRun(dir string) (*RunDir, error) {
+	r := &RunDir{Dir: dir}
+	if err := readJSON(filepath.Join(dir, RunFile), &r.Info); err != nil {
+		return nil, err
+	}
+	if err := readJSON(filepath.Join(dir, ReportJSON), &r.Report); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("loadgen: %s has no %s: the run did not finish", dir, ReportJSON)
+		}
+		return nil, err
+	}
+	var err error
+	if r.Accepted, err = readLines[Accepted](filepath.Join(dir, AcceptedFile)); err != nil {
+		return nil, err
+	}
+	if r.Rejected, err = readLines[Rejected](filepath.Join(dir, RejectedFile)); err != nil {
+		return nil, err
+	}
+	if r.Delivered, err = readLines[Delivered](filepath.Join(dir, DeliveredFile)); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("loadgen: decode %s: %w", path, err)
+	}
+	return nil
+}
+
+func readLines[T any](path string) ([]T, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	defer f.Close()
+	var out []T
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			return nil, fmt.Errorf("loadgen: %s line %d: %w", path, n, err)
+		}
+		out = append(out, v)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("loadgen: read %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// stream is an append-only JSON-lines record file shared by goroutines.
+type stream struct {
+	mu sync.Mutex
+	f  *os.File
+	w  *bufio.Writer
+	n  int64
+}
+
+func openStream(path string) (*stream, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	return &stream{f: f, w: bufio.NewWriterSize(f, 256<<10)}, nil
+}
+
+func (s *stream) write(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return // the record types always marshal
+	}
+	s.mu.Lock()
+	s.w.Write(b)
+	s.w.WriteByte('\n')
+	s.n++
+	s.mu.Unlock()
+}
+
+func (s *stream) count() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// close flushes, syncs and closes the file.
+func (s *stream) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.w.Flush()
+	if e := s.f.Sync(); err == nil {
+		err = e
+	}
+	if e := s.f.Close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// WriteFileAtomic writes b to a temp name beside path (a dot name, so
+// nothing that lists the directory's files picks it up), syncs it, renames
+// it into place and syncs the directory: a reader sees the old file or the
+// new one, never a part.
+func WriteFileAtomic(path string, b []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("loadgen: write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("loadgen: sync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// WriteJSONAtomic writes v as indented JSON with WriteFileAtomic.
+func WriteJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("loadgen: encode %s: %w", path, err)
+	}
+	return WriteFileAtomic(path, append(b, '\n'))
+}
