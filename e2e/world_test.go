@@ -16,6 +16,8 @@ import (
 type row struct {
 	Conv, Kind, MessageID, ClientMessageID, Sender string
 	Seq                                            int64
+	UserID, Body                                   string
+	Members                                        []string
 }
 
 // readLog reads the whole committed log, read_committed.
@@ -55,7 +57,8 @@ func readLog(t *testing.T, ep endpoints) []row {
 			if got := logrecord.Partition(logrecord.VShard(e.ConversationID, ep.VShards), ep.Partitions); got != r.Partition {
 				t.Errorf("%s/%d in partition %d, want %d", e.ConversationID, e.Seq, r.Partition, got)
 			}
-			out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq})
+			out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq,
+				UserID: e.UserID, Body: e.Body, Members: e.Members})
 		})
 		if n == 0 {
 			break
@@ -89,14 +92,16 @@ func readDB(t *testing.T, ep endpoints, n int) []row {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	rows, err := conn.Query(ctx, `SELECT conversation_id, seq, kind, message_id, coalesce(client_message_id, ''), sender FROM events`)
+	rows, err := conn.Query(ctx, `SELECT conversation_id, seq, kind, message_id, coalesce(client_message_id, ''), sender,
+		coalesce(user_id, ''), coalesce(body, ''), members FROM events`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []row
 	var r row
-	_, err = pgx.ForEachRow(rows, []any{&r.Conv, &r.Seq, &r.Kind, &r.MessageID, &r.ClientMessageID, &r.Sender}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&r.Conv, &r.Seq, &r.Kind, &r.MessageID, &r.ClientMessageID, &r.Sender, &r.UserID, &r.Body, &r.Members}, func() error {
 		out = append(out, r)
+		r.Members = nil
 		return nil
 	})
 	if err != nil {

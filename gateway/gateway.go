@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -45,6 +46,10 @@ type Config struct {
 	UserBurst       int
 	MaxConnsPerUser int           // open websockets per user on this gateway (default 16)
 	PingInterval    time.Duration // websocket ping period; a missed pong closes the connection (default 30 s)
+	// Reads answers sync and history from the read model; nil answers
+	// them unavailable.
+	Reads   *delivery.Store
+	SyncMax int // events in one sync reply before it says more (default 500)
 	Log             *slog.Logger
 }
 
@@ -79,6 +84,9 @@ func (c *Config) validate() error {
 	if c.PingInterval <= 0 {
 		c.PingInterval = 30 * time.Second
 	}
+	if c.SyncMax <= 0 {
+		c.SyncMax = 500
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -100,6 +108,10 @@ type Gateway struct {
 	stats    Stats
 	users    *users
 	rejected *prometheus.CounterVec
+
+	slowClosed atomic.Int64 // connections closed with 1008 for a full send buffer
+	syncs      atomic.Int64
+	histories  atomic.Int64
 
 	pmu  sync.Mutex
 	pool map[string]*wire.Client
@@ -137,6 +149,9 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		counter("chatpipe_gateway_rejected_total", "Commands and frames answered rejected (but unavailable).", &g.stats.Rejected),
 		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
 		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
+		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer was full.", &g.slowClosed),
+		counter("chatpipe_gateway_syncs_total", "sync requests served.", &g.syncs),
+		counter("chatpipe_gateway_histories_total", "history requests served.", &g.histories),
 		g.rejected,
 	}
 }
@@ -236,6 +251,8 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 	}()
 	sess := newSession(g, c, user)
 	sess.exp, sess.limits = exp, st
+	g.users.attach(st, sess)
+	defer g.users.detach(st, sess)
 	sess.run(r.Context())
 }
 
@@ -248,6 +265,8 @@ type session struct {
 	limits *userState // the user's rate limiter, shared by their connections
 	out    chan []byte
 	sem    chan struct{}
+
+	closing atomic.Bool
 }
 
 func newSession(g *Gateway, c *websocket.Conn, user string) *session {
@@ -327,7 +346,14 @@ func (s *session) run(parent context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-s.sem }()
-			s.send(s.g.handle(ctx, s.user, req))
+			switch req.Op {
+			case protocol.OpSync:
+				s.sync(ctx, req)
+			case protocol.OpHistory:
+				s.history(ctx, req)
+			default:
+				s.send(s.g.handle(ctx, s.user, req))
+			}
 		}()
 	}
 }
@@ -349,17 +375,34 @@ func (s *session) admit(now time.Time) *protocol.Error {
 
 // send queues a frame; a connection whose buffer is full is a slow reader:
 // it is closed with 1008 and catches up with sync.
-func (s *session) send(r *protocol.Reply) {
+func (s *session) send(r any) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return
 	}
+	s.sendRaw(b)
+}
+
+// sendRaw queues an encoded frame without blocking (see send).
+func (s *session) sendRaw(b []byte) {
 	select {
 	case s.out <- b:
 	default:
-		s.g.cfg.Log.Warn("closing a slow websocket reader", "user", s.user)
-		go s.c.Close(websocket.StatusPolicyViolation, "send buffer overflow; reconnect and sync")
+		s.closeOnce(websocket.StatusPolicyViolation, "send buffer overflow; reconnect and sync")
 	}
+}
+
+// closeOnce closes the connection (in the background: the close handshake
+// waits for the peer) the first time it is called.
+func (s *session) closeOnce(code websocket.StatusCode, reason string) {
+	if s.closing.Swap(true) {
+		return
+	}
+	if code == websocket.StatusPolicyViolation {
+		s.g.slowClosed.Add(1)
+		s.g.cfg.Log.Warn("closing a slow websocket reader", "user", s.user)
+	}
+	go s.c.Close(code, reason)
 }
 
 func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {

@@ -21,6 +21,7 @@ type users struct {
 
 type userState struct {
 	conns   int
+	devices map[*session]struct{} // open sessions, for delivery
 	limiter *rate.Limiter // nil: no limit
 	idle    time.Time     // when conns last dropped to zero
 }
@@ -58,6 +59,42 @@ func (u *users) disconnect(st *userState, now time.Time) {
 	st.conns--
 	if st.conns == 0 {
 		st.idle = now
+	}
+}
+
+// attach adds a session to its user's devices (before it reads any command:
+// delivery to it starts before its first sync can run).
+func (u *users) attach(st *userState, s *session) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st.devices == nil {
+		st.devices = map[*session]struct{}{}
+	}
+	st.devices[s] = struct{}{}
+}
+
+func (u *users) detach(st *userState, s *session) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(st.devices, s)
+}
+
+// local reports whether user has a device connected here.
+func (u *users) local(user string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	st := u.m[user]
+	return st != nil && len(st.devices) > 0
+}
+
+// each calls fn for every device of user (under the lock: fn must not block).
+func (u *users) each(user string, fn func(*session)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st := u.m[user]; st != nil {
+		for s := range st.devices {
+			fn(s)
+		}
 	}
 }
 

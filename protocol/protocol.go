@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -280,6 +281,47 @@ type Reply struct {
 	Code            Code   `json:"code,omitempty"`
 	Message         string `json:"message,omitempty"`
 	RetryAfterMS    int64  `json:"retry_after_ms,omitempty"`
+}
+
+// Event is an event as clients see it: pushed as an `event` frame (Op set)
+// and listed in `history` pages (Op empty).
+type Event struct {
+	Op              string   `json:"op,omitempty"`
+	ConversationID  string   `json:"conversation_id"`
+	Seq             int64    `json:"seq"`
+	Kind            string   `json:"kind"`
+	MessageID       string   `json:"message_id"`
+	ClientMessageID string   `json:"client_message_id,omitempty"`
+	Sender          string   `json:"sender"`
+	Body            string   `json:"body,omitempty"`
+	UserID          string   `json:"user_id,omitempty"`
+	Members         []string `json:"members,omitempty"`
+	CreatedAt       string   `json:"created_at"`
+}
+
+// TimeFormat is created_at's format: RFC 3339 in UTC with up to microsecond
+// precision.
+const TimeFormat = "2006-01-02T15:04:05.999999Z07:00"
+
+// FormatTime formats t as created_at.
+func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// Synced ends a sync: every conversation of the user with the last seq the
+// sync covered. More is set when the reply was capped: sync again with
+// these cursors.
+type Synced struct {
+	Op      string           `json:"op"`
+	ID      string           `json:"id"`
+	Cursors map[string]int64 `json:"cursors"`
+	More    bool             `json:"more,omitempty"`
+}
+
+// HistoryPage answers history: events in ascending seq.
+type HistoryPage struct {
+	Op             string   `json:"op"`
+	ID             string   `json:"id"`
+	ConversationID string   `json:"conversation_id"`
+	Events         []*Event `json:"events"`
 }
 
 // Rejected builds a rejected reply for request id.

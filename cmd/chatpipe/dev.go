@@ -20,11 +20,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/gateway"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
+	"github.com/chatpipe/chatpipe/projection"
 	"github.com/chatpipe/chatpipe/schema"
 	"github.com/chatpipe/chatpipe/shardworker"
 )
@@ -40,6 +42,7 @@ func runDev(ctx context.Context, args []string) error {
 	kafkaAddrs := fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
 	etcdAddrs := fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
 	runPersist := fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
+	runProj := fs.Bool("projection", true, "run projection in this process (false: run 'chatpipe projection' yourself)")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
@@ -141,6 +144,14 @@ func runDev(ctx context.Context, args []string) error {
 		metrics = append(metrics, p.Collectors()...)
 		start("persist", p.Run)
 	}
+	if *runProj {
+		p, err := projection.New(projection.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "projection")})
+		if err != nil {
+			return err
+		}
+		metrics = append(metrics, p.Collectors()...)
+		start("projection", p.Run)
+	}
 	var ws []*shardworker.Worker
 	for i := 1; i <= *workers; i++ {
 		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, lim, log)
@@ -154,10 +165,13 @@ func runDev(ctx context.Context, args []string) error {
 	// Ready means every vshard has a writer accepting commands.
 	waitAccepting(ctx, ws, cfg.VShards, log)
 
-	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, lim, log)
+	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, db, lim, log)
 	if err != nil {
 		return err
 	}
+	feed := delivery.NewFeed(db, gw, log.With("role", "delivery"))
+	metrics = append(metrics, feed.Collectors()...)
+	start("delivery", feed.Run)
 	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...),
 		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, Secret: key, Dev: true, Log: log.With("role", "web")})
 	closers = append(closers, func() {
@@ -233,12 +247,17 @@ func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg le
 	return shardworker.New(wc)
 }
 
-func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+// startGateway makes a gateway and its listener; with db it answers sync and
+// history (run a delivery.Feed beside it to push events).
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
 	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
+	if db != nil {
+		gcfg.Reads = &delivery.Store{DB: db}
+	}
 	lim.gateway(&gcfg)
 	gw, err := gateway.New(gcfg)
 	if err != nil {

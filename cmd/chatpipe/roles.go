@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -172,8 +173,8 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *inf.etcd == "" {
-		return errors.New("need --endpoints or --etcd")
+	if *inf.etcd == "" || *inf.dbURL == "" {
+		return errors.New("need --endpoints, or --etcd and --database-url (sync, history and delivery read Postgres)")
 	}
 	key, err := auth.LoadSecret(*secret, *dataDir, false)
 	if err != nil {
@@ -184,11 +185,22 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	defer cli.Close()
-	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, lim, log)
+	db, err := openDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
 	}
-	withMetrics(srv, gw, newRegistry(gw.Collectors()...), webDeps{Etcd: cli, Config: cfg, Brokers: splitList(*inf.kafka), Log: log.With("role", "web")})
+	defer db.Close()
+	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, db, lim, log)
+	if err != nil {
+		return err
+	}
+	feed := delivery.NewFeed(db, gw, log.With("role", "delivery"))
+	withMetrics(srv, gw, newRegistry(append(gw.Collectors(), feed.Collectors()...)...),
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), Log: log.With("role", "web")})
+	feedCtx, stopFeed := context.WithCancel(context.Background())
+	feedDone := make(chan struct{})
+	go func() { defer close(feedDone); feed.Run(feedCtx) }()
+	defer func() { stopFeed(); <-feedDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("gateway listening", "addr", ln.Addr().String())

@@ -1,0 +1,285 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/chatpipe/chatpipe/projection"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// Sink is where a Feed delivers: the gateway's connected devices.
+type Sink interface {
+	// Local reports whether the user has a device connected here.
+	Local(user string) bool
+	// Deliver queues an event frame (already encoded) to every connected
+	// device of the user, without blocking.
+	Deliver(user string, frame []byte)
+	// Lost is called when delivery rows were trimmed before this gateway
+	// read them: every device here must reconnect and sync.
+	Lost(reason string)
+}
+
+// Feed follows the delivery outbox the projection writes and pushes each
+// batch's events to the local devices of the users who may see them.
+//
+// A device connected before the feed read a row gets that row's events
+// live; a row read before the device connected was committed before it, so
+// the device's first sync (which runs after it connected) returns its
+// events. Either way nothing falls between catching up and live delivery;
+// devices drop duplicates by (conversation_id, seq).
+type Feed struct {
+	DB   *pgxpool.Pool
+	Sink Sink
+	Log  *slog.Logger
+	// Poll is how often the outbox is read without a notification
+	// (default 1 s): notifications only make delivery prompt.
+	Poll time.Duration
+
+	last      atomic.Int64 // last outbox id processed
+	delivered atomic.Int64
+	rowsRead  atomic.Int64
+	lost      atomic.Int64
+	latency   prometheus.Histogram
+}
+
+// NewFeed returns a feed; Run starts it.
+func NewFeed(db *pgxpool.Pool, sink Sink, log *slog.Logger) *Feed {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Feed{DB: db, Sink: sink, Log: log, Poll: time.Second,
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_delivery_seconds",
+			Help:    "From an event's created_at (its writer's clock) to queueing it for a device.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})}
+}
+
+// Collectors returns the feed's metrics.
+func (f *Feed) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_frames_total", Help: "Event frames queued to devices."},
+			func() float64 { return float64(f.delivered.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_rows_total", Help: "Delivery outbox rows processed."},
+			func() float64 { return float64(f.rowsRead.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_lost_total", Help: "Times outbox rows were trimmed before this gateway read them (devices told to resync)."},
+			func() float64 { return float64(f.lost.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_delivery_outbox_position", Help: "Last delivery outbox id processed."},
+			func() float64 { return float64(f.last.Load()) }),
+		f.latency,
+	}
+}
+
+// Run follows the outbox from its current end until ctx ends.
+func (f *Feed) Run(ctx context.Context) error {
+	if f.Poll <= 0 {
+		f.Poll = time.Second
+	}
+	for {
+		var last int64
+		err := f.DB.QueryRow(ctx, `SELECT last_id FROM delivery_counter`).Scan(&last)
+		if err == nil {
+			f.last.Store(last)
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.Log.Warn("delivery: reading the outbox position failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	wake := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() { defer close(done); f.listen(ctx, wake) }()
+	defer func() { <-done }()
+	t := time.NewTicker(f.Poll)
+	defer t.Stop()
+	for {
+		if err := f.drain(ctx); err != nil && ctx.Err() == nil {
+			f.Log.Warn("delivery: reading the outbox failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-t.C:
+		}
+	}
+}
+
+// listen holds a LISTEN connection and signals wake on every notification.
+func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, f.DB.Config().ConnConfig.Copy())
+		if err == nil {
+			if _, err = conn.Exec(ctx, "LISTEN "+projection.Channel); err == nil {
+				select {
+				case wake <- struct{}{}: // catch up on anything missed while not listening
+				default:
+				}
+				for {
+					if _, err = conn.WaitForNotification(ctx); err != nil {
+						break
+					}
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		f.Log.Warn("delivery: LISTEN connection lost; polling until it is back", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+type outboxRow struct {
+	id       int64
+	convs    []string
+	from, to []int64
+}
+
+// drain processes every outbox row after the last one processed.
+func (f *Feed) drain(ctx context.Context) error {
+	for {
+		last := f.last.Load()
+		// One statement, one snapshot: the counter and the rows agree, so
+		// a counter past the rows seen means rows were trimmed, not that
+		// one committed between two reads.
+		rows, err := f.DB.Query(ctx, `SELECT c.last_id, o.id, o.conversation_ids, o.from_seqs, o.to_seqs
+			FROM delivery_counter c LEFT JOIN LATERAL (
+				SELECT * FROM delivery_outbox WHERE id > $1 ORDER BY id LIMIT 200) o ON true
+			ORDER BY o.id`, last)
+		if err != nil {
+			return fmt.Errorf("read outbox: %w", err)
+		}
+		var batch []outboxRow
+		var counter int64
+		var id *int64
+		var r outboxRow
+		if _, err := pgx.ForEachRow(rows, []any{&counter, &id, &r.convs, &r.from, &r.to}, func() error {
+			if id != nil {
+				r.id = *id
+				batch = append(batch, r)
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read outbox: %w", err)
+		}
+		if len(batch) == 0 {
+			if counter > last {
+				// Rows up to counter were committed and are gone: trimmed.
+				f.lose(fmt.Sprintf("delivery rows %d..%d were trimmed before this gateway read them", last+1, counter))
+				f.last.Store(counter)
+			}
+			return nil
+		}
+		if batch[0].id != last+1 {
+			f.lose(fmt.Sprintf("delivery rows %d..%d were trimmed before this gateway read them", last+1, batch[0].id-1))
+		}
+		if err := f.deliver(ctx, batch); err != nil {
+			return err
+		}
+		f.last.Store(batch[len(batch)-1].id)
+		f.rowsRead.Add(int64(len(batch)))
+		if len(batch) < 200 {
+			return nil
+		}
+	}
+}
+
+func (f *Feed) lose(reason string) {
+	f.lost.Add(1)
+	f.Log.Error("delivery: events may have been missed; closing every connection so devices sync", "reason", reason)
+	f.Sink.Lost(reason)
+}
+
+// deliver pushes the events of a run of outbox rows.
+func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
+	// One range per conversation across the rows.
+	idx := map[string]int{}
+	var ranges []Range
+	for _, row := range batch {
+		for i, c := range row.convs {
+			if j, ok := idx[c]; ok {
+				ranges[j].From, ranges[j].To = min(ranges[j].From, row.from[i]), max(ranges[j].To, row.to[i])
+				continue
+			}
+			idx[c] = len(ranges)
+			ranges = append(ranges, Range{Conv: c, From: row.from[i], To: row.to[i]})
+		}
+	}
+	// Periods overlapping those ranges, kept only for users connected here.
+	c, fr, to := rangeArgs(ranges)
+	rows, err := f.DB.Query(ctx, `SELECT m.conversation_id, m.user_id, m.joined_seq, m.left_seq
+		FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(c, f, t)
+		JOIN memberships m ON m.conversation_id = r.c AND m.joined_seq <= r.t AND (m.left_seq IS NULL OR m.left_seq >= r.f)`, c, fr, to)
+	if err != nil {
+		return fmt.Errorf("read memberships: %w", err)
+	}
+	periods := map[string][]Period{}
+	var conv, user string
+	var joined int64
+	var left *int64
+	if _, err := pgx.ForEachRow(rows, []any{&conv, &user, &joined, &left}, func() error {
+		if f.Sink.Local(user) {
+			periods[conv] = append(periods[conv], NewPeriod(conv, user, joined, left))
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read memberships: %w", err)
+	}
+	var wanted []Range
+	for _, r := range ranges {
+		if len(periods[r.Conv]) > 0 {
+			wanted = append(wanted, r)
+		}
+	}
+	if len(wanted) == 0 {
+		return nil
+	}
+	c, fr, to = rangeArgs(wanted)
+	rows, err = f.DB.Query(ctx, rangeEvents+` ORDER BY e.conversation_id, e.seq`, c, fr, to)
+	if err != nil {
+		return fmt.Errorf("read events: %w", err)
+	}
+	events, err := scanEvents(rows, protocol.OpEvent)
+	if err != nil {
+		return fmt.Errorf("read events: %w", err)
+	}
+	now := time.Now()
+	for _, e := range events {
+		frame, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("encode event: %w", err)
+		}
+		if at, err := time.Parse(protocol.TimeFormat, e.CreatedAt); err == nil {
+			f.latency.Observe(now.Sub(at).Seconds())
+		}
+		for _, rc := range Recipients([]int64{e.Seq}, periods[e.ConversationID], func(string) bool { return true }) {
+			f.Sink.Deliver(rc.User, frame)
+			f.delivered.Add(1)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+// Package delivery is the read side of chatpipe: it pushes persisted events
+// to the devices of the members (Feed) and answers sync and history
+// (Store), all from the Postgres read model that persist and projection
+// maintain. Who may see what is decided by membership periods (periods.go,
+// pure); the rest is queries.
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// ErrForbidden: the user never was a member of the conversation (or the
+// conversation does not exist; the two are not told apart).
+var ErrForbidden = errors.New("not a member of this conversation")
+
+// Store answers sync and history.
+type Store struct {
+	DB *pgxpool.Pool
+}
+
+// eventColumns are the columns scanEvent reads, in order.
+const eventColumns = `e.conversation_id, e.seq, e.kind, e.message_id, coalesce(e.client_message_id, ''), e.sender,
+	coalesce(e.body, ''), coalesce(e.user_id, ''), e.members, e.created_at`
+
+// rangeEvents selects the events of ranges passed as three arrays.
+const rangeEvents = `SELECT ` + eventColumns + `
+FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(c, f, t)
+JOIN events e ON e.conversation_id = r.c AND e.seq BETWEEN r.f AND r.t`
+
+func scanEvents(rows pgx.Rows, op string) ([]*protocol.Event, error) {
+	var out []*protocol.Event
+	for rows.Next() {
+		e := &protocol.Event{Op: op}
+		var at time.Time
+		if err := rows.Scan(&e.ConversationID, &e.Seq, &e.Kind, &e.MessageID, &e.ClientMessageID, &e.Sender,
+			&e.Body, &e.UserID, &e.Members, &at); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		e.CreatedAt = protocol.FormatTime(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func rangeArgs(rs []Range) (convs []string, from, to []int64) {
+	for _, r := range rs {
+		convs, from, to = append(convs, r.Conv), append(from, r.From), append(to, r.To)
+	}
+	return convs, from, to
+}
+
+// SyncResult is a sync's answer.
+type SyncResult struct {
+	Events  []*protocol.Event // ordered by conversation, then seq
+	Cursors map[string]int64  // every conversation of the user: last seq covered
+	More    bool              // capped at max events: sync again with Cursors
+}
+
+// Sync returns the events of all the user's conversations after each
+// cursor (0 if absent), within the user's membership periods and no
+// further than the projection has applied, at most max of them.
+func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64, max int) (*SyncResult, error) {
+	res := &SyncResult{Cursors: map[string]int64{}}
+	err := pgx.BeginTxFunc(ctx, s.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT m.conversation_id, m.joined_seq, m.left_seq, c.last_seq
+			FROM memberships m JOIN conversations c USING (conversation_id) WHERE m.user_id = $1`, user)
+		if err != nil {
+			return err
+		}
+		var ranges []Range
+		var conv string
+		var joined, last int64
+		var left *int64
+		_, err = pgx.ForEachRow(rows, []any{&conv, &joined, &left, &last}, func() error {
+			p := NewPeriod(conv, user, joined, left)
+			cur := cursors[conv]
+			end := min(p.To, last)
+			res.Cursors[conv] = maxInt(res.Cursors[conv], maxInt(cur, end))
+			if r, ok := Visible(p, cur, last); ok {
+				ranges = append(ranges, r)
+			}
+			return nil
+		})
+		if err != nil || len(ranges) == 0 {
+			return err
+		}
+		sort.Slice(ranges, func(i, j int) bool {
+			if ranges[i].Conv != ranges[j].Conv {
+				return ranges[i].Conv < ranges[j].Conv
+			}
+			return ranges[i].From < ranges[j].From
+		})
+		c, f, t := rangeArgs(ranges)
+		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.conversation_id, e.seq LIMIT $4`, c, f, t, max+1)
+		if err != nil {
+			return err
+		}
+		res.Events, err = scanEvents(rows, protocol.OpEvent)
+		if err != nil || len(res.Events) <= max {
+			return err
+		}
+		// Capped: the conversation where the page stopped ends at its last
+		// event sent; those after it keep the client's cursor.
+		res.More = true
+		res.Events = res.Events[:max]
+		stop := res.Events[max-1]
+		res.Cursors[stop.ConversationID] = stop.Seq
+		for _, r := range ranges {
+			if r.Conv > stop.ConversationID {
+				res.Cursors[r.Conv] = cursors[r.Conv]
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delivery: sync for %s: %w", user, err)
+	}
+	return res, nil
+}
+
+func maxInt(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// History returns up to limit events of conv before beforeSeq (0: the
+// newest), in ascending seq, only those within the user's membership
+// periods. ErrForbidden if the user never was a member.
+func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64, limit int) ([]*protocol.Event, error) {
+	var out []*protocol.Event
+	err := pgx.BeginTxFunc(ctx, s.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT m.joined_seq, m.left_seq, c.last_seq
+			FROM memberships m JOIN conversations c USING (conversation_id) WHERE m.user_id = $1 AND m.conversation_id = $2`, user, conv)
+		if err != nil {
+			return err
+		}
+		var ranges []Range
+		var joined, last int64
+		var left *int64
+		member := false
+		_, err = pgx.ForEachRow(rows, []any{&joined, &left, &last}, func() error {
+			member = true
+			upper := last
+			if beforeSeq > 0 {
+				upper = min(upper, beforeSeq-1)
+			}
+			if r, ok := Visible(NewPeriod(conv, user, joined, left), 0, upper); ok {
+				ranges = append(ranges, r)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if !member {
+			return ErrForbidden
+		}
+		if len(ranges) == 0 {
+			return nil
+		}
+		c, f, t := rangeArgs(ranges)
+		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.seq DESC LIMIT $4`, c, f, t, limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanEvents(rows, "")
+		return err
+	})
+	if errors.Is(err, ErrForbidden) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("delivery: history of %s for %s: %w", conv, user, err)
+	}
+	slices.Reverse(out)
+	if out == nil {
+		out = []*protocol.Event{}
+	}
+	return out, nil
+}
+

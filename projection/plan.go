@@ -1,0 +1,74 @@
+package projection
+
+import (
+	"sort"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// MemberOp opens (Join) or closes a membership period at Seq.
+type MemberOp struct {
+	Conv, User string
+	Seq        int64
+	Join       bool
+}
+
+// Touched is one conversation's seq range in a batch.
+type Touched struct {
+	Conv     string
+	From, To int64
+	LastAt   time.Time
+}
+
+// Plan is what one batch of committed records does to the read model.
+type Plan struct {
+	Members []MemberOp // in log order
+	Convs   []Touched  // sorted by conversation id
+}
+
+// PlanBatch turns a batch of decoded events (in log order per partition)
+// into membership changes and each conversation's seq range. It is pure:
+// the projection applies the plan in one Postgres transaction.
+//
+// create opens a period for every listed member and the sender; join opens
+// one for user_id; kick and leave close user_id's open period at their seq
+// (the removal event itself is still theirs). Takeover markers carry no seq
+// and are skipped.
+func PlanBatch(events []*logrecord.Event) Plan {
+	var p Plan
+	idx := map[string]int{}
+	for _, e := range events {
+		if e.Kind == logrecord.KindTakeover || e.ConversationID == "" {
+			continue
+		}
+		switch e.Kind {
+		case logrecord.KindCreate:
+			seen := map[string]bool{}
+			for _, u := range append([]string{e.Sender}, e.Members...) {
+				if u != "" && !seen[u] {
+					seen[u] = true
+					p.Members = append(p.Members, MemberOp{Conv: e.ConversationID, User: u, Seq: e.Seq, Join: true})
+				}
+			}
+		case logrecord.KindJoin:
+			p.Members = append(p.Members, MemberOp{Conv: e.ConversationID, User: e.UserID, Seq: e.Seq, Join: true})
+		case logrecord.KindKick, logrecord.KindLeave:
+			p.Members = append(p.Members, MemberOp{Conv: e.ConversationID, User: e.UserID, Seq: e.Seq})
+		}
+		i, ok := idx[e.ConversationID]
+		if !ok {
+			i = len(p.Convs)
+			idx[e.ConversationID] = i
+			p.Convs = append(p.Convs, Touched{Conv: e.ConversationID, From: e.Seq, To: e.Seq, LastAt: e.CreatedAt})
+			continue
+		}
+		t := &p.Convs[i]
+		t.From, t.To = min(t.From, e.Seq), max(t.To, e.Seq)
+		if e.CreatedAt.After(t.LastAt) {
+			t.LastAt = e.CreatedAt
+		}
+	}
+	sort.Slice(p.Convs, func(a, b int) bool { return p.Convs[a].Conv < p.Convs[b].Conv })
+	return p
+}
