@@ -191,4 +191,3 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 	}
 	return out, nil
 }
-

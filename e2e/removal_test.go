@@ -75,7 +75,9 @@ func TestRemovalAndReads(t *testing.T) {
 		func() (*frame, error) {
 			return owner.doRetrying(map[string]any{"op": "kick", "conversation_id": g, "user_id": "v2"})
 		},
-		func() (*frame, error) { return victims[2].doRetrying(map[string]any{"op": "leave", "conversation_id": g}) },
+		func() (*frame, error) {
+			return victims[2].doRetrying(map[string]any{"op": "leave", "conversation_id": g})
+		},
 		func() (*frame, error) {
 			time.Sleep(300 * time.Millisecond)
 			return owner.doRetrying(map[string]any{"op": "kick", "conversation_id": g, "user_id": "v4"})

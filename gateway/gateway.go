@@ -50,7 +50,7 @@ type Config struct {
 	// them unavailable.
 	Reads   *delivery.Store
 	SyncMax int // events in one sync reply before it says more (default 500)
-	Log             *slog.Logger
+	Log     *slog.Logger
 }
 
 func (c *Config) validate() error {

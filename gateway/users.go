@@ -22,8 +22,8 @@ type users struct {
 type userState struct {
 	conns   int
 	devices map[*session]struct{} // open sessions, for delivery
-	limiter *rate.Limiter // nil: no limit
-	idle    time.Time     // when conns last dropped to zero
+	limiter *rate.Limiter         // nil: no limit
+	idle    time.Time             // when conns last dropped to zero
 }
 
 func newUsers(perSec float64, burst, maxConn int) *users {
