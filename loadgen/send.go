@@ -60,13 +60,17 @@ func (r *runner) sendOne(ctx context.Context, k int64, due time.Time) {
 	o := &op{kind: "send", conv: conv, cmid: cmid, body: messageBody(cmid, due, r.cfg.BodyBytes), due: due}
 	ds := r.devices[sender]
 	di := r.rng.IntN(len(ds))
+	var dup *op
+	if r.cfg.DupShare > 0 && r.rng.Float64() < r.cfg.DupShare {
+		c := *o // copied before o is handed to a device
+		c.dup = true
+		dup = &c
+	}
 	r.track(1)
 	ds[di].enqueue(ctx, o)
-	if r.cfg.DupShare > 0 && r.rng.Float64() < r.cfg.DupShare {
-		dup := *o
-		dup.dup = true
+	if dup != nil {
 		r.track(1)
-		ds[(di+1)%len(ds)].enqueue(ctx, &dup)
+		ds[(di+1)%len(ds)].enqueue(ctx, dup)
 	}
 }
 
