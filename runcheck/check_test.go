@@ -98,7 +98,7 @@ func TestCheckFindsEachBrokenInvariant(t *testing.T) {
 			run.Rejected = append(run.Rejected, loadgen.Rejected{Op: "send", Conv: "c1", ClientMessageID: "m7", Sender: "a", Code: "forbidden"})
 		}, []string{RuleRejectedStored}},
 		{"seq went back for a later send", func(run *loadgen.RunDir, w *World) {
-			run.Accepted[6].Sent = 1000 // m7 (seq 7) sent after m5 (seq 5) was accepted: fine
+			run.Accepted[6].Sent = 1000                           // m7 (seq 7) sent after m5 (seq 5) was accepted: fine
 			run.Accepted[4].Sent, run.Accepted[4].At = 2000, 2005 // m5 sent after seq 7 was accepted, yet got 5
 		}, []string{RuleRegression}},
 		{"a device missed an event", func(run *loadgen.RunDir, w *World) { run.Delivered = run.Delivered[1:] },
