@@ -406,26 +406,28 @@
       if (r.e) {
         const e = r.e;
         const mine = e.sender === S.user;
+        const acc = mine ? acceptedIDs.get(e.message_id) : null; // sent from this page
         ol.append(h('li', {
           class: `ev ${e.kind === 'message' ? 'msg' : 'meta'}${mine ? ' mine' : ''}`,
           'data-conv': c.id, 'data-seq': e.seq, 'data-kind': e.kind, 'data-src': 'event',
+          'data-accepted-seq': acc ? acc.seq : null,
           title: `seq ${e.seq} · message_id ${e.message_id} · ${e.created_at}`,
         },
         h('span', {class: 'seq'}, `#${e.seq}`),
         e.kind === 'message' ? h('span', {class: 'who'}, e.sender) : null,
         h('span', {class: 'body'}, eventText(e)),
-        h('span', {class: 'when'}, timeOf(e.created_at) + (mine && acceptedIDs.has(e.message_id) ? ' ✓' : ''))));
+        h('span', {class: 'when'}, timeOf(e.created_at) + (acc ? ` · accepted #${acc.seq}` : ''))));
       } else {
         const m = r.m;
         ol.append(h('li', {
           class: `ev msg mine pending${m.status.startsWith('rejected') ? ' failed' : ''}`,
           'data-conv': c.id, 'data-seq': m.seq || null, 'data-kind': 'message', 'data-src': 'accepted',
-          'data-cmid': r.cmid, title: `client_message_id ${r.cmid}`,
+          'data-accepted-seq': m.seq || null, 'data-cmid': r.cmid, title: `client_message_id ${r.cmid}`,
         },
         h('span', {class: 'seq'}, m.seq ? `#${m.seq}` : '…'),
         h('span', {class: 'who'}, S.user),
         h('span', {class: 'body'}, m.body),
-        h('span', {class: 'when'}, m.status === 'accepted' ? `accepted seq ${m.seq}` : m.status)));
+        h('span', {class: 'when'}, m.status === 'accepted' ? `accepted #${m.seq} · waiting for the event` : m.status)));
       }
     }
     ol.scrollTop = ol.scrollHeight;
