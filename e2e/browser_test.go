@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestBrowserChatAndOps drives the gateway's pages in headless Chromium:
+// two users chat in two tabs (one sends, the other sees the message with
+// the seq the sender was told; a tab that went offline catches up with
+// sync), then the /ops page watches a worker die and its vshards move to
+// the other one. Screenshots go to the folder the test prints.
+func TestBrowserChatAndOps(t *testing.T) {
+	exe := chromiumPath(t)
+	shots := artifactsDir(t)
+	dev := startDev(t, t.TempDir(), "--workers", "0")
+	wa, _ := twoWorkers(t, dev)
+	base, err := httpBase(dev.ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBrowser(t, exe, shots)
+
+	// Two users, each in a tab that mints a dev token and connects.
+	alice := b.tab("alice", base+"/?user=alice")
+	bob := b.tab("bob", base+"/?user=bob")
+	for _, tb := range []*tab{alice, bob} {
+		waitJS(tb, 30*time.Second, "the websocket to open", `document.querySelector('#status').dataset.state`,
+			func(s string) bool { return s == "open" })
+	}
+
+	conv := fmt.Sprintf("room-%d", time.Now().UnixNano()%1_000_000)
+	alice.setValue("#new-conv-id", conv)
+	alice.setValue("#new-conv-members", "bob")
+	alice.click("#create")
+	waitJS(alice, 30*time.Second, "the conversation to be created", `document.querySelector('#conv-title').textContent`,
+		func(s string) bool { return s == conv })
+
+	seq := send(alice, conv, "hello bob")
+	if seq != 2 { // 1 is the create
+		t.Errorf("alice's message got seq %d, want 2", seq)
+	}
+	alice.screenshot("1-alice-sent")
+	sees(bob, conv, seq, "hello bob")
+	bob.screenshot("2-bob-received")
+
+	// Bob goes offline; what alice sends meanwhile reaches him through
+	// sync when he is back, once.
+	bob.click("#offline")
+	waitJS(bob, 10*time.Second, "bob to be offline", `document.querySelector('#status').dataset.state`,
+		func(s string) bool { return s == "offline" })
+	away := send(alice, conv, "while you were away")
+	bob.click("#offline")
+	sees(bob, conv, away, "while you were away")
+	bob.screenshot("3-bob-synced")
+
+	// The pipeline page: two workers, half of the vshards each.
+	ops := b.tab("ops", base+"/ops")
+	vs := dev.ep.VShards
+	before := waitJS(ops, 30*time.Second, "the grid to show both workers", cellsJS,
+		func(c cells) bool { return c.N == vs && c.Owner["wa"] == vs/2 && c.Owner["wb"] == vs/2 && c.Live == vs })
+	ops.screenshot("4-ops-two-workers")
+
+	wa.kill9()
+	waitJS(ops, 30*time.Second, "wa to show as down", `(document.querySelector('#workers tr[data-worker="wa"]') || {dataset: {}}).dataset.state`,
+		func(s string) bool { return s == "unreachable" || s == "gone" })
+	ops.screenshot("5-ops-worker-down")
+	after := waitJS(ops, 90*time.Second, "wa's vshards to move to wb", cellsJS,
+		func(c cells) bool { return c.N == vs && c.Owner["wb"] == vs && c.Live == vs })
+	for v, w := range before.Worker {
+		if w == "wa" && after.Epoch[v] <= before.Epoch[v] {
+			t.Errorf("vshard %d moved from wa to wb but its epoch went %d → %d", v, before.Epoch[v], after.Epoch[v])
+		}
+	}
+	waitJS(ops, 30*time.Second, "wa's row to say gone", `(document.querySelector('#workers tr[data-worker="wa"]') || {dataset: {}}).dataset.state`,
+		func(s string) bool { return s == "gone" })
+	time.Sleep(2 * time.Second) // let the moved cells' flash and colour change end
+	ops.screenshot("6-ops-after-takeover")
+
+	// The chat goes on on the surviving worker.
+	last := send(alice, conv, "after the takeover")
+	sees(bob, conv, last, "after the takeover")
+	bob.screenshot("7-bob-after-takeover")
+}
+
+// cells is what the ops page's grid shows.
+type cells struct {
+	N      int            `json:"n"`
+	Live   int            `json:"live"`
+	Owner  map[string]int `json:"owner"`  // cells by owner
+	Worker []string       `json:"worker"` // by vshard
+	Epoch  []int64        `json:"epoch"`  // by vshard
+}
+
+const cellsJS = `(() => {
+	const cs = [...document.querySelectorAll('#grid .cell')];
+	const owner = {};
+	for (const c of cs) owner[c.dataset.worker] = (owner[c.dataset.worker] || 0) + 1;
+	return {n: cs.length, live: cs.filter((c) => c.dataset.live === 'true').length, owner,
+		worker: cs.map((c) => c.dataset.worker || ''), epoch: cs.map((c) => Number(c.dataset.epoch || 0))};
+})()`
+
+// send types body into the tab's composer, sends it and returns the seq of
+// its `accepted` answer, as the page shows it.
+func send(tb *tab, conv, body string) int {
+	tb.t.Helper()
+	tb.setValue("#body", body)
+	tb.click("#send")
+	return waitJS(tb, 60*time.Second, fmt.Sprintf("%q to be accepted", body), fmt.Sprintf(`(() => {
+		const e = [...document.querySelectorAll('#events li.ev[data-kind="message"]')]
+			.find((e) => e.dataset.conv === %s && e.dataset.acceptedSeq && e.querySelector('.body').textContent === %s);
+		return e ? Number(e.dataset.acceptedSeq) : 0;
+	})()`, js(conv), js(body)), func(n int) bool { return n > 0 })
+}
+
+// sees waits until the tab shows the delivered event seq of conv, once,
+// with body.
+func sees(tb *tab, conv string, seq int, body string) {
+	tb.t.Helper()
+	waitJS(tb, 30*time.Second, fmt.Sprintf("%s to list %s", tb.name, conv), fmt.Sprintf(`!!document.querySelector('#conv-list li[data-conv=%s]')`, js(conv)),
+		func(ok bool) bool { return ok })
+	// The list is drawn anew on every event: click it from inside the page
+	// rather than through a node that may be gone by the time of the click.
+	waitJS(tb, 10*time.Second, "select "+conv, fmt.Sprintf(`(() => {
+		const li = document.querySelector('#conv-list li[data-conv=%s]');
+		if (li) li.click();
+		return document.querySelector('#conv-title').textContent.startsWith(%s);
+	})()`, js(conv), js(conv)), func(ok bool) bool { return ok })
+	got := waitJS(tb, 30*time.Second, fmt.Sprintf("event %s #%d", conv, seq), fmt.Sprintf(`(() => {
+		const es = [...document.querySelectorAll('#events li.ev')].filter((e) => e.dataset.conv === %s && e.dataset.seq === %s);
+		return es.map((e) => e.dataset.src + ':' + e.querySelector('.body').textContent);
+	})()`, js(conv), js(fmt.Sprint(seq))), func(es []string) bool { return len(es) > 0 })
+	if len(got) != 1 || got[0] != "event:"+body {
+		tb.fail("event %s #%d shows as %q, want one delivered event %q", conv, seq, got, body)
+	}
+}
