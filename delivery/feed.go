@@ -43,6 +43,9 @@ type Feed struct {
 	// Poll is how often the outbox is read without a notification
 	// (default 1 s): notifications only make delivery prompt.
 	Poll time.Duration
+	// NoListen turns notifications off: the feed only polls (for
+	// connection poolers that do not pass LISTEN through).
+	NoListen bool
 
 	last      atomic.Int64 // last outbox id processed
 	delivered atomic.Int64
@@ -100,9 +103,11 @@ func (f *Feed) Run(ctx context.Context) error {
 		}
 	}
 	wake := make(chan struct{}, 1)
-	done := make(chan struct{})
-	go func() { defer close(done); f.listen(ctx, wake) }()
-	defer func() { <-done }()
+	if !f.NoListen {
+		done := make(chan struct{})
+		go func() { defer close(done); f.listen(ctx, wake) }()
+		defer func() { <-done }()
+	}
 	t := time.NewTicker(f.Poll)
 	defer t.Stop()
 	for {

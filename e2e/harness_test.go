@@ -75,6 +75,9 @@ func startDev(t *testing.T, dir string, args ...string) *devProc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// CHATPIPE_E2E_DEV_ARGS adds flags to every dev process (for measuring
+	// variants, e.g. "--delivery-listen=false --delivery-poll 50ms").
+	args = append(args, strings.Fields(os.Getenv("CHATPIPE_E2E_DEV_ARGS"))...)
 	cmd := exec.Command(binary, append([]string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

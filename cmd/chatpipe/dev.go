@@ -47,6 +47,7 @@ func runDev(ctx context.Context, args []string) error {
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	lim := addLimitFlags(fs)
+	dlv := addDeliveryFlags(fs)
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -169,7 +170,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	feed := delivery.NewFeed(db, gw, log.With("role", "delivery"))
+	feed := dlv.feed(db, gw, log)
 	metrics = append(metrics, feed.Collectors()...)
 	start("delivery", feed.Run)
 	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...),

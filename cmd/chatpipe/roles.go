@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -168,6 +167,7 @@ func runGateway(ctx context.Context, args []string) error {
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
 	lim := addLimitFlags(fs)
+	dlv := addDeliveryFlags(fs)
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -194,7 +194,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	feed := delivery.NewFeed(db, gw, log.With("role", "delivery"))
+	feed := dlv.feed(db, gw, log)
 	withMetrics(srv, gw, newRegistry(append(gw.Collectors(), feed.Collectors()...)...),
 		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), Log: log.With("role", "web")})
 	feedCtx, stopFeed := context.WithCancel(context.Background())
