@@ -170,7 +170,9 @@ type Totals struct {
 // ConsumerState is one consumer's progress.
 type ConsumerState struct {
 	Consumer string `json:"consumer"`
-	// Behind sums PartitionState.Behind over the partitions.
+	// Behind sums PartitionState.Behind over the partitions; -1 when the
+	// topic's end offsets are unknown (no brokers configured, or Kafka did
+	// not answer).
 	Behind     int64            `json:"behind"`
 	Partitions []PartitionState `json:"partitions"`
 	UpdatedAt  time.Time        `json:"updated_at"` // its latest offset write
@@ -186,7 +188,7 @@ type PartitionState struct {
 	// a consumer's next offset stops at the last marker, so a caught-up
 	// consumer is one offset short of the end: Behind is 0 then. Behind
 	// counts the markers of the transactions left too: an upper bound of
-	// the records left.
+	// the records left. -1 when EndOffset is unknown.
 	Behind int64 `json:"behind"`
 }
 
@@ -450,9 +452,14 @@ func (o *Ops) readConsumers(ctx context.Context) (res []ConsumerState, errs []st
 		}
 		for i := range c.Partitions {
 			p := &c.Partitions[i]
-			if end, ok := ends[p.Partition]; ok {
-				p.EndOffset = end
-				p.Behind = max(0, end-p.NextOffset-1)
+			end, ok := ends[p.Partition]
+			if !ok {
+				p.Behind, c.Behind = -1, -1
+				continue
+			}
+			p.EndOffset = end
+			p.Behind = max(0, end-p.NextOffset-1)
+			if c.Behind >= 0 {
 				c.Behind += p.Behind
 			}
 		}

@@ -240,6 +240,15 @@ func TestOpsState(t *testing.T) {
 	}
 }
 
+func TestNewOpsNeedsEtcdAndVShards(t *testing.T) {
+	if _, err := NewOps(OpsConfig{VShards: 4}); err == nil {
+		t.Error("NewOps without etcd: no error")
+	}
+	if _, err := NewOps(OpsConfig{Etcd: &clientv3.Client{}}); err == nil {
+		t.Error("NewOps without vshards: no error")
+	}
+}
+
 func TestAddMissingPartitions(t *testing.T) {
 	c := &ConsumerState{Consumer: "projection", Partitions: []PartitionState{{Partition: 2, NextOffset: 5}}}
 	addMissingPartitions(c, map[int32]int64{0: 3, 1: 0, 2: 9})

@@ -26,6 +26,8 @@
   }
 
   const fmt = (x, digits = 0) => (x === undefined || x === null ? '–' : Number(x).toLocaleString(undefined, {maximumFractionDigits: digits}));
+  // lag is a consumer's offsets behind; negative means the end is unknown.
+  const lag = (c) => (c.behind < 0 ? '? (no end offsets)' : `${fmt(c.behind)} offsets`);
 
   let prev = null; // the previous state's shards
   const moves = [];
@@ -42,9 +44,9 @@
     $('#t-unknown').textContent = fmt(s.totals.unknown_commits);
     const cons = (name) => (s.consumers || []).find((c) => c.consumer === name);
     const persist = cons('persist');
-    $('#t-persist').textContent = persist ? `${fmt(persist.behind)} offsets` : s.persist_lag_records !== undefined ? `${fmt(s.persist_lag_records)} records` : '–';
+    $('#t-persist').textContent = persist ? lag(persist) : s.persist_lag_records !== undefined ? `${fmt(s.persist_lag_records)} records` : '–';
     const projection = cons('projection');
-    $('#t-projection').textContent = projection ? `${fmt(projection.behind)} offsets` : 'not running';
+    $('#t-projection').textContent = projection ? lag(projection) : 'not running';
     $('#t-coordinator').textContent = s.coordinator || '–';
   }
 
@@ -120,7 +122,7 @@
     const now = new Date(s.time);
     $('#consumers tbody').replaceChildren(...(s.consumers || []).map((c) => h('tr', {'data-consumer': c.consumer},
       h('td', {}, c.consumer),
-      h('td', {}, fmt(c.behind)),
+      h('td', {}, c.behind < 0 ? '?' : fmt(c.behind)),
       h('td', {}, `${fmt(Math.max(0, (now - new Date(c.updated_at)) / 1000), 1)} s ago`),
       h('td', {class: 'parts'}, c.partitions.map((p) => `p${p.partition} ${p.next_offset}/${p.end_offset < 0 ? '?' : p.end_offset}`).join('  ')))));
     $('#errors').replaceChildren(...(s.errors || []).map((e) => h('li', {}, e)));
