@@ -55,6 +55,7 @@ type shard struct {
 	// rates is the per-conversation message token bucket (nil map: off).
 	rates   map[string]*rate.Limiter
 	entropy io.Reader
+	gc      groupCommit // owned by the shard's loop
 
 	qmu    sync.Mutex // guards closed against submit racing the final drain
 	closed bool
@@ -67,6 +68,7 @@ func newShard(w *Worker, v int, epoch int64) *shard {
 		log: w.log.With("vshard", v, "epoch", epoch),
 		in:  make(chan *call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		entropy: ulid.Monotonic(rand.Reader, 0),
+		gc:      groupCommit{max: max(w.cfg.LingerMax, 0)},
 	}
 }
 
@@ -204,8 +206,9 @@ func (s *shard) session() error {
 	s.log.Info("accepting", "marker_offset", markerOff, "replayed", n, "conversations", len(convs), "took", time.Since(start).Round(time.Millisecond))
 	s.ready.Store(true)
 	defer s.ready.Store(false)
+	var prevStart time.Time
 	for {
-		batch, ok := s.collect()
+		batch, start, ok := s.collect()
 		if !ok {
 			return nil
 		}
@@ -218,6 +221,12 @@ func (s *shard) session() error {
 		if err := s.process(cl, batch); err != nil {
 			return err
 		}
+		var cycle time.Duration
+		if !prevStart.IsZero() {
+			cycle = start.Sub(prevStart)
+		}
+		s.gc.observe(len(batch), cycle, time.Since(start))
+		prevStart = start
 	}
 }
 
@@ -364,18 +373,24 @@ func (s *shard) record(e *logrecord.Event) (*kgo.Record, error) {
 }
 
 // collect waits for one command, then takes whatever else has queued, up to
-// MaxBatch, waiting at most Linger for more.
-func (s *shard) collect() ([]*call, bool) {
+// MaxBatch, waiting at most the linger for more: the fixed Linger if set,
+// else the adaptive group commit's. It returns when the first command came.
+func (s *shard) collect() ([]*call, time.Time, bool) {
 	var batch []*call
 	select {
 	case c := <-s.in:
 		batch = append(batch, c)
 	case <-s.ctx.Done():
-		return nil, false
+		return nil, time.Time{}, false
+	}
+	start := time.Now()
+	wait := s.w.cfg.Linger
+	if wait <= 0 {
+		wait = s.gc.linger(s.w.cfg.TxnBudget / float64(max(s.w.owned.Load(), 1)))
 	}
 	var linger <-chan time.Time
-	if s.w.cfg.Linger > 0 {
-		t := time.NewTimer(s.w.cfg.Linger)
+	if wait > 0 {
+		t := time.NewTimer(wait)
 		defer t.Stop()
 		linger = t.C
 	}
@@ -397,7 +412,7 @@ func (s *shard) collect() ([]*call, bool) {
 		}
 		break
 	}
-	return batch, true
+	return batch, start, true
 }
 
 // process decides a batch, commits its events in one transaction and

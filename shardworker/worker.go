@@ -24,19 +24,28 @@ import (
 
 // Config configures a Worker. Zero fields get the defaults of validate.
 type Config struct {
-	ID            string // worker id, unique in the deployment
-	Listen        string // address of the gateway-facing listener (default 127.0.0.1:0)
-	Advertise     string // address advertised in etcd (default: the listener's)
-	AdminAddr     string // advertised address of the worker's metrics server, if any
-	Etcd          *clientv3.Client
-	Prefix        string
-	Brokers       []string
-	Topic         string
-	VShards       int
-	Partitions    int
-	DB            *pgxpool.Pool
-	MaxBatch      int           // commands per transaction (default 1000)
-	Linger        time.Duration // extra wait for a batch to fill (default 0: take what queued during the last commit)
+	ID         string // worker id, unique in the deployment
+	Listen     string // address of the gateway-facing listener (default 127.0.0.1:0)
+	Advertise  string // address advertised in etcd (default: the listener's)
+	AdminAddr  string // advertised address of the worker's metrics server, if any
+	Etcd       *clientv3.Client
+	Prefix     string
+	Brokers    []string
+	Topic      string
+	VShards    int
+	Partitions int
+	DB         *pgxpool.Pool
+	MaxBatch   int           // commands per transaction (default 1000)
+	Linger     time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
+	// LingerMax is the latency budget of the adaptive group commit: a
+	// vshard's writer waits up to this long for its batch to fill once its
+	// commands arrive faster than its share of TxnBudget (groupcommit.go).
+	// Default 5 ms; negative: never wait (take what queued during the last
+	// commit). A fixed Linger turns the adaptive wait off.
+	LingerMax time.Duration
+	// TxnBudget is the Kafka transactions per second this worker aims to
+	// stay under, shared evenly by its vshards (default 2000).
+	TxnBudget     float64
 	QueueLen      int           // commands queued per vshard (default 10000)
 	MaxConvs      int           // conversations cached per vshard (default 20000; more while persist lags)
 	CommitTimeout time.Duration // per transaction (default 10 s)
@@ -65,6 +74,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 1000
+	}
+	if c.LingerMax == 0 {
+		c.LingerMax = 5 * time.Millisecond
+	}
+	if c.TxnBudget <= 0 {
+		c.TxnBudget = 2000
 	}
 	if c.ConvRate == 0 {
 		c.ConvRate = 100
@@ -125,6 +140,7 @@ type Worker struct {
 
 	mu     sync.Mutex
 	shards map[int]*shard
+	owned  atomic.Int64 // len(shards), read by the writers' group commit
 	wg     sync.WaitGroup
 	addr   string
 	ready  chan struct{}
@@ -325,6 +341,7 @@ func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *l
 				go func() { defer w.wg.Done(); s.run() }()
 			}
 		}
+		w.owned.Store(int64(len(w.shards)))
 		w.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -342,6 +359,7 @@ func (w *Worker) stopAll() {
 		s.stop()
 		delete(w.shards, v)
 	}
+	w.owned.Store(0)
 	w.mu.Unlock()
 	w.wg.Wait()
 }

@@ -18,6 +18,7 @@ type limitFlags struct {
 	syncMax                             *int
 	origins                             *string
 	ping                                *time.Duration
+	commit                              commitFlags
 }
 
 func addLimitFlags(fs *flag.FlagSet) limitFlags {
@@ -36,6 +37,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		syncMax:   fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
 		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
 		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
+		commit:    addCommitFlags(fs),
 	}
 }
 
@@ -56,4 +58,5 @@ func (l limitFlags) worker(c *shardworker.Config) {
 	c.Limits = shardcore.Limits{MaxMembers: *l.members}
 	c.Protocol = l.protocol()
 	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
+	l.commit.worker(c)
 }

@@ -382,6 +382,7 @@
     if (!c) return;
     c.unread = 0;
     $('#conv-title').textContent = c.id + (c.removed ? ' (you are no longer a member)' : '');
+    for (const sel of ['#add-member-id', '#add-member-btn', '#leave']) $(sel).hidden = c.removed;
     const mem = $('#members');
     mem.replaceChildren(...[...c.members].sort().map((u) => h('span', {class: 'member', 'data-user': u},
       u + (u === c.owner ? ' ★' : ''),

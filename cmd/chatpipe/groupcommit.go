@@ -1,0 +1,26 @@
+package main
+
+import (
+	"flag"
+	"time"
+
+	"github.com/chatpipe/chatpipe/shardworker"
+)
+
+// commitFlags tune the shard writers' adaptive group commit
+// (shardworker/groupcommit.go).
+type commitFlags struct {
+	lingerMax *time.Duration
+	txnBudget *float64
+}
+
+func addCommitFlags(fs *flag.FlagSet) commitFlags {
+	return commitFlags{
+		lingerMax: fs.Duration("linger-max", 5*time.Millisecond, "latency budget of the adaptive group commit: the longest a writer waits for its batch to fill (negative: never wait)"),
+		txnBudget: fs.Float64("txn-budget", 2000, "Kafka transactions/s a worker aims to stay under, shared by its vshards; a writer lingers (up to --linger-max) once its commands arrive faster than its share"),
+	}
+}
+
+func (f commitFlags) worker(c *shardworker.Config) {
+	c.LingerMax, c.TxnBudget = *f.lingerMax, *f.txnBudget
+}
