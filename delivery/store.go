@@ -191,3 +191,46 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 	}
 	return out, nil
 }
+
+// Conversations lists the conversations user is a member of now, most
+// recently active first, at most limit.
+func (s *Store) Conversations(ctx context.Context, user string, limit int) ([]*protocol.ConversationInfo, error) {
+	rows, err := s.DB.Query(ctx, `SELECT c.conversation_id, c.last_seq, c.last_activity_at
+		FROM memberships m JOIN conversations c USING (conversation_id)
+		WHERE m.user_id = $1 AND m.left_seq IS NULL
+		ORDER BY c.last_activity_at DESC, c.conversation_id LIMIT $2`, user, limit)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: conversations of %s: %w", user, err)
+	}
+	out := []*protocol.ConversationInfo{}
+	var c protocol.ConversationInfo
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&c.ConversationID, &c.LastSeq, &at}, func() error {
+		info := c
+		info.LastActivityAt = protocol.FormatTime(at)
+		out = append(out, &info)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("delivery: conversations of %s: %w", user, err)
+	}
+	return out, nil
+}
+
+// OpenMemberships counts, for each of users, the conversations other than
+// except they are a member of now (as far as the projection has applied the
+// log). Leaving out the conversation at hand keeps a repeated join of a
+// member answerable at the cap.
+func (s *Store) OpenMemberships(ctx context.Context, users []string, except string) (map[string]int, error) {
+	rows, err := s.DB.Query(ctx, `SELECT user_id, count(*) FROM memberships
+		WHERE user_id = ANY($1) AND left_seq IS NULL AND conversation_id <> $2 GROUP BY user_id`, users, except)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: count memberships: %w", err)
+	}
+	out := map[string]int{}
+	var u string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&u, &n}, func() error { out[u] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("delivery: count memberships: %w", err)
+	}
+	return out, nil
+}

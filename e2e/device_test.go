@@ -16,16 +16,17 @@ import (
 
 // frame is any server frame (a superset of their fields).
 type frame struct {
-	Op             string            `json:"op"`
-	ID             string            `json:"id"`
-	Code           string            `json:"code"`
-	Message        string            `json:"message"`
-	RetryAfterMS   int64             `json:"retry_after_ms"`
-	ConversationID string            `json:"conversation_id"`
-	Seq            int64             `json:"seq"`
-	Cursors        map[string]int64  `json:"cursors"`
-	More           bool              `json:"more"`
-	Events         []*protocol.Event `json:"events"`
+	Op             string                       `json:"op"`
+	ID             string                       `json:"id"`
+	Code           string                       `json:"code"`
+	Message        string                       `json:"message"`
+	RetryAfterMS   int64                        `json:"retry_after_ms"`
+	ConversationID string                       `json:"conversation_id"`
+	Seq            int64                        `json:"seq"`
+	Cursors        map[string]int64             `json:"cursors"`
+	More           bool                         `json:"more"`
+	Events         []*protocol.Event            `json:"events"`
+	Conversations  []*protocol.ConversationInfo `json:"conversations"`
 }
 
 // device is one device of a user: a websocket that comes and goes, and a

@@ -22,7 +22,7 @@ import (
 // closed with 1008 and catches up with sync.
 func TestRemovalAndReads(t *testing.T) {
 	dir := t.TempDir()
-	dev := startDev(t, dir, "--rate-user", "-1", "--rate-conv", "-1")
+	dev := startDev(t, dir, "--rate-user", "-1", "--rate-conv", "-1", "--max-convs-per-user", "3")
 	connect := func(user string) *device {
 		d := newDevice(t, dev, user, user)
 		if err := d.connect(); err != nil {
@@ -203,6 +203,71 @@ func TestRemovalAndReads(t *testing.T) {
 	}
 
 	t.Run("SlowReaderIsClosed", func(t *testing.T) { slowReader(t, dev) })
+	t.Run("ConversationListAndCap", func(t *testing.T) { conversationListAndCap(t, dev) })
+}
+
+// conversationListAndCap: the conversations op lists a user's current
+// conversations, most recently active first; a create or join that would
+// put someone in more than --max-convs-per-user (3 here) answers too_large;
+// a repeated join of a member at the cap still answers its first result.
+func conversationListAndCap(t *testing.T, dev *devProc) {
+	d := newDevice(t, dev, "capped", "capped")
+	if err := d.connect(); err != nil {
+		t.Fatal(err)
+	}
+	defer d.disconnect()
+	other := newDevice(t, dev, "other", "other")
+	if err := other.connect(); err != nil {
+		t.Fatal(err)
+	}
+	defer other.disconnect()
+	must := func(d *device, req map[string]any) *frame {
+		t.Helper()
+		f, err := d.doRetrying(req)
+		if err != nil || f.Op != protocol.OpAccepted {
+			t.Fatalf("%v: %v %+v", req, err, f)
+		}
+		return f
+	}
+	list := func() []string {
+		f, err := d.do(map[string]any{"op": "conversations"})
+		if err != nil || f.Op != "conversations" {
+			t.Fatalf("conversations: %v %+v", err, f)
+		}
+		var ids []string
+		for _, c := range f.Conversations {
+			ids = append(ids, c.ConversationID)
+		}
+		return ids
+	}
+	waitList := func(want string) {
+		t.Helper()
+		waitFor(t, 30*time.Second, "the list "+want, func() bool { return strings.Join(list(), ",") == want })
+	}
+	for _, c := range []string{"x1", "x2", "x3"} {
+		must(d, map[string]any{"op": "create", "conversation_id": c, "members": []string{}})
+		time.Sleep(20 * time.Millisecond) // distinct activity times
+	}
+	must(d, map[string]any{"op": "send", "conversation_id": "x1", "client_message_id": "m1", "body": "bump"})
+	waitList("x1,x3,x2")
+
+	tooLarge := func(d *device, req map[string]any) {
+		t.Helper()
+		f, err := d.doRetrying(req)
+		if err != nil || f.Code != string(protocol.CodeTooLarge) {
+			t.Errorf("%v at the cap: %v %+v", req, err, f)
+		}
+	}
+	tooLarge(d, map[string]any{"op": "create", "conversation_id": "x4", "members": []string{}})
+	tooLarge(other, map[string]any{"op": "create", "conversation_id": "y1", "members": []string{"capped"}})
+	must(other, map[string]any{"op": "create", "conversation_id": "y2", "members": []string{}})
+	tooLarge(other, map[string]any{"op": "join", "conversation_id": "y2", "user_id": "capped"})
+	if f := must(d, map[string]any{"op": "join", "conversation_id": "x2", "user_id": "capped"}); f.Seq != 1 {
+		t.Errorf("a member's join at the cap answered seq %d, want 1 (the create)", f.Seq)
+	}
+	must(d, map[string]any{"op": "leave", "conversation_id": "x3"})
+	waitList("x1,x2")
+	must(d, map[string]any{"op": "create", "conversation_id": "x4", "members": []string{}})
 }
 
 // slowReader: a device that stops reading while thousands of events are

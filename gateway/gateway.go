@@ -50,7 +50,12 @@ type Config struct {
 	// them unavailable.
 	Reads   *delivery.Store
 	SyncMax int // events in one sync reply before it says more (default 500)
-	Log     *slog.Logger
+	// MaxConvsPerUser caps the conversations a user may be in: a create or
+	// join that would add someone beyond it answers too_large (default
+	// 5000; negative: no cap). Counted from the read model, so it is a soft
+	// cap: commands racing each other may pass it by a few.
+	MaxConvsPerUser int
+	Log             *slog.Logger
 }
 
 func (c *Config) validate() error {
@@ -86,6 +91,9 @@ func (c *Config) validate() error {
 	}
 	if c.SyncMax <= 0 {
 		c.SyncMax = 500
+	}
+	if c.MaxConvsPerUser == 0 {
+		c.MaxConvsPerUser = 5000
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -351,6 +359,8 @@ func (s *session) run(parent context.Context) {
 				s.sync(ctx, req)
 			case protocol.OpHistory:
 				s.history(ctx, req)
+			case protocol.OpConversations:
+				s.conversations(ctx, req)
 			default:
 				s.send(s.g.handle(ctx, s.user, req))
 			}
@@ -408,7 +418,13 @@ func (s *session) closeOnce(code websocket.StatusCode, reason string) {
 func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {
 	var rep *protocol.Reply
 	switch req.Op {
-	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend:
+	case protocol.OpCreate, protocol.OpJoin:
+		if e := g.checkConvCap(ctx, user, req); e != nil {
+			rep = protocol.Rejected(req.ID, e)
+			break
+		}
+		rep = g.route(ctx, user, req)
+	case protocol.OpKick, protocol.OpLeave, protocol.OpSend:
 		rep = g.route(ctx, user, req)
 	default:
 		rep = protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not available in this version", req.Op))

@@ -101,3 +101,50 @@ func (s *session) history(ctx context.Context, req *protocol.Request) {
 	}
 	s.queue(ctx, &protocol.HistoryPage{Op: protocol.OpHistory, ID: req.ID, ConversationID: req.ConversationID, Events: events})
 }
+
+// checkConvCap refuses a create or join that would put someone in more
+// than MaxConvsPerUser conversations. If the read model cannot be asked,
+// the command goes on: the cap is against abuse, not an invariant.
+func (g *Gateway) checkConvCap(ctx context.Context, user string, req *protocol.Request) *protocol.Error {
+	if g.cfg.Reads == nil || g.cfg.MaxConvsPerUser < 0 {
+		return nil
+	}
+	who := []string{req.UserID}
+	if req.Op == protocol.OpCreate {
+		who = append([]string{user}, req.Members...)
+	}
+	counts, err := g.cfg.Reads.OpenMemberships(ctx, who, req.ConversationID)
+	if err != nil {
+		g.cfg.Log.Warn("conversation cap not checked", "err", err)
+		return nil
+	}
+	for _, u := range who {
+		if n := counts[u]; n >= g.cfg.MaxConvsPerUser {
+			return protocol.Errorf(protocol.CodeTooLarge, "%s is in %d conversations (limit %d)", u, n, g.cfg.MaxConvsPerUser)
+		}
+	}
+	return nil
+}
+
+// conversations answers the user's current conversations, most recently
+// active first.
+func (s *session) conversations(ctx context.Context, req *protocol.Request) {
+	if s.g.cfg.Reads == nil {
+		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
+		return
+	}
+	limit := req.Limit
+	if limit == 0 {
+		limit = 50
+	}
+	limit = min(limit, s.g.cfg.Limits.MaxHistory)
+	list, err := s.g.cfg.Reads.Conversations(ctx, s.user, limit)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.g.cfg.Log.Warn("conversations failed", "user", s.user, "err", err)
+			s.send(unavailable(req.ID, "the read model is unavailable; retry", 500))
+		}
+		return
+	}
+	s.send(&protocol.ConversationList{Op: protocol.OpConversations, ID: req.ID, Conversations: list})
+}

@@ -21,6 +21,9 @@ const (
 	OpSend    = "send"
 	OpSync    = "sync"
 	OpHistory = "history"
+	// OpConversations lists the caller's conversations, most recently
+	// active first (an op added to the v1 contract).
+	OpConversations = "conversations"
 )
 
 // Server ops.
@@ -237,6 +240,10 @@ func (r *Request) Validate(lim Limits) *Error {
 				return Errorf(CodeBadRequest, "cursor of %s is negative", c)
 			}
 		}
+	case OpConversations:
+		if r.Limit < 0 {
+			return Errorf(CodeBadRequest, "limit must not be negative")
+		}
 	case OpHistory:
 		if e := needConv(); e != nil {
 			return e
@@ -322,6 +329,21 @@ type HistoryPage struct {
 	ID             string   `json:"id"`
 	ConversationID string   `json:"conversation_id"`
 	Events         []*Event `json:"events"`
+}
+
+// ConversationInfo is one entry of a conversations reply.
+type ConversationInfo struct {
+	ConversationID string `json:"conversation_id"`
+	LastSeq        int64  `json:"last_seq"`
+	LastActivityAt string `json:"last_activity_at"`
+}
+
+// ConversationList answers conversations: the caller's current
+// conversations, most recently active first.
+type ConversationList struct {
+	Op            string              `json:"op"`
+	ID            string              `json:"id"`
+	Conversations []*ConversationInfo `json:"conversations"`
 }
 
 // Rejected builds a rejected reply for request id.

@@ -565,6 +565,8 @@ func TestValidate(t *testing.T) {
 		{"sync negative", protocol.Request{Op: protocol.OpSync, Cursors: map[string]int64{"c1": -4}}, protocol.CodeBadRequest},
 		{"sync unicode key", protocol.Request{Op: protocol.OpSync, Cursors: map[string]int64{"ç": 4}}, protocol.CodeBadRequest},
 		{"history ok", protocol.Request{Op: protocol.OpHistory, ConversationID: "c1", BeforeSeq: 3, Limit: 2}, ""},
+		{"conversations ok", protocol.Request{Op: protocol.OpConversations}, ""},
+		{"conversations negative limit", protocol.Request{Op: protocol.OpConversations, Limit: -1}, protocol.CodeBadRequest},
 		{"history negative limit", protocol.Request{Op: protocol.OpHistory, ConversationID: "c1", Limit: -1}, protocol.CodeBadRequest},
 		{"no op", protocol.Request{ConversationID: "c1"}, protocol.CodeBadRequest},
 		{"unknown op", protocol.Request{Op: "synced"}, protocol.CodeBadRequest},

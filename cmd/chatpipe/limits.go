@@ -15,7 +15,7 @@ type limitFlags struct {
 	userRate, convRate                  *float64
 	userBurst, convBurst, maxConns      *int
 	frame, body, idBytes, members, sbuf *int
-	syncMax                             *int
+	syncMax, maxConvs                   *int
 	origins                             *string
 	ping                                *time.Duration
 	commit                              commitFlags
@@ -34,6 +34,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		idBytes:   fs.Int("max-id-bytes", d.MaxIDBytes, "longest id ([A-Za-z0-9._:-])"),
 		members:   fs.Int("max-members", d.MaxMembers, "members per conversation, owner included"),
 		sbuf:      fs.Int("send-buffer", 1024, "frames queued per connection before a slow reader is closed with 1008"),
+		maxConvs:  fs.Int("max-convs-per-user", 5000, "conversations a user may be in; create/join beyond it answers too_large (negative: no cap)"),
 		syncMax:   fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
 		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
 		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
@@ -51,7 +52,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.Limits = l.protocol()
 	c.UserRate, c.UserBurst, c.MaxConnsPerUser = *l.userRate, *l.userBurst, *l.maxConns
 	c.OriginPatterns = splitList(*l.origins)
-	c.PingInterval, c.SendBuffer, c.SyncMax = *l.ping, *l.sbuf, *l.syncMax
+	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {
