@@ -362,6 +362,9 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, next map[int3
 			p.cfg.Consumer, p.cfg.Topic, parts, offs); err != nil {
 			return fmt.Errorf("projection: store offsets: %w", err)
 		}
+		if faultSleepBeforeCommit > 0 {
+			time.Sleep(faultSleepBeforeCommit)
+		}
 		return nil
 	})
 	if err != nil {

@@ -198,13 +198,14 @@ func runDev(ctx context.Context, args []string) error {
 	closers = append(closers, func() { os.Remove(epPath) })
 	fmt.Printf(`chatpipe dev is running (data in %s)
   websocket  %s
+  pages      %s/?user=alice (chat)   %s/ops (pipeline)
   kafka      %s  topic %s (read with isolation.level=read_committed)
   postgres   %s
   etcd       %s
   endpoints  %s
   get a token: chatpipe token --data-dir %s --user alice
 Press Ctrl-C to stop.
-`, dir, ep.WebSocket, brokers[0], cfg.Topic, pgURL, etcdEndpoints[0], epPath, dir)
+`, dir, ep.WebSocket, httpURL, httpURL, brokers[0], cfg.Topic, pgURL, etcdEndpoints[0], epPath, dir)
 	log.Info("ready", "websocket", ep.WebSocket)
 
 	select {

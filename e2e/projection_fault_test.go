@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// TestKilledProjectionResumes kills the projection with kill -9 inside its
+// Postgres transactions while messages flow and memberships change; a new
+// projection resumes from its offsets in Postgres. Afterwards the membership
+// periods in Postgres equal those folded from the committed log (nothing
+// applied twice or lost), every conversation's last_seq is its last event,
+// and a device connected all along received, live, everything its user may
+// see.
+func TestKilledProjectionResumes(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--projection=false")
+	ep := filepath.Join(dev.dir, "endpoints.json")
+	p1 := startProc(t, dev.dir, "projection1", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
+		"projection", "--endpoints", ep, "--log-level", "warn")
+	watch := newDevice(t, dev, "lu1", "lu1-watch") // a member of every load conversation
+	if err := watch.connect(); err != nil {
+		t.Fatal(err)
+	}
+	defer watch.disconnect()
+	owner := newDevice(t, dev, "lu0", "lu0-churn")
+	if err := owner.connect(); err != nil {
+		t.Fatal(err)
+	}
+	defer owner.disconnect()
+	if f, err := owner.doRetrying(map[string]any{"op": "create", "conversation_id": "pk", "members": []string{"lu1"}}); err != nil || f.Op != protocol.OpAccepted {
+		t.Fatalf("create pk: %v %+v", err, f)
+	}
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	churn.Add(1)
+	go func() { // joins and kicks in pk while the projection dies and comes back
+		defer churn.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			u := fmt.Sprintf("pj%d", i%5)
+			op := "join"
+			if (i/5)%2 == 1 {
+				op = "kick"
+			}
+			if _, err := owner.doRetrying(map[string]any{"op": op, "conversation_id": "pk", "user_id": u}); err != nil {
+				t.Errorf("%s %s: %v", op, u, err)
+				return
+			}
+		}
+	}()
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	time.Sleep(time.Second)
+	p1.kill9()
+	time.Sleep(time.Second) // events pile up unprojected
+	startProc(t, dev.dir, "projection2", nil, "projection", "--endpoints", ep, "--log-level", "warn")
+	n := load.count()
+	waitFor(t, 120*time.Second, "load to go on after the fault", func() bool { return load.count() > n+300 })
+	accepted := load.finish()
+	close(stop)
+	churn.Wait()
+	t.Logf("%d sends accepted", len(accepted))
+	checkWorld(t, dev.ep, accepted)
+
+	rows := readLog(t, dev.ep)
+	waitProjected(t, dev.ep, len(rows))
+	want := periods(rows)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	got := map[string]map[string][][2]int64{}
+	var conv, user string
+	var joined int64
+	var left *int64
+	prows, err := conn.Query(ctx, `SELECT conversation_id, user_id, joined_seq, left_seq FROM memberships ORDER BY conversation_id, user_id, joined_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = 0
+	if _, err := pgx.ForEachRow(prows, []any{&conv, &user, &joined, &left}, func() error {
+		n++
+		if got[conv] == nil {
+			got[conv] = map[string][][2]int64{}
+		}
+		to := int64(1 << 62)
+		if left != nil {
+			to = *left
+		}
+		got[conv][user] = append(got[conv][user], [2]int64{joined, to})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(sortedPeriods(got)) != fmt.Sprint(sortedPeriods(want)) {
+		t.Errorf("membership periods in Postgres differ from the log's:\n got %v\nwant %v", sortedPeriods(got), sortedPeriods(want))
+	}
+	t.Logf("%d membership periods, %d of them in pk: %v", n, len(got["pk"]), got["pk"])
+
+	byConv := map[string][]row{}
+	for _, r := range rows {
+		byConv[r.Conv] = append(byConv[r.Conv], r)
+	}
+	waitFor(t, 30*time.Second, "the watching device to receive everything", func() bool {
+		for c, rs := range byConv {
+			if len(watch.seqs(c)) != len(visibleTo(rs, want[c]["lu1"])) {
+				return false
+			}
+		}
+		return true
+	})
+	watch.mu.Lock()
+	conns := watch.conns
+	watch.mu.Unlock()
+	if conns != 1 {
+		t.Errorf("the watching device reconnected (%d connections): not a test of live delivery", conns)
+	}
+}
+
+// sortedPeriods renders periods in a fixed order for comparison.
+func sortedPeriods(m map[string]map[string][][2]int64) []string {
+	var out []string
+	for c, users := range m {
+		for u, ps := range users {
+			out = append(out, fmt.Sprintf("%s/%s%v", c, u, ps))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
