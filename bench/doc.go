@@ -1,0 +1,11 @@
+// Package bench measures the ceilings of chatpipe's bare parts on this
+// machine, for BENCHMARKS.md: transactional produce into the broker
+// (BenchmarkTxnProduce) and bulk insert into the events schema through
+// persist's own write path (BenchmarkPersistWrite). bench/run.sh runs them
+// beside chatpipe end to end in one go, against the same broker and the
+// same Postgres, and bench/report writes BENCHMARKS.md.
+//
+// Without BENCH_KAFKA the produce benchmarks start an in-process kfake
+// broker; without BENCH_PG the Postgres benchmark is skipped. Nothing here
+// runs in `go test` without -bench.
+package bench
