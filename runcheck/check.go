@@ -11,6 +11,7 @@ package runcheck
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -122,6 +123,9 @@ func Check(run *loadgen.RunDir, w *World) *Result {
 	}
 	answered := map[key]loadgen.Accepted{}
 	for _, a := range run.Accepted {
+		if a.MessageID == "" {
+			continue // a join of a current member: answered with the seq of the join that made them one
+		}
 		k := key{a.Conv, a.Seq}
 		if prev, ok := answered[k]; ok && prev.MessageID != a.MessageID {
 			c.add(RuleCollision, "answers: %s seq %d was accepted for %s (%s) and for %s (%s)", a.Conv, a.Seq, prev.MessageID, prev.ClientMessageID, a.MessageID, a.ClientMessageID)
@@ -133,10 +137,11 @@ func Check(run *loadgen.RunDir, w *World) *Result {
 	// Every accepted event is stored once, as accepted.
 	seen := map[string]bool{}
 	for _, a := range run.Accepted {
-		if seen[a.MessageID+"/"+a.Conv] {
+		id := fmt.Sprintf("%s/%d/%s/%s", a.Conv, a.Seq, a.MessageID, a.UserID)
+		if seen[id] {
 			continue
 		}
-		seen[a.MessageID+"/"+a.Conv] = true
+		seen[id] = true
 		for _, st := range []struct {
 			name      string
 			by        map[key][]Event
@@ -144,6 +149,14 @@ func Check(run *loadgen.RunDir, w *World) *Result {
 			ruleWhere string
 		}{{"log", logBy, logMID, RuleNotInLog}, {"postgres", dbBy, dbMID, RuleNotInDB}} {
 			es := st.by[key{a.Conv, a.Seq}]
+			if a.MessageID == "" {
+				// A join of a current member writes nothing and names the
+				// seq of the event that made them one.
+				if !addedAt(es, a.UserID) {
+					c.add(st.ruleWhere, "%s: join of %s to %s was answered with seq %d, which does not add them (%s)", st.name, a.UserID, a.Conv, a.Seq, describe(es))
+				}
+				continue
+			}
 			var match *Event
 			for i := range es {
 				if es[i].MessageID == a.MessageID {
@@ -174,6 +187,20 @@ func Check(run *loadgen.RunDir, w *World) *Result {
 		res.Truncated = nil
 	}
 	return res
+}
+
+// addedAt reports whether one of es (the events at one seq) made user a
+// member: a create listing them or a join of them.
+func addedAt(es []Event, user string) bool {
+	for _, e := range es {
+		switch {
+		case e.Kind == "join" && e.UserID == user:
+			return true
+		case e.Kind == "create" && (e.Sender == user || slices.Contains(e.Members, user)):
+			return true
+		}
+	}
+	return false
 }
 
 func index(es []Event) (map[key][]Event, map[string]int) {

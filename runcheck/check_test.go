@@ -124,6 +124,19 @@ func TestCheckFindsEachBrokenInvariant(t *testing.T) {
 	}
 }
 
+func TestJoinOfACurrentMember(t *testing.T) {
+	run, w := fixture()
+	// b is already a member: the join writes nothing and names seq 1.
+	run.Accepted = append(run.Accepted, loadgen.Accepted{Op: "join", Conv: "c1", Seq: 1, Sender: "a", UserID: "b"})
+	if res := Check(run, w); !res.OK() {
+		t.Fatalf("violations:\n%s", res.Text())
+	}
+	run.Accepted = append(run.Accepted, loadgen.Accepted{Op: "join", Conv: "c1", Seq: 2, Sender: "a", UserID: "b"})
+	if res := Check(run, w); res.OK() {
+		t.Fatal("a join answered with a seq that does not add the user passed")
+	}
+}
+
 func TestConvergenceSkippedOnlyWithoutDelivery(t *testing.T) {
 	run, w := fixture()
 	run.Delivered = nil
