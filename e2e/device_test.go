@@ -37,6 +37,7 @@ type device struct {
 	dev  *devProc
 	user string
 	name string
+	url  string // websocket URL (default: the dev process's gateway)
 
 	connMu  sync.Mutex // one connect at a time
 	mu      sync.Mutex
@@ -78,7 +79,11 @@ func (d *device) connectOnce() error {
 	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, d.dev.ep.WebSocket+"?token="+d.dev.token(d.t, d.user), nil)
+	url := d.url
+	if url == "" {
+		url = d.dev.ep.WebSocket
+	}
+	c, _, err := websocket.Dial(ctx, url+"?token="+d.dev.token(d.t, d.user), nil)
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", d.name, err)
 	}
