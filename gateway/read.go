@@ -82,11 +82,7 @@ func (s *session) history(ctx context.Context, req *protocol.Request) {
 		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
 		return
 	}
-	limit := req.Limit
-	if limit == 0 {
-		limit = 50
-	}
-	limit = min(limit, s.g.cfg.Limits.MaxHistory)
+	limit := s.g.pageSize(req.Limit)
 	events, err := s.g.cfg.Reads.History(ctx, s.user, req.ConversationID, req.BeforeSeq, limit)
 	switch {
 	case errors.Is(err, delivery.ErrForbidden):
@@ -133,11 +129,7 @@ func (s *session) conversations(ctx context.Context, req *protocol.Request) {
 		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
 		return
 	}
-	limit := req.Limit
-	if limit == 0 {
-		limit = 50
-	}
-	limit = min(limit, s.g.cfg.Limits.MaxHistory)
+	limit := s.g.pageSize(req.Limit)
 	list, err := s.g.cfg.Reads.Conversations(ctx, s.user, limit)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -147,4 +139,12 @@ func (s *session) conversations(ctx context.Context, req *protocol.Request) {
 		return
 	}
 	s.send(&protocol.ConversationList{Op: protocol.OpConversations, ID: req.ID, Conversations: list})
+}
+
+// pageSize is a request's limit: 50 if absent, at most MaxHistory.
+func (g *Gateway) pageSize(limit int) int {
+	if limit == 0 {
+		limit = 50
+	}
+	return min(limit, g.cfg.Limits.MaxHistory)
 }

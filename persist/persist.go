@@ -15,9 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // Config configures a Persister.
@@ -78,10 +77,7 @@ type Persister struct {
 
 	batchSize    prometheus.Histogram
 	batchSeconds prometheus.Histogram
-	lag          *prometheus.GaugeVec
-	polled       atomic.Bool
-	lagMu        sync.Mutex
-	lags         map[int32]int64
+	consumer     *logsink.Consumer
 }
 
 // New returns a Persister; Run starts it.
@@ -89,14 +85,16 @@ func New(cfg Config) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Persister{cfg: cfg,
+	p := &Persister{cfg: cfg,
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "chatpipe_persist_lag_records",
-			Help: "Records of a partition not yet in Postgres, as of the last fetch."}, []string{"partition"}),
-	}, nil
+	}
+	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
+		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle},
+		"chatpipe_persist_lag_records", "Records of a partition not yet in Postgres, as of the last fetch.")
+	return p, nil
 }
 
 // Stats returns the counters.
@@ -104,19 +102,7 @@ func (p *Persister) Stats() *Stats { return &p.stats }
 
 // CaughtUp reports whether the persister has joined its group and no
 // partition lagged by more than maxLag records at its last fetch.
-func (p *Persister) CaughtUp(maxLag int64) error {
-	if !p.polled.Load() {
-		return errors.New("not in the consumer group yet")
-	}
-	p.lagMu.Lock()
-	defer p.lagMu.Unlock()
-	for part, lag := range p.lags {
-		if lag > maxLag {
-			return fmt.Errorf("partition %d lags by %d records", part, lag)
-		}
-	}
-	return nil
-}
+func (p *Persister) CaughtUp(maxLag int64) error { return p.consumer.CaughtUp(maxLag) }
 
 // Collectors returns the persister's Prometheus metrics.
 func (p *Persister) Collectors() []prometheus.Collector {
@@ -129,117 +115,23 @@ func (p *Persister) Collectors() []prometheus.Collector {
 		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
 		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
 		counter("chatpipe_persist_bad_records_total", "Records that did not decode and were skipped.", &p.stats.BadRecord),
-		p.batchSize, p.batchSeconds, p.lag,
+		p.batchSize, p.batchSeconds, p.consumer.LagGauge(),
 	}
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.
-func (p *Persister) Run(ctx context.Context) error {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.ConsumerGroup(p.cfg.Group),
-		// A crashed member's partitions move after 10 s, not the default 45 s.
-		kgo.SessionTimeout(10*time.Second),
-		kgo.ConsumeTopics(p.cfg.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.AdjustFetchOffsetsFn(p.startOffsets),
-	)
-	if err != nil {
-		return fmt.Errorf("persist: consumer: %w", err)
-	}
-	defer cl.Close()
-	defer cl.AllowRebalance() // Close leaves the group, which a blocked rebalance would stall
-	for {
-		fs := cl.PollRecords(ctx, p.cfg.MaxBatch)
-		if ctx.Err() != nil {
-			return nil
-		}
-		for _, e := range fs.Errors() {
-			p.cfg.Log.Warn("persist fetch error", "topic", e.Topic, "partition", e.Partition, "err", e.Err)
-		}
-		recs := fs.Records()
-		if len(recs) > 0 {
-			start := time.Now()
-			if err := p.writeRetrying(ctx, recs); err != nil {
-				return err
-			}
-			p.batchSeconds.Observe(time.Since(start).Seconds())
-			p.batchSize.Observe(float64(len(recs)))
-		}
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if n := len(fp.Records); n > 0 {
-				lag := fp.HighWatermark - fp.Records[n-1].Offset - 1
-				p.lag.WithLabelValues(strconv.Itoa(int(fp.Partition))).Set(float64(lag))
-				p.lagMu.Lock()
-				if p.lags == nil {
-					p.lags = map[int32]int64{}
-				}
-				p.lags[fp.Partition] = lag
-				p.lagMu.Unlock()
-			}
-		})
-		cl.AllowRebalance()
-	}
-}
+func (p *Persister) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
 
-// startOffsets replaces the group's offsets with those stored in Postgres.
-func (p *Persister) startOffsets(ctx context.Context, in map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	rows, err := p.cfg.DB.Query(ctx, `SELECT topic, log_partition, next_offset FROM consumer_offsets WHERE consumer = $1`, p.cfg.Consumer)
-	if err != nil {
-		return nil, fmt.Errorf("persist: read offsets: %w", err)
+// handle writes one poll's records, timing it.
+func (p *Persister) handle(ctx context.Context, recs []*kgo.Record) error {
+	start := time.Now()
+	if err := p.write(ctx, recs); err != nil {
+		return err
 	}
-	stored := map[string]map[int32]int64{}
-	var topic string
-	var part int32
-	var off int64
-	_, err = pgx.ForEachRow(rows, []any{&topic, &part, &off}, func() error {
-		if stored[topic] == nil {
-			stored[topic] = map[int32]int64{}
-		}
-		stored[topic][part] = off
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("persist: read offsets: %w", err)
-	}
-	p.polled.Store(true) // joined the group with offsets to start from
-	out := map[string]map[int32]kgo.Offset{}
-	for t, parts := range in {
-		out[t] = map[int32]kgo.Offset{}
-		for pt := range parts {
-			if o, ok := stored[t][pt]; ok {
-				out[t][pt] = kgo.NewOffset().At(o).WithEpoch(-1)
-			} else {
-				out[t][pt] = kgo.NewOffset().AtStart().WithEpoch(-1)
-			}
-		}
-	}
-	return out, nil
-}
-
-// writeRetrying writes a batch, retrying while Postgres is unavailable.
-func (p *Persister) writeRetrying(ctx context.Context, recs []*kgo.Record) error {
-	backoff := 100 * time.Millisecond
-	for {
-		err := p.write(ctx, recs)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		p.cfg.Log.Warn("persist batch failed; retrying", "records", len(recs), "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	p.batchSeconds.Observe(time.Since(start).Seconds())
+	p.batchSize.Observe(float64(len(recs)))
+	return nil
 }
 
 // insertSQL inserts a batch in one statement and returns every row it did
@@ -280,11 +172,6 @@ func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error { retur
 // compared with the row holding its (conversation_id, seq) and any
 // difference is reported as a conflict.
 func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
-	type off struct {
-		topic string
-		part  int32
-	}
-	next := map[off]int64{}
 	var cols struct {
 		conv, kind, mid, cmid, sender, body, user, members []string
 		seq, epoch, offset                                 []int64
@@ -292,7 +179,6 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 		vshard, part                                       []int32
 	}
 	for _, r := range recs {
-		next[off{r.Topic, r.Partition}] = r.Offset + 1
 		e, err := logrecord.Unmarshal(r.Value)
 		if err != nil {
 			p.stats.BadRecord.Add(1)
@@ -316,12 +202,6 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 		cols.epoch = append(cols.epoch, e.Epoch)
 		cols.part = append(cols.part, r.Partition)
 		cols.offset = append(cols.offset, r.Offset)
-	}
-	parts, offs := make([]int32, 0, len(next)), make([]int64, 0, len(next))
-	topic := p.cfg.Topic
-	for o, n := range next {
-		topic = o.topic
-		parts, offs = append(parts, o.part), append(offs, n)
 	}
 	var skipped, conflicts int64
 	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
@@ -364,12 +244,8 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 			}
 			conflicts = int64(len(cs))
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
-			SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
-			ON CONFLICT (consumer, topic, log_partition) DO UPDATE
-			SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`,
-			p.cfg.Consumer, topic, parts, offs); err != nil {
-			return fmt.Errorf("persist: store offsets: %w", err)
+		if err := logsink.StoreOffsets(ctx, tx, p.cfg.Consumer, p.cfg.Topic, recs); err != nil {
+			return fmt.Errorf("persist: %w", err)
 		}
 		if faultSleepBeforeCommit > 0 {
 			time.Sleep(faultSleepBeforeCommit)

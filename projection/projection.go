@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // Channel is the Postgres NOTIFY channel that announces a delivery row; the
@@ -82,10 +82,8 @@ type Projector struct {
 	batches, events, memberOps, waits atomic.Int64
 	batchSeconds                      prometheus.Histogram
 	waitSeconds                       prometheus.Histogram
-	lag                               *prometheus.GaugeVec
-	polled                            atomic.Bool
-	lagMu                             sync.Mutex
-	lags                              map[int32]int64
+	consumer                          *logsink.Consumer
+	lastTrim                          time.Time
 }
 
 // New returns a Projector; Run starts it.
@@ -93,14 +91,16 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Projector{cfg: cfg,
+	p := &Projector{cfg: cfg,
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
 			Help: "Time to apply one batch (one Postgres transaction), waiting for persist excluded.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
 			Help: "Time a batch waited for persist to store its records.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "chatpipe_projection_lag_records",
-			Help: "Records of a partition not yet projected, as of the last fetch."}, []string{"partition"}),
-	}, nil
+	}
+	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
+		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim},
+		"chatpipe_projection_lag_records", "Records of a partition not yet projected, as of the last fetch.")
+	return p, nil
 }
 
 // Collectors returns the projector's Prometheus metrics.
@@ -113,149 +113,40 @@ func (p *Projector) Collectors() []prometheus.Collector {
 		counter("chatpipe_projection_events_total", "Events applied.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
 		counter("chatpipe_projection_persist_waits_total", "Batches that had to wait for persist.", &p.waits),
-		p.batchSeconds, p.waitSeconds, p.lag,
+		p.batchSeconds, p.waitSeconds, p.consumer.LagGauge(),
 	}
 }
 
 // CaughtUp reports whether the projector has joined its group and no
 // partition lagged by more than maxLag records at its last fetch.
-func (p *Projector) CaughtUp(maxLag int64) error {
-	if !p.polled.Load() {
-		return errors.New("not in the consumer group yet")
-	}
-	p.lagMu.Lock()
-	defer p.lagMu.Unlock()
-	for part, lag := range p.lags {
-		if lag > maxLag {
-			return fmt.Errorf("partition %d lags by %d records", part, lag)
-		}
-	}
-	return nil
-}
+func (p *Projector) CaughtUp(maxLag int64) error { return p.consumer.CaughtUp(maxLag) }
 
 // Run consumes until ctx ends.
-func (p *Projector) Run(ctx context.Context) error {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.ConsumerGroup(p.cfg.Group),
-		kgo.SessionTimeout(10*time.Second),
-		kgo.ConsumeTopics(p.cfg.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.AdjustFetchOffsetsFn(p.startOffsets),
-	)
-	if err != nil {
-		return fmt.Errorf("projection: consumer: %w", err)
+func (p *Projector) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
+
+// trim deletes delivery rows older than Retain, once a minute.
+func (p *Projector) trim(ctx context.Context) {
+	if time.Since(p.lastTrim) < time.Minute {
+		return
 	}
-	defer cl.Close()
-	defer cl.AllowRebalance()
-	lastClean := time.Time{}
-	for {
-		fs := cl.PollRecords(ctx, p.cfg.MaxBatch)
-		if ctx.Err() != nil {
-			return nil
-		}
-		for _, e := range fs.Errors() {
-			p.cfg.Log.Warn("projection fetch error", "topic", e.Topic, "partition", e.Partition, "err", e.Err)
-		}
-		if recs := fs.Records(); len(recs) > 0 {
-			if err := p.applyRetrying(ctx, recs); err != nil {
-				return err
-			}
-		}
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if n := len(fp.Records); n > 0 {
-				lag := fp.HighWatermark - fp.Records[n-1].Offset - 1
-				p.lag.WithLabelValues(strconv.Itoa(int(fp.Partition))).Set(float64(lag))
-				p.lagMu.Lock()
-				if p.lags == nil {
-					p.lags = map[int32]int64{}
-				}
-				p.lags[fp.Partition] = lag
-				p.lagMu.Unlock()
-			}
-		})
-		cl.AllowRebalance()
-		if time.Since(lastClean) > time.Minute {
-			lastClean = time.Now()
-			if _, err := p.cfg.DB.Exec(ctx, `DELETE FROM delivery_outbox WHERE created_at < now() - $1::interval`,
-				strconv.FormatInt(int64(p.cfg.Retain/time.Second), 10)+" seconds"); err != nil && ctx.Err() == nil {
-				p.cfg.Log.Warn("projection: trimming the delivery outbox failed", "err", err)
-			}
-		}
+	p.lastTrim = time.Now()
+	if _, err := p.cfg.DB.Exec(ctx, `DELETE FROM delivery_outbox WHERE created_at < now() - $1::interval`,
+		strconv.FormatInt(int64(p.cfg.Retain/time.Second), 10)+" seconds"); err != nil && ctx.Err() == nil {
+		p.cfg.Log.Warn("projection: trimming the delivery outbox failed", "err", err)
 	}
 }
 
-// startOffsets replaces the group's offsets with those stored in Postgres.
-func (p *Projector) startOffsets(ctx context.Context, in map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	stored, err := p.offsets(ctx, p.cfg.DB, p.cfg.Consumer)
-	if err != nil {
-		return nil, err
+// handle waits until persist has stored the batch, then applies it.
+func (p *Projector) handle(ctx context.Context, recs []*kgo.Record) error {
+	if err := p.waitForPersist(ctx, logsink.NextOffsets(recs)); err != nil {
+		return err
 	}
-	p.polled.Store(true)
-	out := map[string]map[int32]kgo.Offset{}
-	for t, parts := range in {
-		out[t] = map[int32]kgo.Offset{}
-		for pt := range parts {
-			if o, ok := stored[pt]; ok && t == p.cfg.Topic {
-				out[t][pt] = kgo.NewOffset().At(o).WithEpoch(-1)
-			} else {
-				out[t][pt] = kgo.NewOffset().AtStart().WithEpoch(-1)
-			}
-		}
+	start := time.Now()
+	if err := p.apply(ctx, recs); err != nil {
+		return err
 	}
-	return out, nil
-}
-
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// offsets reads a consumer's stored next offsets for the topic.
-func (p *Projector) offsets(ctx context.Context, q querier, consumer string) (map[int32]int64, error) {
-	rows, err := q.Query(ctx, `SELECT log_partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`, consumer, p.cfg.Topic)
-	if err != nil {
-		return nil, fmt.Errorf("projection: read %s offsets: %w", consumer, err)
-	}
-	out := map[int32]int64{}
-	var part int32
-	var off int64
-	if _, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { out[part] = off; return nil }); err != nil {
-		return nil, fmt.Errorf("projection: read %s offsets: %w", consumer, err)
-	}
-	return out, nil
-}
-
-// applyRetrying waits for persist, then applies a batch, retrying while
-// Postgres is unavailable.
-func (p *Projector) applyRetrying(ctx context.Context, recs []*kgo.Record) error {
-	next := map[int32]int64{}
-	for _, r := range recs {
-		next[r.Partition] = r.Offset + 1
-	}
-	backoff := 100 * time.Millisecond
-	for {
-		err := p.waitForPersist(ctx, next)
-		if err == nil {
-			start := time.Now()
-			if err = p.apply(ctx, recs, next); err == nil {
-				p.batchSeconds.Observe(time.Since(start).Seconds())
-				return nil
-			}
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		p.cfg.Log.Warn("projection batch failed; retrying", "records", len(recs), "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	p.batchSeconds.Observe(time.Since(start).Seconds())
+	return nil
 }
 
 // waitForPersist returns once persist's stored offsets reach next for every
@@ -265,9 +156,9 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 	waited := false
 	delay := 2 * time.Millisecond
 	for {
-		have, err := p.offsets(ctx, p.cfg.DB, p.cfg.After)
+		have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
 		if err != nil {
-			return err
+			return fmt.Errorf("projection: %w", err)
 		}
 		behind := false
 		for part, n := range next {
@@ -295,7 +186,7 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 
 // apply writes one batch's read-model changes, its delivery row and the
 // partitions' next offsets in one transaction.
-func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, next map[int32]int64) error {
+func (p *Projector) apply(ctx context.Context, recs []*kgo.Record) error {
 	events := make([]*logrecord.Event, 0, len(recs))
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
@@ -306,10 +197,6 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, next map[int3
 		events = append(events, e)
 	}
 	plan := PlanBatch(events)
-	parts, offs := make([]int32, 0, len(next)), make([]int64, 0, len(next))
-	for pt, n := range next {
-		parts, offs = append(parts, pt), append(offs, n)
-	}
 	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
 		if len(plan.Members) > 0 {
 			var b pgx.Batch
@@ -355,12 +242,8 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, next map[int3
 				return fmt.Errorf("projection: notify: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
-			SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
-			ON CONFLICT (consumer, topic, log_partition) DO UPDATE
-			SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`,
-			p.cfg.Consumer, p.cfg.Topic, parts, offs); err != nil {
-			return fmt.Errorf("projection: store offsets: %w", err)
+		if err := logsink.StoreOffsets(ctx, tx, p.cfg.Consumer, p.cfg.Topic, recs); err != nil {
+			return fmt.Errorf("projection: %w", err)
 		}
 		if faultSleepBeforeCommit > 0 {
 			time.Sleep(faultSleepBeforeCommit)
