@@ -26,7 +26,10 @@ LAT_SECS=${BENCH_LAT_SECS:-30}
 SAT_SECS=${BENCH_SAT_SECS:-20}
 SWEEP_VSHARDS=${BENCH_SWEEP_VSHARDS:-8 64 256}
 SWEEP_LINGERS=${BENCH_SWEEP_LINGERS:--1ms 5ms 20ms}
-SWEEP_SECS=${BENCH_SWEEP_SECS:-15}
+SWEEP_SECS=${BENCH_SWEEP_SECS:-10}
+# A small transaction budget makes the adaptive linger engage at 1,000 msg/s
+# on this machine, so the rows show what the linger budget buys.
+SWEEP_BUDGET=${BENCH_SWEEP_BUDGET:-100}
 
 log() { echo "bench: $*" >&2; }
 cmd() { echo "$*" >> "$R/commands.txt"; "$@"; }
@@ -41,6 +44,7 @@ go build -o "$BIN" ./cmd/chatpipe
   echo "kernel: $(uname -sr)"
   echo "go: $(go version | cut -d' ' -f3-)"
   echo "postgres: $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | head -1)"
+  echo "load average at start (other work on the machine): $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$R/machine.txt"
 : > "$R/commands.txt"
 
@@ -58,7 +62,9 @@ trap stop_stack EXIT
 start_stack() {
   local name=$1; shift
   local d=$W/$name
+  STACK=$name
   rm -rf "$d"; mkdir -p "$d"
+  echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 8" >> "$R/commands.txt"
   "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 8 --log-level warn > "$d/kafka.out" 2> "$d/kafka.log" &
   KAFKA_PID=$!
   for _ in $(seq 1 100); do [ -s "$d/kafka.out" ] && break; sleep 0.1; done
@@ -70,18 +76,34 @@ start_stack() {
   EP=$d/dev/endpoints.json
   METRICS=$(jq -r .metrics "$EP")
   PG=$(jq -r .postgres "$EP")
+  # Warm up, then ANALYZE: a fresh database has no statistics, and until
+  # autovacuum's first ANALYZE (a minute or more) the planner scans the whole
+  # events table for lookups an index answers — a cost that grows with the
+  # table and that an established deployment does not pay.
+  "$BIN" loadgen --endpoints "$EP" --out "$W/warmup" --run "warmup-$name" --progress=false --rate 300 --duration 5s > "$d/warmup.out" 2>&1 || true
+  echo "psql $PG -c ANALYZE   # after a 5 s warm-up loadgen at 300 msg/s" >> "$R/commands.txt"
+  psql -q "$PG" -c ANALYZE
 }
 
 cpu_secs() { awk '{printf "%.2f\n", ($14+$15)/100}' "/proc/$1/stat"; }
+# pg_secs: CPU seconds of the stack's Postgres (postmaster and its children).
+pg_secs() {
+  local pm; pm=$(head -1 "$W/$STACK/dev/postgres/postmaster.pid" 2>/dev/null || echo 0)
+  { ps -o times= -p "$pm"; ps -o times= --ppid "$pm"; } 2>/dev/null | awk '{s+=$1} END {print s+0}'
+}
 
 # measured NAME LOADGEN-ARGS…: a loadgen run with metrics and broker CPU
 # snapshots around it.
 measured() {
   local name=$1; shift
   curl -s "$METRICS" > "$R/metrics/$name.before"
-  local c0 t0; c0=$(cpu_secs "$KAFKA_PID"); t0=$(date +%s.%N)
-  cmd "$BIN" loadgen --endpoints "$EP" --out "$R/runs" --run "$name" --progress=false "$@" > "$W/$name.out" 2>&1 || log "loadgen $name failed (see $W/$name.out)"
-  echo "$c0 $(cpu_secs "$KAFKA_PID") $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" > "$R/cpu/$name"
+  local k0 d0 p0 t0; k0=$(cpu_secs "$KAFKA_PID"); d0=$(cpu_secs "$DEV_PID"); p0=$(pg_secs); t0=$(date +%s.%N)
+  echo "$BIN loadgen --endpoints $EP --out $R/runs --run $name --progress=false $*" >> "$R/commands.txt"
+  /usr/bin/time -f "%U %S" -o "$W/$name.time" "$BIN" loadgen --endpoints "$EP" --out "$R/runs" --run "$name" --progress=false "$@" > "$W/$name.out" 2>&1 \
+    || log "loadgen $name failed (see $W/$name.out)"
+  # broker before, after, wall seconds; dev (gateway, workers, persist,
+  # delivery) before, after; Postgres before, after; loadgen user, sys
+  echo "$k0 $(cpu_secs "$KAFKA_PID") $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}') $d0 $(cpu_secs "$DEV_PID") $p0 $(pg_secs) $(tail -1 "$W/$name.time")" > "$R/cpu/$name"
   curl -s "$METRICS" > "$R/metrics/$name.after"
 }
 
@@ -108,12 +130,13 @@ BENCH_KAFKA=$KAFKA BENCH_PG=$PG BENCH_PRODUCERS=$vshards BENCH_BATCH=$batch \
   go test ./bench -run '^$' -bench . -benchtime 3s > "$R/bench.txt" 2>&1 || log "go test -bench failed (see $R/bench.txt)"
 stop_stack
 
-log "trade-off: vshards × linger budget at 1,000 msg/s"
+log "trade-off: vshards × linger budget at 1,000 msg/s (--txn-budget $SWEEP_BUDGET)"
+echo "$SWEEP_BUDGET" > "$R/sweep-budget.txt"
 : > "$R/sweep.txt"
 for v in $SWEEP_VSHARDS; do
   for l in $SWEEP_LINGERS; do
     name=sweep-$v-${l/-1ms/off}
-    start_stack "$name" --vshards "$v" --linger-max "$l"
+    start_stack "$name" --vshards "$v" --linger-max "$l" --txn-budget "$SWEEP_BUDGET"
     measured "$name" --rate 1000 --duration "${SWEEP_SECS}s"
     echo "$v $l $name" >> "$R/sweep.txt"
     stop_stack

@@ -114,27 +114,51 @@ func readReport(dir, run string) (*loadgen.Report, error) {
 	return &r, json.Unmarshal(b, &r)
 }
 
-// brokerCores is the broker process's CPU over a run, in cores.
-func brokerCores(dir, run string) float64 {
+// cpuFields reads cpu/RUN written by run.sh: broker CPU seconds before
+// and after, wall seconds, chatpipe dev before and after, Postgres before
+// and after, loadgen user and system seconds.
+func cpuFields(dir, run string) []float64 {
 	b, err := os.ReadFile(filepath.Join(dir, "cpu", run))
 	if err != nil {
+		return nil
+	}
+	var out []float64
+	for _, f := range strings.Fields(string(b)) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return nil
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// brokerCores is the broker process's CPU over a run, in cores.
+func brokerCores(dir, run string) float64 {
+	f := cpuFields(dir, run)
+	if len(f) < 3 || f[2] <= 0 {
 		return math.NaN()
 	}
-	var c0, c1, secs float64
-	if _, err := fmt.Sscan(string(b), &c0, &c1, &secs); err != nil || secs <= 0 {
-		return math.NaN()
-	}
-	return (c1 - c0) / secs
+	return (f[1] - f[0]) / f[2]
 }
 
 func runSecs(dir, run string) float64 {
-	b, err := os.ReadFile(filepath.Join(dir, "cpu", run))
-	if err != nil {
+	f := cpuFields(dir, run)
+	if len(f) < 3 {
 		return math.NaN()
 	}
-	var c0, c1, secs float64
-	fmt.Sscan(string(b), &c0, &c1, &secs)
-	return secs
+	return f[2]
+}
+
+// cpuPerMessage is CPU milliseconds per accepted message of each part:
+// broker, chatpipe (gateway, workers, persist, delivery), Postgres, loadgen.
+func cpuPerMessage(dir, run string, accepted int64) (broker, chatpipe, pg, lg float64, ok bool) {
+	f := cpuFields(dir, run)
+	if len(f) < 9 || accepted == 0 {
+		return 0, 0, 0, 0, false
+	}
+	ms := func(s float64) float64 { return s * 1000 / float64(accepted) }
+	return ms(f[1] - f[0]), ms(f[4] - f[3]), ms(f[6] - f[5]), ms(f[7] + f[8]), true
 }
 
 var benchRe = regexp.MustCompile(`^Benchmark(\S+?)-\d+\s+\d+\s+\S+ ns/op(.*)$`)
@@ -245,7 +269,7 @@ func render(dir string) (string, error) {
 	oneTxn := bench["TxnProduce/producers=1/batch=1/partitions=one"]["txn/s"]
 	tk := takeovers(filepath.Join(dir, "takeover.log"))
 
-	fmt.Fprintf(&b, "# chatpipe benchmarks\n\nProduced by `bench/run.sh` on one machine in one run; every figure beside its ceiling, measured in the same run against the same broker and Postgres. Do not edit by hand: run the script again.\n\n")
+	fmt.Fprintf(&b, "# chatpipe benchmarks\n\nProduced by `bench/run.sh` on one machine in one run; every figure beside its ceiling, measured in the same run against the same broker and Postgres. Do not edit by hand: run the script again. Every stack is warmed up (5 s of load at 300 msg/s) and ANALYZEd before it is measured: a fresh database without statistics plans full scans of `events` until autovacuum's first ANALYZE, which an established deployment does not pay.\n\n")
 	fmt.Fprintf(&b, "## Machine\n\n```\n%s```\n\n", machine)
 	b.WriteString("## Figures\n\n| figure | measured | beside | ratio |\n|--------|----------|--------|-------|\n")
 	fmt.Fprintf(&b, "| (b) end-to-end `accepted`/s at saturation (offered %.0f msg/s, peak mix, rate limits off) | %s msg/s (best second %d); %.1f events per Kafka transaction | (a) transactional produce ceiling, same broker, %s | %s |\n",
@@ -270,6 +294,16 @@ func render(dir string) (string, error) {
 	fmt.Fprintf(&b, "\nGoal — end-to-end `accepted`/s ≥ ½ of the produce ceiling at the same batching: **%s** (%s). Goal — `accepted` p99 at 1,000 msg/s under 20 ms: **%s** (%.1f ms).\n\n",
 		met(goal), ratio(sat.AcceptedPerSec, produceCeil), met(lat.AcceptedLat.P99MS > 0 && lat.AcceptedLat.P99MS < 20), lat.AcceptedLat.P99MS)
 
+	b.WriteString("## Where the CPU goes\n\nCPU milliseconds per accepted message over a whole loadgen run (setup included), by process; everything shares the machine's cores.\n\n")
+	b.WriteString("| run | accepted | broker (kfake) | chatpipe dev (gateway, workers, persist, delivery) | Postgres | loadgen | total |\n|---|---|---|---|---|---|---|\n")
+	for _, run := range []string{"lat1000", "saturation", "hot"} {
+		r := get(run)
+		if br, cp, pg, lg, ok := cpuPerMessage(dir, run, r.Accepted); ok {
+			fmt.Fprintf(&b, "| %s | %d | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n", run, r.Accepted, br, cp, pg, lg, br+cp+pg+lg)
+		}
+	}
+	b.WriteString("\n")
+
 	b.WriteString("## (a) Ceilings of the bare parts\n\n| benchmark | records/s | transactions/s | rows/s |\n|-----------|-----------|----------------|--------|\n")
 	for _, name := range order {
 		v := bench[name]
@@ -278,7 +312,8 @@ func render(dir string) (string, error) {
 	b.WriteString("\nRecords of 350 bytes (a message record with a 100-byte body); `one` keeps a producer's records in one partition as a vshard's are, `spread` spreads one transaction over all 8 partitions.\n\n")
 
 	b.WriteString("## Group commit: vshards × linger budget at 1,000 msg/s\n\n")
-	b.WriteString("Each row is a fresh stack (`--vshards V --linger-max L`, default `--txn-budget 2000` per worker, 2 workers) with the peak mix at 1,000 msg/s. `off` never lingers (a batch is what queued during the previous commit).\n\n")
+	budget, _ := os.ReadFile(filepath.Join(dir, "sweep-budget.txt"))
+	fmt.Fprintf(&b, "Each row is a fresh stack (`--vshards V --linger-max L --txn-budget %s`, 2 workers) with the peak mix at 1,000 msg/s. The small transaction budget makes every vshard's arrivals outpace its share, so a writer lingers up to L: the rows show what the linger budget buys in transactions and costs in latency. `off` never lingers (a batch is what queued during the previous commit).\n\n", strings.TrimSpace(string(budget)))
 	b.WriteString("| vshards | linger budget | Kafka transactions/s | events per transaction | `accepted` p50 | `accepted` p99 | broker CPU (cores) |\n|---|---|---|---|---|---|---|\n")
 	sweep, _ := os.ReadFile(filepath.Join(dir, "sweep.txt"))
 	for _, line := range strings.Split(strings.TrimSpace(string(sweep)), "\n") {
