@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -17,9 +18,22 @@ func TestTwoGateways(t *testing.T) {
 	dev := startDev(t, t.TempDir())
 	port := freePort(t)
 	startProc(t, dev.dir, "gateway2", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn")
+		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn", "--pages=false")
 	waitFor(t, 60*time.Second, "the second gateway to listen", func() bool { return dialable(port) })
 	gw2 := fmt.Sprintf("ws://127.0.0.1:%d/v1/ws", port)
+	for url, want := range map[string]int{
+		fmt.Sprintf("http://127.0.0.1:%d/ops/state", port): http.StatusNotFound, // --pages=false
+		fmt.Sprintf("http://127.0.0.1:%d/readyz", port):    http.StatusOK,
+	} {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", url, resp.StatusCode, want)
+		}
+	}
 
 	connect := func(user, name, url string) *device {
 		d := newDevice(t, dev, user, name)

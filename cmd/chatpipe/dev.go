@@ -282,6 +282,7 @@ type webDeps struct {
 	Brokers []string
 	Secret  []byte // JWT secret; used only when Dev is set
 	Dev     bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
+	NoPages bool   // serve no browser pages (chatpipe gateway --pages=false)
 	Log     *slog.Logger
 }
 
@@ -294,7 +295,7 @@ var mountWeb func(mux *http.ServeMux, d webDeps)
 func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
 	mux := http.NewServeMux()
 	mux.Handle("/", gw.Handler())
-	if mountWeb != nil {
+	if mountWeb != nil && !d.NoPages {
 		d.Gateway = gw
 		mountWeb(mux, d)
 	}

@@ -168,6 +168,7 @@ func runGateway(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
+	pages := fs.Bool("pages", true, "serve the browser pages (/ and /ops, with /ops/state) on this address; they show the deployment's workers and addresses")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -196,7 +197,7 @@ func runGateway(ctx context.Context, args []string) error {
 	}
 	feed := dlv.feed(db, gw, log)
 	withMetrics(srv, gw, newRegistry(append(gw.Collectors(), feed.Collectors()...)...),
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), Log: log.With("role", "web")})
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), NoPages: !*pages, Log: log.With("role", "web")})
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
 	go func() { defer close(feedDone); feed.Run(feedCtx) }()
