@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"log/slog"
 	"time"
@@ -39,34 +38,12 @@ func (f deliveryFlags) feed(db *pgxpool.Pool, gw *gateway.Gateway, log *slog.Log
 }
 
 func runProjection(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("projection", flag.ContinueOnError)
-	inf := addInfraFlags(fs)
-	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
-	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
-	retain := fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
-	level, format := logFlags(fs)
-	log, err := inf.setup(fs, args, level, format)
-	if err != nil {
-		return err
-	}
-	if *inf.kafka == "" || *inf.dbURL == "" {
-		return errors.New("need --endpoints, or --kafka and --database-url")
-	}
-	db, err := openMigratedDB(ctx, *inf.dbURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	p, err := projection.New(projection.Config{Brokers: splitList(*inf.kafka), Topic: *inf.topic, DB: db, Retain: *retain, Log: log})
-	if err != nil {
-		return err
-	}
-	ln, err := listenAdmin(*adminAddr)
-	if err != nil {
-		return err
-	}
-	admin := serveAdmin(ln, newRegistry(p.Collectors()...), func() error { return p.CaughtUp(*maxLag) }, log)
-	defer admin.Close()
-	log.Info("projection starting", "admin", admin.Addr())
-	return p.Run(ctx)
+	var retain *time.Duration
+	return runLogConsumer(ctx, "projection", args,
+		func(fs *flag.FlagSet) {
+			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
+		},
+		func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
+			return projection.New(projection.Config{Brokers: brokers, Topic: topic, DB: db, Retain: *retain, Log: log})
+		})
 }

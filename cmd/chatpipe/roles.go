@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
@@ -128,11 +131,25 @@ func runWorker(ctx context.Context, args []string) error {
 	return w.Run(ctx)
 }
 
-func runPersist(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("persist", flag.ContinueOnError)
+// logConsumer is what persist and projection have in common as roles.
+type logConsumer interface {
+	Run(ctx context.Context) error
+	Collectors() []prometheus.Collector
+	CaughtUp(maxLag int64) error
+}
+
+// runLogConsumer runs a consumer of the log as its own process: flags,
+// Postgres with migrations, and an admin server whose /readyz is "caught
+// up". addFlags adds the role's own flags; build makes the consumer.
+func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
+	build func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
 	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
+	if addFlags != nil {
+		addFlags(fs)
+	}
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -146,7 +163,7 @@ func runPersist(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), Topic: *inf.topic, DB: db, Log: log})
+	c, err := build(splitList(*inf.kafka), *inf.topic, db, log)
 	if err != nil {
 		return err
 	}
@@ -154,10 +171,16 @@ func runPersist(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	admin := serveAdmin(ln, newRegistry(p.Collectors()...), func() error { return p.CaughtUp(*maxLag) }, log)
+	admin := serveAdmin(ln, newRegistry(c.Collectors()...), func() error { return c.CaughtUp(*maxLag) }, log)
 	defer admin.Close()
-	log.Info("persist starting", "admin", admin.Addr())
-	return p.Run(ctx)
+	log.Info(name+" starting", "admin", admin.Addr())
+	return c.Run(ctx)
+}
+
+func runPersist(ctx context.Context, args []string) error {
+	return runLogConsumer(ctx, "persist", args, nil, func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
+		return persist.New(persist.Config{Brokers: brokers, Topic: topic, DB: db, Log: log})
+	})
 }
 
 func runGateway(ctx context.Context, args []string) error {
