@@ -268,21 +268,19 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 	if err != nil {
 		return fmt.Errorf("read events: %w", err)
 	}
-	events, err := scanEvents(rows, protocol.OpEvent)
+	events, created, err := scanEvents(rows, protocol.OpEvent)
 	if err != nil {
 		return fmt.Errorf("read events: %w", err)
 	}
 	now := time.Now()
-	for _, e := range events {
-		frame, err := json.Marshal(e)
+	for i, e := range events {
+		frame, err := json.Marshal(e) // once, for every device
 		if err != nil {
 			return fmt.Errorf("encode event: %w", err)
 		}
-		if at, err := time.Parse(protocol.TimeFormat, e.CreatedAt); err == nil {
-			f.latency.Observe(now.Sub(at).Seconds())
-		}
-		for _, rc := range Recipients([]int64{e.Seq}, periods[e.ConversationID], func(string) bool { return true }) {
-			f.Sink.Deliver(rc.User, frame)
+		f.latency.Observe(now.Sub(created[i]).Seconds())
+		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
+			f.Sink.Deliver(user, frame)
 			f.delivered.Add(1)
 		}
 	}

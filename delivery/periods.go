@@ -38,28 +38,13 @@ func Visible(p Period, cursor, last int64) (r Range, ok bool) {
 	return r, r.From <= r.To
 }
 
-// Recipient pairs an event's position with a user who receives it.
-type Recipient struct {
-	Seq  int64
-	User string
-}
-
-// Recipients lists, for the seqs of one conversation in ascending order,
-// the users among periods (of that conversation) who may see each one and
-// for whom local reports true. The result is in seq order.
-func Recipients(seqs []int64, periods []Period, local func(user string) bool) []Recipient {
-	var mine []Period
+// Covering lists the users whose periods (of one conversation) cover seq:
+// who receives the event at seq.
+func Covering(periods []Period, seq int64) []string {
+	var out []string
 	for _, p := range periods {
-		if local(p.User) {
-			mine = append(mine, p)
-		}
-	}
-	var out []Recipient
-	for _, s := range seqs {
-		for _, p := range mine {
-			if p.Covers(s) {
-				out = append(out, Recipient{Seq: s, User: p.User})
-			}
+		if p.Covers(seq) {
+			out = append(out, p.User)
 		}
 	}
 	return out

@@ -42,17 +42,21 @@ func TestVisible(t *testing.T) {
 	}
 }
 
-func TestRecipients(t *testing.T) {
+func TestCovering(t *testing.T) {
 	periods := []Period{
 		NewPeriod("c", "alice", 1, nil),
 		NewPeriod("c", "bob", 1, ptr(3)), // kicked at 3
 		NewPeriod("c", "bob", 6, nil),    // added back at 6
-		NewPeriod("c", "carol", 2, nil),  // not connected here
+		NewPeriod("c", "carol", 4, nil),
 	}
-	local := func(u string) bool { return u != "carol" }
-	got := Recipients([]int64{2, 3, 4, 6}, periods, local)
-	want := []Recipient{{2, "alice"}, {2, "bob"}, {3, "alice"}, {3, "bob"}, {4, "alice"}, {6, "alice"}, {6, "bob"}}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("got %v\nwant %v", got, want)
+	for seq, want := range map[int64][]string{
+		1: {"alice", "bob"},
+		3: {"alice", "bob"}, // the kick itself is still bob's
+		4: {"alice", "carol"},
+		6: {"alice", "bob", "carol"},
+	} {
+		if got := Covering(periods, seq); !reflect.DeepEqual(got, want) {
+			t.Errorf("Covering(%d) = %v, want %v", seq, got, want)
+		}
 	}
 }

@@ -37,20 +37,21 @@ const rangeEvents = `SELECT ` + eventColumns + `
 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(c, f, t)
 JOIN events e ON e.conversation_id = r.c AND e.seq BETWEEN r.f AND r.t`
 
-func scanEvents(rows pgx.Rows, op string) ([]*protocol.Event, error) {
-	var out []*protocol.Event
+// scanEvents reads eventColumns rows; created holds each event's
+// created_at as a time (for latency), in the same order.
+func scanEvents(rows pgx.Rows, op string) (out []*protocol.Event, created []time.Time, err error) {
 	for rows.Next() {
 		e := &protocol.Event{Op: op}
 		var at time.Time
 		if err := rows.Scan(&e.ConversationID, &e.Seq, &e.Kind, &e.MessageID, &e.ClientMessageID, &e.Sender,
 			&e.Body, &e.UserID, &e.Members, &at); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		e.CreatedAt = protocol.FormatTime(at)
-		out = append(out, e)
+		out, created = append(out, e), append(created, at)
 	}
-	return out, rows.Err()
+	return out, created, rows.Err()
 }
 
 func rangeArgs(rs []Range) (convs []string, from, to []int64) {
@@ -64,13 +65,13 @@ func rangeArgs(rs []Range) (convs []string, from, to []int64) {
 type SyncResult struct {
 	Events  []*protocol.Event // ordered by conversation, then seq
 	Cursors map[string]int64  // every conversation of the user: last seq covered
-	More    bool              // capped at max events: sync again with Cursors
+	More    bool              // capped at limit events: sync again with Cursors
 }
 
 // Sync returns the events of all the user's conversations after each
 // cursor (0 if absent), within the user's membership periods and no
-// further than the projection has applied, at most max of them.
-func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64, max int) (*SyncResult, error) {
+// further than the projection has applied, at most limit of them.
+func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*SyncResult, error) {
 	res := &SyncResult{Cursors: map[string]int64{}}
 	err := pgx.BeginTxFunc(ctx, s.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT m.conversation_id, m.joined_seq, m.left_seq, c.last_seq
@@ -86,7 +87,7 @@ func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64,
 			p := NewPeriod(conv, user, joined, left)
 			cur := cursors[conv]
 			end := min(p.To, last)
-			res.Cursors[conv] = maxInt(res.Cursors[conv], maxInt(cur, end))
+			res.Cursors[conv] = max(res.Cursors[conv], cur, end)
 			if r, ok := Visible(p, cur, last); ok {
 				ranges = append(ranges, r)
 			}
@@ -102,19 +103,19 @@ func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64,
 			return ranges[i].From < ranges[j].From
 		})
 		c, f, t := rangeArgs(ranges)
-		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.conversation_id, e.seq LIMIT $4`, c, f, t, max+1)
+		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.conversation_id, e.seq LIMIT $4`, c, f, t, limit+1)
 		if err != nil {
 			return err
 		}
-		res.Events, err = scanEvents(rows, protocol.OpEvent)
-		if err != nil || len(res.Events) <= max {
+		res.Events, _, err = scanEvents(rows, protocol.OpEvent)
+		if err != nil || len(res.Events) <= limit {
 			return err
 		}
 		// Capped: the conversation where the page stopped ends at its last
 		// event sent; those after it keep the client's cursor.
 		res.More = true
-		res.Events = res.Events[:max]
-		stop := res.Events[max-1]
+		res.Events = res.Events[:limit]
+		stop := res.Events[limit-1]
 		res.Cursors[stop.ConversationID] = stop.Seq
 		for _, r := range ranges {
 			if r.Conv > stop.ConversationID {
@@ -127,13 +128,6 @@ func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64,
 		return nil, fmt.Errorf("delivery: sync for %s: %w", user, err)
 	}
 	return res, nil
-}
-
-func maxInt(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // History returns up to limit events of conv before beforeSeq (0: the
@@ -176,7 +170,7 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 		if err != nil {
 			return err
 		}
-		out, err = scanEvents(rows, "")
+		out, _, err = scanEvents(rows, "")
 		return err
 	})
 	if errors.Is(err, ErrForbidden) {
