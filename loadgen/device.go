@@ -102,7 +102,9 @@ func (d *device) run(ctx context.Context) {
 			d.r.reconnects.Add(1)
 			if d.r.deliveryServed() {
 				d.r.track(1)
-				d.enqueue(ctx, &op{kind: "sync", cursors: d.cursorCopy(), done: d.r.syncDone(ctx, d)})
+				// Not d.enqueue: this goroutine is the queue's only reader
+				// until writeLoop starts, so a full queue would block forever.
+				d.r.retryAfter(ctx, d, &op{kind: "sync", cursors: d.cursorCopy(), done: d.r.syncDone(ctx, d)}, 0)
 			}
 		}
 		attempt = 0

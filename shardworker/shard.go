@@ -218,6 +218,7 @@ func (s *shard) session() error {
 			}
 			return nil
 		}
+		processStart := time.Now() // after the linger: observe gets decide + commit only
 		if err := s.process(cl, batch); err != nil {
 			return err
 		}
@@ -225,7 +226,7 @@ func (s *shard) session() error {
 		if !prevStart.IsZero() {
 			cycle = start.Sub(prevStart)
 		}
-		s.gc.observe(len(batch), cycle, time.Since(start))
+		s.gc.observe(len(batch), cycle, time.Since(processStart))
 		prevStart = start
 	}
 }
@@ -395,6 +396,8 @@ func (s *shard) collect() ([]*call, time.Time, bool) {
 		linger = t.C
 	}
 	for len(batch) < s.w.cfg.MaxBatch {
+		// Queued commands first: once the linger has fired, a select over
+		// both would pick between them at random and leave some behind.
 		select {
 		case c := <-s.in:
 			batch = append(batch, c)

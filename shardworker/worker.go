@@ -59,6 +59,12 @@ type Config struct {
 	Log           *slog.Logger
 }
 
+// Defaults of the adaptive group commit (groupcommit.go).
+const (
+	DefaultLingerMax = 5 * time.Millisecond // latency budget of a writer's wait for its batch
+	DefaultTxnBudget = 2000                 // Kafka transactions/s per worker, shared by its vshards
+)
+
 func (c *Config) validate() error {
 	if c.ID == "" || c.Etcd == nil || c.DB == nil || len(c.Brokers) == 0 || c.VShards <= 0 || c.Partitions <= 0 {
 		return errors.New("shardworker: ID, Etcd, DB, Brokers, VShards and Partitions are required")
@@ -76,10 +82,10 @@ func (c *Config) validate() error {
 		c.MaxBatch = 1000
 	}
 	if c.LingerMax == 0 {
-		c.LingerMax = 5 * time.Millisecond
+		c.LingerMax = DefaultLingerMax
 	}
 	if c.TxnBudget <= 0 {
-		c.TxnBudget = 2000
+		c.TxnBudget = DefaultTxnBudget
 	}
 	if c.ConvRate == 0 {
 		c.ConvRate = 100
