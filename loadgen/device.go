@@ -200,7 +200,7 @@ func (d *device) sweep(ctx context.Context, now time.Time) {
 	var late []*op
 	d.mu.Lock()
 	for id, o := range d.pending {
-		if now.Sub(o.lastWrite()) > d.r.cfg.Timeout {
+		if now.Sub(o.sentAttempt) > d.r.cfg.Timeout {
 			delete(d.pending, id)
 			late = append(late, o)
 		}
@@ -212,8 +212,6 @@ func (d *device) sweep(ctx context.Context, now time.Time) {
 		d.r.retryAfter(ctx, d, o, 0)
 	}
 }
-
-func (o *op) lastWrite() time.Time { return o.sentAttempt }
 
 func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	d.mu.Lock()

@@ -159,7 +159,7 @@ func TestReportMarkdown(t *testing.T) {
 	r := &Report{Run: "r", Profile: "peak", Status: StatusFailed, Phase: "create", Error: "boom", Rate: 100, Duration: "10s",
 		Rejects: map[string]int64{"forbidden": 2}, AcceptedLat: Latency{Count: 3, P50MS: 1, P99MS: 2}}
 	md := r.Markdown()
-	for _, want := range []string{"| status | failed (in phase create: boom) |", "forbidden 2", "p99"} {
+	for _, want := range []string{"| status | failed (in phase create: boom) |", "forbidden 2", "| 1.0 / 0.0 / 2.0 / 0.0 / 0.0 ms (n=3) |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

@@ -164,7 +164,6 @@ type stream struct {
 	mu sync.Mutex
 	f  *os.File
 	w  *bufio.Writer
-	n  int64
 }
 
 func openStream(path string) (*stream, error) {
@@ -183,14 +182,7 @@ func (s *stream) write(v any) {
 	s.mu.Lock()
 	s.w.Write(b)
 	s.w.WriteByte('\n')
-	s.n++
 	s.mu.Unlock()
-}
-
-func (s *stream) count() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.n
 }
 
 // close flushes, syncs and closes the file.

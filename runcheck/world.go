@@ -12,6 +12,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/loadgen"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // WorldConfig says where the world is and how long to wait for it.
@@ -151,15 +152,9 @@ func readLog(ctx context.Context, cfg WorldConfig, want map[string]bool, w *Worl
 func waitPersist(ctx context.Context, conn *pgx.Conn, cfg WorldConfig, last map[int32]int64) error {
 	deadline := time.Now().Add(cfg.PersistWait)
 	for {
-		next := map[int32]int64{}
-		rows, err := conn.Query(ctx, `SELECT log_partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`, cfg.PersistConsumer, cfg.Stack.Topic)
+		next, err := logsink.Offsets(ctx, conn, cfg.PersistConsumer, cfg.Stack.Topic)
 		if err != nil {
-			return fmt.Errorf("runcheck: read persist's offsets: %w", err)
-		}
-		var p int32
-		var o int64
-		if _, err := pgx.ForEachRow(rows, []any{&p, &o}, func() error { next[p] = o; return nil }); err != nil {
-			return fmt.Errorf("runcheck: read persist's offsets: %w", err)
+			return fmt.Errorf("runcheck: %w", err)
 		}
 		var behind []string
 		for part, off := range last {
