@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
@@ -35,8 +34,11 @@ func TestLoadgenThenCheck(t *testing.T) {
 			t.Fatalf("run dir: %v", err)
 		}
 	}
-	var rep loadgen.Report
-	readJSONFile(t, filepath.Join(runDir, loadgen.ReportJSON), &rep)
+	run, err := loadgen.ReadRun(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := run.Report
 	if rep.Status != loadgen.StatusFinished || rep.Accepted == 0 || rep.Unanswered != 0 {
 		t.Fatalf("report: status %s, accepted %d, unanswered %d", rep.Status, rep.Accepted, rep.Unanswered)
 	}
@@ -61,7 +63,7 @@ func TestLoadgenThenCheck(t *testing.T) {
 
 	// One seq duplicated: a copy of the run where another message was
 	// "accepted" with an accepted send's seq.
-	accepted := readAccepted(t, runDir)
+	accepted := run.Accepted
 	var victim loadgen.Accepted
 	for _, a := range accepted {
 		if a.Op == "send" && !a.Dup {
@@ -108,36 +110,6 @@ func runChatpipe(t *testing.T, args ...string) cmdResult {
 	defer cancel()
 	b, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
 	return cmdResult{string(b), err}
-}
-
-func readJSONFile(t *testing.T, path string, v any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
-func readAccepted(t *testing.T, dir string) []loadgen.Accepted {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, loadgen.AcceptedFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []loadgen.Accepted
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var a loadgen.Accepted
-		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, a)
-	}
-	return out
 }
 
 func copyRunDir(t *testing.T, from, to string) {
