@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -201,13 +200,4 @@ func js(s string) string {
 		panic(err)
 	}
 	return string(b)
-}
-
-// httpBase is the gateway's http://host:port.
-func httpBase(ep endpoints) (string, error) {
-	u := strings.TrimSuffix(strings.TrimPrefix(ep.WebSocket, "ws://"), "/v1/ws")
-	if u == ep.WebSocket || u == "" {
-		return "", errors.New("unexpected websocket URL " + ep.WebSocket)
-	}
-	return "http://" + u, nil
 }

@@ -16,10 +16,7 @@ func TestBrowserChatAndOps(t *testing.T) {
 	shots := artifactsDir(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev)
-	base, err := httpBase(dev.ep)
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := dev.ep.HTTP
 	b := startBrowser(t, exe, shots)
 
 	// Two users, each in a tab that mints a dev token and connects.

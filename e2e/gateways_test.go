@@ -16,22 +16,36 @@ import (
 // conversations, including one that reconnects to the other gateway midway.
 func TestTwoGateways(t *testing.T) {
 	dev := startDev(t, t.TempDir())
-	port := freePort(t)
-	startProc(t, dev.dir, "gateway2", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn", "--pages=false")
-	waitFor(t, 60*time.Second, "the second gateway to listen", func() bool { return dialable(port) })
+	gateway := func(name string, args ...string) int {
+		port := freePort(t)
+		startProc(t, dev.dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+			"--data-dir", dev.dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--log-level", "warn"}, args...)...)
+		waitFor(t, 60*time.Second, name+" to listen", func() bool { return dialable(port) })
+		return port
+	}
+	port := gateway("gateway2")
 	gw2 := fmt.Sprintf("ws://127.0.0.1:%d/v1/ws", port)
-	for url, want := range map[string]int{
-		fmt.Sprintf("http://127.0.0.1:%d/ops/state", port): http.StatusNotFound, // --pages=false
-		fmt.Sprintf("http://127.0.0.1:%d/readyz", port):    http.StatusOK,
+	noPages := gateway("gateway3", "--pages=false")
+	for _, c := range []struct {
+		method string
+		port   int
+		path   string
+		want   int
+	}{
+		{"GET", port, "/ops/state", http.StatusOK},
+		{"POST", port, "/dev/token?user=mallory", http.StatusNotFound}, // only chatpipe dev mints tokens
+		{"GET", noPages, "/ops/state", http.StatusNotFound},
+		{"GET", noPages, "/", http.StatusNotFound},
+		{"GET", noPages, "/readyz", http.StatusOK},
 	} {
-		resp, err := http.Get(url)
+		req, _ := http.NewRequest(c.method, fmt.Sprintf("http://127.0.0.1:%d%s", c.port, c.path), nil)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("GET %s: %d, want %d", url, resp.StatusCode, want)
+		if resp.StatusCode != c.want {
+			t.Errorf("%s :%d%s: %d, want %d", c.method, c.port, c.path, resp.StatusCode, c.want)
 		}
 	}
 

@@ -46,6 +46,7 @@ func TestMain(m *testing.M) {
 // endpoints mirrors what `chatpipe dev` writes to endpoints.json.
 type endpoints struct {
 	WebSocket  string   `json:"websocket"`
+	HTTP       string   `json:"http"`
 	Kafka      []string `json:"kafka"`
 	Topic      string   `json:"topic"`
 	Postgres   string   `json:"postgres"`

@@ -234,7 +234,9 @@ func (o *Ops) State(ctx context.Context) *State {
 	if o.last != nil && now.Sub(o.lastAt) < o.cfg.MaxAge {
 		return o.last
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
+	// The state is shared by every page: a poller that goes away must not
+	// cancel the collection and leave an error-only state for the others.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.cfg.Timeout)
 	defer cancel()
 	s := o.collectLocked(ctx, now)
 	o.last, o.lastAt = s, now

@@ -97,10 +97,8 @@ func Mount(mux *http.ServeMux, cfg Config) error {
 		}
 		writeJSON(w, http.StatusOK, cfg.Ops.State(r.Context()))
 	})
-	if cfg.Dev {
+	if cfg.Dev { // only chatpipe dev mints tokens; elsewhere the route does not exist
 		mux.HandleFunc("POST /dev/token", cfg.devToken)
-	} else {
-		mux.HandleFunc("/dev/token", http.NotFound)
 	}
 	return nil
 }

@@ -275,7 +275,6 @@ func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, s
 
 // webDeps is what the web pages (mountWeb) may use.
 type webDeps struct {
-	Gateway *gateway.Gateway
 	Etcd    *clientv3.Client
 	Config  lease.Config
 	DB      *pgxpool.Pool // nil when the gateway has no database
@@ -296,7 +295,6 @@ func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry
 	mux := http.NewServeMux()
 	mux.Handle("/", gw.Handler())
 	if mountWeb != nil && !d.NoPages {
-		d.Gateway = gw
 		mountWeb(mux, d)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
