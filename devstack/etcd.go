@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
 	"go.uber.org/zap"
+
+	"github.com/chatpipe/chatpipe/atomicfile"
 )
 
 const (
@@ -157,7 +159,7 @@ func chooseEtcdPeerPort(dir string, log *slog.Logger) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("devstack: choose etcd peer port: %w", err)
 	}
-	if err := writeJSONAtomic(path, etcdState{PeerPort: port}); err != nil {
+	if err := atomicfile.WriteJSON(path, etcdState{PeerPort: port}, 0o644); err != nil {
 		return 0, fmt.Errorf("devstack: remember etcd peer port: %w", err)
 	}
 	return port, nil

@@ -72,46 +72,6 @@ func lockDir(dir, name, what string) (*os.File, error) {
 	return f, nil
 }
 
-// writeJSONAtomic writes v as JSON to path by writing a temporary file in the
-// same directory, syncing it, and renaming it over path, then syncing the
-// directory, so readers see either the old or the new contents.
-func writeJSONAtomic(path string, v any) (err error) {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("devstack: encode %s: %w", path, err)
-	}
-	data = append(data, '\n')
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("devstack: write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = tmp.Write(data); err != nil {
-		return fmt.Errorf("devstack: write %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("devstack: sync %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("devstack: close %s: %w", tmp.Name(), err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("devstack: rename %s to %s: %w", tmp.Name(), path, err)
-	}
-	// Make the rename itself durable; failure here is not worth failing for.
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
-	return nil
-}
-
 // readJSON decodes the JSON file at path into v. A missing file is reported
 // with found == false and no error.
 func readJSON(path string, v any) (found bool, err error) {

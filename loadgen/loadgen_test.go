@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/atomicfile"
 )
 
 func TestPeakRate(t *testing.T) {
@@ -107,7 +109,7 @@ func TestLedger(t *testing.T) {
 	}
 	// The process dies in the send phase; the next attempt notes it.
 	os.MkdirAll(dir, 0o755)
-	if err := WriteFileAtomic(filepath.Join(dir, PhaseFile), []byte("send\n")); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, PhaseFile), []byte("send\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := BeginRun(ledger, "r1", dir, now.Add(time.Minute)); err != nil {
@@ -135,23 +137,6 @@ func TestLedger(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "started: died:send started: finished:" {
 		t.Fatalf("ledger: %v", got)
-	}
-}
-
-func TestWriteFileAtomicLeavesNoTemp(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "report.json")
-	for _, s := range []string{"one", "two"} {
-		if err := WriteFileAtomic(p, []byte(s)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 {
-		t.Fatalf("files left: %v", ents)
-	}
-	if b, _ := os.ReadFile(p); string(b) != "two" {
-		t.Fatalf("content %q", b)
 	}
 }
 

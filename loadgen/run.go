@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/chatpipe/chatpipe/atomicfile"
 	"github.com/chatpipe/chatpipe/auth"
 )
 
@@ -153,10 +154,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Status = status
 	r.cmu.Lock()
-	werr := WriteJSONAtomic(filepath.Join(dir, ReportJSON), rep)
+	werr := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644)
 	r.cmu.Unlock()
 	if werr == nil {
-		werr = WriteFileAtomic(filepath.Join(dir, ReportMD), []byte(rep.Markdown()))
+		werr = atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644)
 	}
 	if werr != nil && err == nil {
 		err, status, errText, phase = werr, StatusFailed, werr.Error(), "report"
@@ -173,7 +174,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func (r *runner) setPhase(p string) error {
-	return WriteFileAtomic(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"))
+	return atomicfile.Write(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"), 0o644)
 }
 
 // run runs the phases; on error it returns the phase that failed.
@@ -189,7 +190,7 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	rep.Users, rep.Devices, rep.Conversations = len(r.plan.Users), r.plan.Devices, len(r.plan.Conversations)
 	info := RunInfo{Run: r.cfg.Run, Profile: r.cfg.Profile.Name, Rate: r.cfg.Rate, Duration: r.cfg.Duration.String(),
 		Start: rep.Start, Stack: r.cfg.Stack, Plan: r.plan}
-	if err := WriteJSONAtomic(filepath.Join(r.dir, RunFile), info); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(r.dir, RunFile), info, 0o644); err != nil {
 		return "setup", err
 	}
 	for _, s := range []struct {

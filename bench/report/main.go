@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/chatpipe/chatpipe/atomicfile"
 	"github.com/chatpipe/chatpipe/loadgen"
 )
 
@@ -42,7 +43,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	if err := loadgen.WriteFileAtomic(*out, []byte(md)); err != nil {
+	if err := atomicfile.Write(*out, []byte(md), 0o644); err != nil {
 		fail(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/chatpipe/chatpipe/atomicfile"
 	"github.com/chatpipe/chatpipe/loadgen"
 	"github.com/chatpipe/chatpipe/runcheck"
 )
@@ -50,7 +51,7 @@ func runCheck(ctx context.Context, args []string) error {
 	}
 	res := runcheck.Check(run, world)
 	fmt.Print(res.Text())
-	if err := loadgen.WriteJSONAtomic(filepath.Join(*runDir, "check.json"), res); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(*runDir, "check.json"), res, 0o644); err != nil {
 		fmt.Fprintf(os.Stderr, "chatpipe check: %v\n", err)
 	}
 	if !res.OK() {

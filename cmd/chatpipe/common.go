@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -30,30 +29,6 @@ type Endpoints struct {
 	Partitions int      `json:"partitions"`
 	Metrics    string   `json:"metrics"`
 	PID        int      `json:"pid"`
-}
-
-// writeFileAtomic writes b to a temp name beside path and renames it into place.
-func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp.Name(), perm); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 func readEndpoints(path string) (*Endpoints, error) {

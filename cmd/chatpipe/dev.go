@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/atomicfile"
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
@@ -192,7 +193,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	b, _ := json.MarshalIndent(ep, "", "  ")
 	epPath := filepath.Join(dir, "endpoints.json")
-	if err := writeFileAtomic(epPath, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(epPath, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write endpoints: %w", err)
 	}
 	closers = append(closers, func() { os.Remove(epPath) })
