@@ -52,7 +52,8 @@
       c = {
         id,
         events: new Map(), // seq → event; duplicates dropped by (conversation_id, seq)
-        cursor: 0, // the highest seq seen: what sync starts after
+        cursor: 0, // the highest seq seen (shown in the list)
+        synced: 0, // from the last synced reply: what sync starts after (pushed events may follow a gap)
         mine: new Map(), // client_message_id → {body, seq, message_id, status}
         members: new Set(),
         owner: '',
@@ -124,7 +125,12 @@
       S.openedAt = Date.now();
       setStatus('open', `connected as ${S.user}`);
       log('··', 'open');
-      for (const p of S.pending.values()) write(p.frame); // same ids: dedupe answers
+      // Writes again with the same ids (dedupe answers); reads are not
+      // resent: the one fresh sync below replaces an unanswered one.
+      for (const [id, p] of S.pending) {
+        if (p.frame.op === 'sync' || p.frame.op === 'history') S.pending.delete(id);
+        else write(p.frame);
+      }
       sync();
     };
     ws.onmessage = (m) => {
@@ -195,7 +201,7 @@
     if (!S.syncServed) return;
     if (!cursors) {
       cursors = {};
-      for (const c of S.convs.values()) if (c.cursor > 0) cursors[c.id] = c.cursor;
+      for (const c of S.convs.values()) if (c.synced > 0) cursors[c.id] = c.synced;
     }
     request({op: 'sync', cursors}, (r) => {
       if (r.op === 'rejected') {
@@ -208,12 +214,13 @@
       const next = {};
       for (const [id, seq] of Object.entries(r.cursors || {})) {
         const c = conv(id);
+        c.synced = Math.max(c.synced, seq);
         c.cursor = Math.max(c.cursor, seq);
-        next[id] = c.cursor;
+        next[id] = c.synced;
       }
       render();
       if (r.more === true) {
-        for (const c of S.convs.values()) if (c.cursor > 0 && !(c.id in next)) next[c.id] = c.cursor;
+        for (const c of S.convs.values()) if (c.synced > 0 && !(c.id in next)) next[c.id] = c.synced;
         sync(next); // capped: go on from the cursors it returned
       }
     });
@@ -304,7 +311,7 @@
     request({op: 'send', conversation_id: c.id, client_message_id: cmid, body}, (r) => {
       const m = c.mine.get(cmid);
       if (r.op === 'accepted') {
-        // The cursor moves only with events: sync must still bring this one.
+        // The cursors move only with events and synced replies: sync must still bring this one.
         Object.assign(m, {seq: r.seq, message_id: r.message_id, status: 'accepted'});
       } else {
         Object.assign(m, {status: `rejected: ${r.code}${r.message ? ' — ' + r.message : ''}`});
