@@ -28,6 +28,9 @@ import (
 	"github.com/chatpipe/chatpipe/logsink"
 )
 
+// DefaultConsumer is persist's name in consumer_offsets.
+const DefaultConsumer = "persist"
+
 // Config configures a Persister.
 type Config struct {
 	Brokers  []string
@@ -50,7 +53,7 @@ func (c *Config) validate() error {
 		c.Group = "chatpipe-persist"
 	}
 	if c.Consumer == "" {
-		c.Consumer = "persist"
+		c.Consumer = DefaultConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000

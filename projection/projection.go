@@ -28,6 +28,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
+	"github.com/chatpipe/chatpipe/persist"
 )
 
 // Channel is the Postgres NOTIFY channel that announces a delivery row; the
@@ -61,7 +62,7 @@ func (c *Config) validate() error {
 		c.Consumer = "projection"
 	}
 	if c.After == "" {
-		c.After = "persist"
+		c.After = persist.DefaultConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000

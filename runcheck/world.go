@@ -13,6 +13,7 @@ import (
 	"github.com/chatpipe/chatpipe/loadgen"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
+	"github.com/chatpipe/chatpipe/persist"
 )
 
 // WorldConfig says where the world is and how long to wait for it.
@@ -40,7 +41,7 @@ func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 		cfg.Idle = 2 * time.Second
 	}
 	if cfg.PersistConsumer == "" {
-		cfg.PersistConsumer = "persist"
+		cfg.PersistConsumer = persist.DefaultConsumer
 	}
 	want := make(map[string]bool, len(cfg.Convs))
 	for _, c := range cfg.Convs {
