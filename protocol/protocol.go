@@ -228,8 +228,8 @@ func (r *Request) Validate(lim Limits) *Error {
 		if len(r.Body) > lim.MaxBodyBytes {
 			return Errorf(CodeTooLarge, "body longer than %d bytes", lim.MaxBodyBytes)
 		}
-		if !utf8.ValidString(r.Body) {
-			return Errorf(CodeBadRequest, "body is not valid UTF-8")
+		if e := CheckText("body", r.Body); e != nil {
+			return e
 		}
 	case OpSync:
 		for c, s := range r.Cursors {
@@ -255,6 +255,21 @@ func (r *Request) Validate(lim Limits) *Error {
 		return Errorf(CodeBadRequest, "missing op")
 	default:
 		return Errorf(CodeBadRequest, "unknown op %q", r.Op)
+	}
+	return nil
+}
+
+// CheckText validates free text (a message body) against what every sink
+// stores: valid UTF-8 (no lone surrogate survives decoding as anything but
+// U+FFFD, which Decode refuses before this) and no NUL character, which
+// Postgres text and jsonb cannot hold. A frame that passes is stored as it
+// was sent, byte for byte, in the log, in Postgres and in every event frame.
+func CheckText(field, v string) *Error {
+	if !utf8.ValidString(v) {
+		return Errorf(CodeBadRequest, "%s is not valid UTF-8", field)
+	}
+	if strings.IndexByte(v, 0) >= 0 {
+		return Errorf(CodeBadRequest, "%s contains a NUL character (U+0000), which cannot be stored", field)
 	}
 	return nil
 }

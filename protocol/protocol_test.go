@@ -332,6 +332,29 @@ func TestDecodeInvalidUTF8Body(t *testing.T) {
 	})
 }
 
+// TestDecodeNULBody: Postgres text and jsonb cannot hold U+0000, so a body
+// with one would be accepted and committed and then never stored. The edge
+// refuses it, escaped or raw, anywhere in the body; other control
+// characters are stored as sent.
+func TestDecodeNULBody(t *testing.T) {
+	r := &protocol.Request{Op: protocol.OpSend, ID: "r1", ConversationID: "c1", ClientMessageID: "m1", Body: "a\x00b"}
+	if e := r.Validate(protocol.DefaultLimits()); e == nil || e.Code != protocol.CodeBadRequest {
+		t.Fatalf("Validate(body with NUL) = %v, want bad_request", e)
+	}
+	runDecodeCases(t, []decodeCase{
+		{name: "escaped inside", frame: sendFrame(`"a\u0000b"`), wantCode: protocol.CodeBadRequest, wantID: "r1"},
+		{name: "escaped alone", frame: sendFrame(`"\u0000"`), wantCode: protocol.CodeBadRequest, wantID: "r1"},
+		{name: "escaped at the end", frame: sendFrame(`"hi\u0000"`), wantCode: protocol.CodeBadRequest, wantID: "r1"},
+		// A raw control byte is not JSON at all: no id can be read.
+		{name: "raw NUL byte", frame: sendFrame("\"a\x00b\""), wantCode: protocol.CodeBadRequest, wantID: ""},
+		{name: "other controls kept", frame: sendFrame(`"a\u0001\u001f\u007fb"`), wantID: "r1", check: func(t *testing.T, r *protocol.Request) {
+			if r.Body != "a\x01\x1f\x7fb" {
+				t.Errorf("body = %q", r.Body)
+			}
+		}},
+	})
+}
+
 func TestDecodeMembersLimit(t *testing.T) {
 	createFrame := func(members string) string {
 		return `{"id":"r1","op":"create","conversation_id":"c1","members":` + members + `}`
@@ -596,6 +619,7 @@ func FuzzDecode(f *testing.F) {
 		`{"op":"sync","id":"r6","cursors":{"c1":106,"c2":7}}`,
 		`{"op":"history","id":"r7","conversation_id":"c1","before_seq":105,"limit":20}`,
 		`{"op":"send","id":"r8","conversation_id":"c1","client_message_id":"m1","body":"hi","sender":"admin"}`,
+		`{"op":"send","id":"r16","conversation_id":"c1","client_message_id":"m1","body":"a\u0000b"}`,
 		`{"op":"send","id":"r9","conversation_id":"c1","client_message_id":"m1","body":5}`,
 		`{"op":"create","id":"r10","conversation_id":"c1","members":"u2"}`,
 		`{"op":"delete","id":"r11"}`,
@@ -640,6 +664,16 @@ func FuzzDecode(f *testing.F) {
 		}
 		if !utf8.ValidString(r.Body) {
 			t.Fatalf("Decode succeeded with a body that is not valid UTF-8: %q", r.Body)
+		}
+		if strings.ContainsRune(r.Body, 0) {
+			t.Fatalf("Decode succeeded with a body holding NUL, which Postgres cannot store: %q", r.Body)
+		}
+		// What Decode accepts, the log record carries unchanged: encoding
+		// and decoding the body as JSON gives it back byte for byte.
+		b, _ := json.Marshal(r.Body)
+		var back string
+		if err := json.Unmarshal(b, &back); err != nil || back != r.Body {
+			t.Fatalf("body does not survive a JSON round trip: %q → %q (%v)", r.Body, back, err)
 		}
 	})
 }
