@@ -25,6 +25,8 @@ type First struct {
 	Seq       int64
 	MessageID string
 	Sender    string
+	// At is the event's created_at: how old the entry is, for TrimDedupe.
+	At time.Time
 }
 
 // Conv is what the writer knows of one conversation.
@@ -35,14 +37,57 @@ type Conv struct {
 	// Members maps each current member to the seq of the event that made
 	// them one.
 	Members map[string]int64
-	// Dedupe holds the first result of every send the writer has seen in the
-	// log tail, written itself, or looked up in durable state.
+	// Dedupe holds the first result of the sends the writer has seen in the
+	// log tail, written itself, or looked up in durable state, that
+	// TrimDedupe has not dropped yet. Add entries with Remember.
 	Dedupe map[string]First
+	// order lists Dedupe's keys oldest first, from head on.
+	order []string
+	head  int
 }
 
 // NewConv returns the state of a conversation with no events.
 func NewConv() *Conv {
 	return &Conv{Members: map[string]int64{}, Dedupe: map[string]First{}}
+}
+
+// Remember records f as the first result of client_message_id cmid, unless
+// one is known already (the first result always wins).
+func Remember(c *Conv, cmid string, f First) {
+	if _, ok := c.Dedupe[cmid]; ok {
+		return
+	}
+	c.Dedupe[cmid] = f
+	c.order = append(c.order, cmid)
+}
+
+// TrimDedupe bounds the memory of c's dedupe: it drops the oldest entries
+// while more than keep are held or they were created before cutoff, but
+// never an entry above storedSeq, the highest seq known to be in durable
+// state. A dropped entry is found again by a lookup in durable state (see
+// NeedsDedupeLookup), so trimming never changes an answer; an entry the
+// durable state does not hold yet stays, however old. It returns how many
+// entries it dropped.
+func TrimDedupe(c *Conv, storedSeq int64, keep int, cutoff time.Time) int {
+	n := 0
+	for c.head < len(c.order) {
+		k := c.order[c.head]
+		f := c.Dedupe[k]
+		if f.Seq > storedSeq || (len(c.Dedupe) <= keep && !f.At.Before(cutoff)) {
+			break
+		}
+		delete(c.Dedupe, k)
+		c.order[c.head] = ""
+		c.head++
+		n++
+	}
+	if c.head == len(c.order) {
+		c.order, c.head = c.order[:0], 0
+	} else if c.head > 64 && c.head > len(c.order)/2 {
+		c.order = append(c.order[:0], c.order[c.head:]...)
+		c.head = 0
+	}
+	return n
 }
 
 // Stamp is what Decide needs from outside for a new event: the time and a
@@ -156,9 +201,7 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 // durable prefix and then an overlapping log tail is safe.
 func Apply(c *Conv, e *logrecord.Event) {
 	if e.Kind == logrecord.KindMessage && e.ClientMessageID != "" {
-		if _, ok := c.Dedupe[e.ClientMessageID]; !ok {
-			c.Dedupe[e.ClientMessageID] = First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender}
-		}
+		Remember(c, e.ClientMessageID, First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, At: e.CreatedAt})
 	}
 	if e.Seq <= c.LastSeq {
 		return

@@ -52,6 +52,17 @@ type shard struct {
 	// conversation whose lastOff is below persist's offset may be evicted:
 	// otherwise reloading it from Postgres would miss its newest events.
 	lastOff map[string]int64
+	// unstored lists, in log order, events this writer committed (and, at
+	// takeover, each replayed conversation up to the marker) that persist
+	// may not have stored yet; stored tracks per conversation with entries
+	// there the highest seq known stored. Both only serve TrimDedupe and
+	// are bounded by persist's lag.
+	unstored []unstoredEvent
+	stored   map[string]*storedSeq
+	lastTrim time.Time
+	// dedupeHeld is the number of dedupe results in memory as of the last
+	// trim (read by the worker's gauge).
+	dedupeHeld atomic.Int64
 	// rates is the per-conversation message token bucket (nil map: off).
 	rates   map[string]*rate.Limiter
 	entropy io.Reader
@@ -198,8 +209,13 @@ func (s *shard) session() error {
 	}
 	s.convs = convs
 	s.lastOff = make(map[string]int64, len(convs))
-	for cid := range convs {
+	s.unstored, s.stored = s.unstored[:0], map[string]*storedSeq{}
+	for cid, conv := range convs {
 		s.lastOff[cid] = markerOff
+		// Replayed from the log tail: nothing of it is known stored until
+		// persist passes the marker.
+		s.stored[cid] = &storedSeq{}
+		s.markUnstored(cid, conv.LastSeq, markerOff)
 	}
 	s.w.stats.Takeovers.Add(1)
 	s.w.takeoverSeconds.Observe(time.Since(start).Seconds())
@@ -465,9 +481,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 			s.lastOff[cid] = -1
 		}
 		for k, f := range found {
-			if _, ok := s.convs[k.conv].Dedupe[k.cmid]; !ok {
-				s.convs[k.conv].Dedupe[k.cmid] = f
-			}
+			shardcore.Remember(s.convs[k.conv], k.cmid, f)
 		}
 	}
 
@@ -476,6 +490,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	now := time.Now()
 	replies := make([]*protocol.Reply, len(batch))
 	var recs []*kgo.Record
+	var seqs []int64 // seq of each event of recs
 	decided := false // some answer depends on the conversation's state
 	for i, c := range batch {
 		conv := s.convs[c.cmd.ConversationID]
@@ -500,7 +515,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 			if err != nil {
 				return err
 			}
-			recs = append(recs, rec)
+			recs, seqs = append(recs, rec), append(seqs, d.Event.Seq)
 			replies[i] = accepted(c, d.Event.Seq, d.Event.MessageID)
 		default:
 			replies[i] = accepted(c, d.Seq, d.MessageID)
@@ -529,36 +544,105 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		s.w.commitSeconds.Observe(time.Since(start).Seconds())
 		s.w.stats.Commits.Add(1)
 		s.w.stats.Events.Add(int64(events))
-		for _, r := range recs[:events] {
+		for i, r := range recs[:events] {
 			s.lastOff[string(r.Key)] = r.Offset
+			s.markUnstored(string(r.Key), seqs[i], r.Offset)
 		}
 	}
 	answered = true
 	for i, c := range batch {
 		c.done(replies[i], false)
 	}
-	if len(s.convs) > s.w.cfg.MaxConvs {
-		s.evict(ctx)
+	if len(s.convs) > s.w.cfg.MaxConvs || now.Sub(s.lastTrim) >= s.w.cfg.TrimInterval {
+		s.housekeep(ctx, now)
 	}
 	return nil
+}
+
+// unstoredEvent is an event at a log offset that persist may not have
+// stored yet.
+type unstoredEvent struct {
+	conv string
+	seq  int64
+	off  int64
+}
+
+// storedSeq is what the writer knows of a conversation with unstored
+// events: how many are listed, and the highest seq known stored.
+type storedSeq struct {
+	pending int
+	seq     int64
+}
+
+// markUnstored lists conversation cid's event seq at log offset off as not
+// yet known stored. Seqs of a conversation grow with offsets, so when the
+// conversation had nothing pending, everything below seq is stored.
+func (s *shard) markUnstored(cid string, seq, off int64) {
+	st := s.stored[cid]
+	if st == nil {
+		st = &storedSeq{seq: seq - 1}
+		s.stored[cid] = st
+	}
+	st.pending++
+	s.unstored = append(s.unstored, unstoredEvent{cid, seq, off})
+}
+
+// storedUpTo is the highest seq of conversation cid known to be in
+// Postgres: every seq of a conversation with nothing pending.
+func (s *shard) storedUpTo(cid string, conv *shardcore.Conv) int64 {
+	if st := s.stored[cid]; st != nil {
+		return st.seq
+	}
+	return conv.LastSeq
+}
+
+// housekeep reads persist's offset of the partition and bounds the memory
+// of the writer: it forgets what persist has stored, trims every cached
+// conversation's dedupe to the configured bounds, and evicts conversations
+// beyond MaxConvs. Without persist's offset it trims nothing.
+func (s *shard) housekeep(ctx context.Context, now time.Time) {
+	s.lastTrim = now
+	persisted, ok, err := persistOffset(ctx, s.w.cfg.DB, s.w.cfg.Topic, s.part)
+	if err != nil || !ok {
+		return
+	}
+	n := 0
+	for ; n < len(s.unstored) && s.unstored[n].off < persisted; n++ {
+		u := s.unstored[n]
+		st := s.stored[u.conv]
+		st.seq = max(st.seq, u.seq)
+		if st.pending--; st.pending == 0 {
+			delete(s.stored, u.conv)
+		}
+	}
+	if n > 0 {
+		s.unstored = append(s.unstored[:0], s.unstored[n:]...)
+	}
+	cutoff := now.Add(-s.w.cfg.DedupeMemory)
+	trimmed, held := 0, 0
+	for cid, conv := range s.convs {
+		trimmed += shardcore.TrimDedupe(conv, s.storedUpTo(cid, conv), s.w.cfg.DedupeKeep, cutoff)
+		held += len(conv.Dedupe)
+	}
+	s.w.stats.DedupeTrimmed.Add(int64(trimmed))
+	s.dedupeHeld.Store(int64(held))
+	if len(s.convs) > s.w.cfg.MaxConvs {
+		s.evict(persisted)
+	}
 }
 
 // evict drops cached conversations whose events are all in Postgres until
 // the cache is at 3/4 of MaxConvs; they are reloaded on their next command.
 // Conversations persist has not caught up with stay: the cache is bounded
 // by MaxConvs plus persist's lag.
-func (s *shard) evict(ctx context.Context) {
-	persisted, ok, err := persistOffset(ctx, s.w.cfg.DB, s.w.cfg.Topic, s.part)
-	if err != nil || !ok {
-		return
-	}
+func (s *shard) evict(persisted int64) {
 	target := s.w.cfg.MaxConvs * 3 / 4
 	n := 0
 	for cid, off := range s.lastOff {
 		if len(s.convs) <= target {
 			break
 		}
-		if off < persisted {
+		if off < persisted && s.stored[cid] == nil {
 			delete(s.convs, cid)
 			delete(s.lastOff, cid)
 			delete(s.rates, cid)

@@ -45,9 +45,17 @@ type Config struct {
 	LingerMax time.Duration
 	// TxnBudget is the Kafka transactions per second this worker aims to
 	// stay under, shared evenly by its vshards (default 2000).
-	TxnBudget     float64
-	QueueLen      int           // commands queued per vshard (default 10000)
-	MaxConvs      int           // conversations cached per vshard (default 20000; more while persist lags)
+	TxnBudget float64
+	QueueLen  int // commands queued per vshard (default 10000)
+	MaxConvs  int // conversations cached per vshard (default 20000; more while persist lags)
+	// DedupeKeep and DedupeMemory bound a writer's in-memory dedupe: per
+	// conversation it keeps at most DedupeKeep results of stored sends, and
+	// none older than DedupeMemory (defaults 256 and 30 s). A retry past
+	// them is answered from Postgres; results persist has not stored yet are
+	// always kept.
+	DedupeKeep    int
+	DedupeMemory  time.Duration
+	TrimInterval  time.Duration // how often a busy writer trims (default 1 s)
 	CommitTimeout time.Duration // per transaction (default 10 s)
 	TxnTimeout    time.Duration // Kafka transaction.timeout (default 10 s)
 	ReplayTimeout time.Duration // default 60 s
@@ -63,6 +71,12 @@ type Config struct {
 const (
 	DefaultLingerMax = 5 * time.Millisecond // latency budget of a writer's wait for its batch
 	DefaultTxnBudget = 2000                 // Kafka transactions/s per worker, shared by its vshards
+)
+
+// Defaults of the in-memory dedupe bounds (Config.DedupeKeep, DedupeMemory).
+const (
+	DefaultDedupeKeep   = 256
+	DefaultDedupeMemory = 30 * time.Second
 )
 
 func (c *Config) validate() error {
@@ -95,6 +109,15 @@ func (c *Config) validate() error {
 	}
 	if c.MaxConvs <= 0 {
 		c.MaxConvs = 20000
+	}
+	if c.DedupeKeep <= 0 {
+		c.DedupeKeep = DefaultDedupeKeep
+	}
+	if c.DedupeMemory <= 0 {
+		c.DedupeMemory = DefaultDedupeMemory
+	}
+	if c.TrimInterval <= 0 {
+		c.TrimInterval = time.Second
 	}
 	if c.QueueLen <= 0 {
 		c.QueueLen = 10000
@@ -132,6 +155,7 @@ type Stats struct {
 	FencedWrites   atomic.Int64
 	UnknownCommits atomic.Int64
 	Evictions      atomic.Int64 // cached conversations dropped (reloaded on next use)
+	DedupeTrimmed  atomic.Int64 // dedupe results dropped from memory (found in Postgres on a retry)
 }
 
 // Worker owns some vshards and runs their writers.
@@ -197,6 +221,9 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		counter("chatpipe_worker_events_total", "Events committed.", &w.stats.Events),
 		counter("chatpipe_worker_lease_renewals_total", "Lease keep-alive responses (one stream per worker).", &w.stats.LeaseRenewals),
 		counter("chatpipe_worker_evictions_total", "Cached conversations evicted.", &w.stats.Evictions),
+		counter("chatpipe_worker_dedupe_trimmed_total", "Dedupe results dropped from memory (a later retry is answered from Postgres).", &w.stats.DedupeTrimmed),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_dedupe_entries", Help: "Dedupe results held in memory by this worker's writers, as of their last trim.", ConstLabels: l},
+			func() float64 { return float64(w.dedupeHeld()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
 			func() float64 { return float64(len(w.Owned())) }),
 		w.takeoverSeconds,
@@ -244,6 +271,17 @@ func (w *Worker) Healthy() error {
 		return fmt.Errorf("taking over: accepting for %d of the %d vshards assigned to it", owned, assigned)
 	}
 	return nil
+}
+
+// dedupeHeld sums the dedupe results its writers hold.
+func (w *Worker) dedupeHeld() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for _, s := range w.shards {
+		n += s.dedupeHeld.Load()
+	}
+	return n
 }
 
 // Owned returns the vshards this worker is accepting for.

@@ -280,7 +280,7 @@ func (wr *writer) process(w *World) {
 		}
 		if shardcore.NeedsDedupeLookup(conv, &c.cmd) {
 			if f, ok := w.sink.Lookup(cid, c.cmd.ClientMessageID); ok {
-				conv.Dedupe[c.cmd.ClientMessageID] = f
+				shardcore.Remember(conv, c.cmd.ClientMessageID, f)
 			}
 		}
 	}
@@ -386,6 +386,14 @@ func (wr *writer) commit(w *World, lost bool) {
 	if !w.cfg.Bugs.AcceptedBeforeCommit {
 		for i, c := range batch {
 			wr.answer(w, c, replies[i], wrote[i])
+		}
+	}
+	// Bound dedupe as tightly as the driver may: keep one result, drop
+	// every other that Postgres holds; a retry must then be answered by
+	// the lookup.
+	for _, c := range batch {
+		if conv := wr.convs[c.cmd.ConversationID]; conv != nil {
+			shardcore.TrimDedupe(conv, w.sink.MaxSeq(c.cmd.ConversationID), 1, time.Time{})
 		}
 	}
 }

@@ -17,7 +17,8 @@ type limitFlags struct {
 	frame, body, idBytes, members, sbuf *int
 	syncMax, maxConvs                   *int
 	origins                             *string
-	ping                                *time.Duration
+	ping, dedupeMemory                  *time.Duration
+	dedupeKeep                          *int
 	commit                              commitFlags
 }
 
@@ -38,7 +39,11 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		syncMax:   fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
 		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
 		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
-		commit:    addCommitFlags(fs),
+		dedupeKeep: fs.Int("dedupe-keep", shardworker.DefaultDedupeKeep,
+			"stored send results a writer keeps in memory per conversation; older retries are answered from Postgres"),
+		dedupeMemory: fs.Duration("dedupe-memory", shardworker.DefaultDedupeMemory,
+			"how long a writer keeps a stored send's result in memory; older retries are answered from Postgres"),
+		commit: addCommitFlags(fs),
 	}
 }
 
@@ -59,5 +64,6 @@ func (l limitFlags) worker(c *shardworker.Config) {
 	c.Limits = shardcore.Limits{MaxMembers: *l.members}
 	c.Protocol = l.protocol()
 	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
+	c.DedupeKeep, c.DedupeMemory = *l.dedupeKeep, *l.dedupeMemory
 	l.commit.worker(c)
 }

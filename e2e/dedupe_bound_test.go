@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// TestDedupeBounded: a writer's in-memory dedupe is bounded by
+// --dedupe-keep and --dedupe-memory once persist has stored the results,
+// and a retry of a trimmed send still gets its first result (from
+// Postgres), never a second event.
+func TestDedupeBounded(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--dedupe-keep", "2", "--dedupe-memory", "1s", "--rate-user", "-1")
+	base := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
+	alice := dev.dial(t, "alice")
+	alice.must(map[string]any{"op": "create", "conversation_id": "dd", "members": []string{"bob"}})
+	const n = 60
+	first := make([]*protocol.Reply, n)
+	for i := range first {
+		first[i] = alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": fmt.Sprint("m", i), "body": "x"})
+	}
+	readEvents(t, dev.ep.Postgres, n+1) // persist has stored them
+	time.Sleep(1200 * time.Millisecond) // older than --dedupe-memory
+	// The next batch of the writer trims (at most once a second).
+	alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": "trigger", "body": "x"})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		held := metric(t, base+"/metrics", "chatpipe_worker_dedupe_entries")
+		trimmed := metric(t, base+"/metrics", "chatpipe_worker_dedupe_trimmed_total")
+		if trimmed >= n && held <= 2 {
+			t.Logf("dedupe: %.0f held, %.0f trimmed", held, trimmed)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dedupe not trimmed: %.0f held, %.0f trimmed after %d stored sends", held, trimmed, n)
+		}
+		time.Sleep(200 * time.Millisecond)
+		alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": "trigger", "body": "x"})
+	}
+	// Every retry finds its first result, now answered from Postgres.
+	for i, f := range first {
+		r := alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": fmt.Sprint("m", i), "body": "again"})
+		if r.Seq != f.Seq || r.MessageID != f.MessageID {
+			t.Errorf("retry of m%d: seq %d %s, first was seq %d %s", i, r.Seq, r.MessageID, f.Seq, f.MessageID)
+		}
+	}
+	msgs := 0
+	for _, r := range readLog(t, dev.ep) {
+		if r.Conv == "dd" && r.Kind == "message" {
+			msgs++
+		}
+	}
+	if msgs != n+1 {
+		t.Errorf("%d messages in the log, want %d: a retry wrote again", msgs, n+1)
+	}
+}
