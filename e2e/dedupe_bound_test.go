@@ -11,19 +11,24 @@ import (
 
 // TestDedupeBounded: a writer's in-memory dedupe is bounded by
 // --dedupe-keep and --dedupe-memory once persist has stored the results,
-// and a retry of a trimmed send still gets its first result (from
-// Postgres), never a second event.
+// and a retry of a trimmed send or keyed membership command still gets its
+// first result (from Postgres), never a second event.
 func TestDedupeBounded(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--dedupe-keep", "2", "--dedupe-memory", "1s", "--rate-user", "-1")
 	base := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
 	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "dd", "members": []string{"bob"}})
+	alice.must(map[string]any{"op": "create", "conversation_id": "dd", "members": []string{"bob"}, "client_message_id": "k-create"})
+	// Keyed membership commands, each later retried once its result is
+	// only in Postgres.
+	join := map[string]any{"op": "join", "conversation_id": "dd", "user_id": "carol", "client_message_id": "k-join"}
+	joined := alice.must(join)
+	alice.must(map[string]any{"op": "kick", "conversation_id": "dd", "user_id": "carol", "client_message_id": "k-kick"})
 	const n = 60
 	first := make([]*protocol.Reply, n)
 	for i := range first {
 		first[i] = alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": fmt.Sprint("m", i), "body": "x"})
 	}
-	readEvents(t, dev.ep.Postgres, n+1) // persist has stored them
+	readEvents(t, dev.ep.Postgres, n+3) // persist has stored them
 	time.Sleep(1200 * time.Millisecond) // older than --dedupe-memory
 	// The next batch of the writer trims (at most once a second).
 	alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": "trigger", "body": "x"})
@@ -48,13 +53,21 @@ func TestDedupeBounded(t *testing.T) {
 			t.Errorf("retry of m%d: seq %d %s, first was seq %d %s", i, r.Seq, r.MessageID, f.Seq, f.MessageID)
 		}
 	}
-	msgs := 0
+	// The join retried after the kick answers its first result and does
+	// not re-add carol; the create retried answers seq 1, not conflict.
+	if r := alice.must(join); r.Seq != joined.Seq || r.MessageID != joined.MessageID {
+		t.Errorf("join retried after the kick: %+v, first was %+v", r, joined)
+	}
+	if r := alice.must(map[string]any{"op": "create", "conversation_id": "dd", "members": []string{"bob"}, "client_message_id": "k-create"}); r.Seq != 1 {
+		t.Errorf("create retried: %+v", r)
+	}
+	kinds := map[string]int{}
 	for _, r := range readLog(t, dev.ep) {
-		if r.Conv == "dd" && r.Kind == "message" {
-			msgs++
+		if r.Conv == "dd" {
+			kinds[r.Kind]++
 		}
 	}
-	if msgs != n+1 {
-		t.Errorf("%d messages in the log, want %d: a retry wrote again", msgs, n+1)
+	if kinds["message"] != n+1 || kinds["join"] != 1 || kinds["create"] != 1 || kinds["kick"] != 1 {
+		t.Errorf("log of dd holds %v, want %d messages and one create, join and kick: a retry wrote again", kinds, n+1)
 	}
 }

@@ -195,6 +195,16 @@ func hex4(b []byte) (rune, bool) {
 // Validate checks the fields its op needs.
 func (r *Request) Validate(lim Limits) *Error {
 	needConv := func() *Error { return CheckID("conversation_id", r.ConversationID, lim) }
+	// client_message_id is the idempotency key of every write: required
+	// for send, optional for the membership ops.
+	switch r.Op {
+	case OpCreate, OpJoin, OpKick, OpLeave:
+		if r.ClientMessageID != "" {
+			if e := CheckID("client_message_id", r.ClientMessageID, lim); e != nil {
+				return e
+			}
+		}
+	}
 	switch r.Op {
 	case OpCreate:
 		if e := needConv(); e != nil {

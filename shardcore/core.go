@@ -20,11 +20,16 @@ type Command struct {
 	Members         []string
 }
 
-// First is the first result of a send, remembered for dedupe.
+// First is the first result of a command that carried a client_message_id
+// (every send; create, join, kick and leave when the client gave one),
+// remembered for dedupe.
 type First struct {
 	Seq       int64
 	MessageID string
 	Sender    string
+	// Kind is the event's kind ("" is read as a message: results kept
+	// before membership commands carried keys).
+	Kind string
 	// At is the event's created_at: how old the entry is, for TrimDedupe.
 	At time.Time
 }
@@ -119,7 +124,7 @@ type Limits struct {
 // NeedsDedupeLookup reports whether the durable state must be asked about
 // cmd's client_message_id before Decide.
 func NeedsDedupeLookup(c *Conv, cmd *Command) bool {
-	if cmd.Op != protocol.OpSend {
+	if cmd.ClientMessageID == "" {
 		return false
 	}
 	_, ok := c.Dedupe[cmd.ClientMessageID]
@@ -128,11 +133,16 @@ func NeedsDedupeLookup(c *Conv, cmd *Command) bool {
 
 // Decide returns what to do with cmd given c. It changes nothing.
 func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
-	// Dedupe answers before any other check (spec/websocket.md).
-	if cmd.Op == protocol.OpSend {
+	// Dedupe answers before any other check (docs/protocol.md): a retried
+	// command gets its first result, whatever happened since, so one
+	// command never takes effect twice.
+	if cmd.ClientMessageID != "" {
 		if f, ok := c.Dedupe[cmd.ClientMessageID]; ok {
 			if f.Sender != cmd.Sender {
 				return reject(protocol.CodeConflict, "client_message_id %s was used by another sender in %s", cmd.ClientMessageID, cmd.ConversationID)
+			}
+			if kind := opKind[cmd.Op]; kind != f.kind() {
+				return reject(protocol.CodeConflict, "client_message_id %s was used for a %s in %s", cmd.ClientMessageID, f.kind(), cmd.ConversationID)
 			}
 			return Decision{Seq: f.Seq, MessageID: f.MessageID}
 		}
@@ -157,7 +167,7 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 		if len(members) > lim.MaxMembers {
 			return reject(protocol.CodeTooLarge, "more than %d members", lim.MaxMembers)
 		}
-		ev.Kind, ev.Members = logrecord.KindCreate, members
+		ev.Kind, ev.Members, ev.ClientMessageID = logrecord.KindCreate, members, cmd.ClientMessageID
 	case protocol.OpSend:
 		if !isMember {
 			return reject(protocol.CodeForbidden, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
@@ -173,7 +183,7 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 		if len(c.Members)+1 > lim.MaxMembers {
 			return reject(protocol.CodeTooLarge, "%s has %d members already", cmd.ConversationID, len(c.Members))
 		}
-		ev.Kind, ev.UserID = logrecord.KindJoin, cmd.UserID
+		ev.Kind, ev.UserID, ev.ClientMessageID = logrecord.KindJoin, cmd.UserID, cmd.ClientMessageID
 	case protocol.OpKick:
 		if !c.Exists || c.Owner != cmd.Sender || !isMember {
 			return reject(protocol.CodeForbidden, "only the owner of %s may kick", cmd.ConversationID)
@@ -184,12 +194,12 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 		if _, ok := c.Members[cmd.UserID]; !ok {
 			return reject(protocol.CodeNotFound, "%s is not a member of %s", cmd.UserID, cmd.ConversationID)
 		}
-		ev.Kind, ev.UserID = logrecord.KindKick, cmd.UserID
+		ev.Kind, ev.UserID, ev.ClientMessageID = logrecord.KindKick, cmd.UserID, cmd.ClientMessageID
 	case protocol.OpLeave:
 		if !isMember {
 			return reject(protocol.CodeNotFound, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
 		}
-		ev.Kind, ev.UserID = logrecord.KindLeave, cmd.Sender
+		ev.Kind, ev.UserID, ev.ClientMessageID = logrecord.KindLeave, cmd.Sender, cmd.ClientMessageID
 	default:
 		return reject(protocol.CodeBadRequest, "op %q is not a write", cmd.Op)
 	}
@@ -200,8 +210,8 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 // at or below LastSeq change nothing but the dedupe map, so applying the
 // durable prefix and then an overlapping log tail is safe.
 func Apply(c *Conv, e *logrecord.Event) {
-	if e.Kind == logrecord.KindMessage && e.ClientMessageID != "" {
-		Remember(c, e.ClientMessageID, First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, At: e.CreatedAt})
+	if e.ClientMessageID != "" && e.Kind != logrecord.KindTakeover {
+		Remember(c, e.ClientMessageID, First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, Kind: e.Kind, At: e.CreatedAt})
 	}
 	if e.Seq <= c.LastSeq {
 		return
@@ -230,6 +240,19 @@ func ObserveSeq(c *Conv, seq int64) {
 	if seq > c.LastSeq {
 		c.LastSeq = seq
 	}
+}
+
+// opKind is the event kind each write op commits.
+var opKind = map[string]string{
+	protocol.OpCreate: logrecord.KindCreate, protocol.OpJoin: logrecord.KindJoin, protocol.OpKick: logrecord.KindKick,
+	protocol.OpLeave: logrecord.KindLeave, protocol.OpSend: logrecord.KindMessage,
+}
+
+func (f First) kind() string {
+	if f.Kind == "" {
+		return logrecord.KindMessage
+	}
+	return f.Kind
 }
 
 func uniqueMembers(owner string, members []string) []string {

@@ -146,3 +146,45 @@ func TestDeps(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedMembershipRetries: a create, join, kick or leave that carries a
+// client_message_id takes effect once however often it is retried; the
+// retry of a join whose first attempt added the user does not add them
+// again after a kick, and a key used for one command cannot answer another.
+func TestKeyedMembershipRetries(t *testing.T) {
+	c := NewConv()
+	create := Command{Op: "create", ConversationID: "c", Sender: "a", Members: []string{"b"}, ClientMessageID: "k-create"}
+	if d := step(t, c, create); d.Event == nil || d.Event.ClientMessageID != "k-create" {
+		t.Fatalf("create: %+v", d)
+	}
+	if d := step(t, c, create); d.Event != nil || d.Reject != nil || d.Seq != 1 {
+		t.Fatalf("retried create: %+v, want its first result seq 1", d)
+	}
+	if d := step(t, c, Command{Op: "create", ConversationID: "c", Sender: "a"}); code(d) != protocol.CodeConflict {
+		t.Fatalf("create without a key of an existing conversation: %+v", d)
+	}
+	join := Command{Op: "join", ConversationID: "c", Sender: "b", UserID: "x", ClientMessageID: "k-join"}
+	d := step(t, c, join)
+	if d.Event == nil || d.Event.Seq != 2 {
+		t.Fatalf("join: %+v", d)
+	}
+	if d := step(t, c, Command{Op: "kick", ConversationID: "c", Sender: "a", UserID: "x", ClientMessageID: "k-kick"}); d.Event == nil {
+		t.Fatalf("kick: %+v", d)
+	}
+	if d := step(t, c, join); d.Event != nil || d.Seq != 2 {
+		t.Fatalf("join retried after a kick: %+v, want its first result seq 2 and nothing written", d)
+	}
+	if _, ok := c.Members["x"]; ok {
+		t.Fatal("the retried join re-added a kicked user")
+	}
+	if d := step(t, c, Command{Op: "leave", ConversationID: "c", Sender: "b", ClientMessageID: "k-join"}); code(d) != protocol.CodeConflict {
+		t.Fatalf("a leave reusing a join's key: %+v, want conflict", d)
+	}
+	if d := step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "k-kick", Body: "x"}); code(d) != protocol.CodeConflict {
+		t.Fatalf("a send reusing a kick's key: %+v, want conflict", d)
+	}
+	// Without a key a join is idempotent only while the user is a member.
+	if d := step(t, c, Command{Op: "join", ConversationID: "c", Sender: "b", UserID: "x"}); d.Event == nil {
+		t.Fatalf("join without a key of a former member: %+v", d)
+	}
+}

@@ -26,7 +26,7 @@ FROM unnest($1::text[]) AS c, LATERAL (
 ORDER BY 1, 2`
 
 const lookupDedupeSQL = `
-SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender, e.created_at
+SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender, e.kind, e.created_at
 FROM unnest($1::text[], $2::text[]) AS k(c, m)
 JOIN events e ON e.conversation_id = k.c AND e.client_message_id = k.m`
 
@@ -66,7 +66,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 		b.Queue(lookupDedupeSQL, cs, ms).Query(func(rows pgx.Rows) error {
 			var k dedupeKey
 			var f shardcore.First
-			_, err := pgx.ForEachRow(rows, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender, &f.At}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender, &f.Kind, &f.At}, func() error {
 				found[k] = f
 				return nil
 			})

@@ -461,7 +461,7 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 			need = append(need, cid)
 		}
 		k := dedupeKey{cid, c.cmd.ClientMessageID}
-		if c.cmd.Op == protocol.OpSend && !seenKey[k] && (!loaded || shardcore.NeedsDedupeLookup(conv, &c.cmd)) {
+		if c.cmd.ClientMessageID != "" && !seenKey[k] && (!loaded || shardcore.NeedsDedupeLookup(conv, &c.cmd)) {
 			seenKey[k] = true
 			keys = append(keys, k)
 		}
@@ -681,9 +681,7 @@ func (s *shard) allowSend(conv *shardcore.Conv, cmd *shardcore.Command, now time
 
 func accepted(c *call, seq int64, messageID string) *protocol.Reply {
 	r := &protocol.Reply{Op: protocol.OpAccepted, ID: c.reqID, ConversationID: c.cmd.ConversationID, Seq: seq, MessageID: messageID}
-	if c.cmd.Op == protocol.OpSend {
-		r.ClientMessageID = c.cmd.ClientMessageID
-	}
+	r.ClientMessageID = c.cmd.ClientMessageID
 	return r
 }
 
