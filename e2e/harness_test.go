@@ -54,6 +54,7 @@ type endpoints struct {
 	VShards    int      `json:"vshards"`
 	Partitions int      `json:"partitions"`
 	PID        int      `json:"pid"`
+	Admin      string   `json:"admin"`
 }
 
 // devProc is a running `chatpipe dev` process.

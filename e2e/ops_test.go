@@ -43,6 +43,18 @@ func TestInitAndConfig(t *testing.T) {
 			resp.Body.Close()
 		}
 	}
+	// the profiler is on the admin address only, never on the public one
+	if resp, err := http.Get(dev.ep.Admin + "/debug/pprof/goroutine?debug=1"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("pprof on the admin address %q: %v %v", dev.ep.Admin, resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if resp, err := http.Get(base0 + "/debug/pprof/"); err == nil {
+		if resp.StatusCode == http.StatusOK {
+			t.Error("the public gateway address serves /debug/pprof/")
+		}
+		resp.Body.Close()
+	}
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
 		metric(t, base0+"/metrics", m) // fails the test if unreadable
 	}

@@ -170,17 +170,25 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/ws", g.serveWS)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		// ready: the ownership view from etcd has at least one live worker
-		v := g.cfg.Owners.Snapshot()
-		for s := 0; s < g.cfg.VShards; s++ {
-			if _, _, ok := v.Live(s); ok {
-				w.Write([]byte("ready\n"))
-				return
-			}
+		if err := g.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
 		}
-		http.Error(w, "no live worker owns a vshard", http.StatusServiceUnavailable)
+		w.Write([]byte("ready\n"))
 	})
 	return mux
+}
+
+// Ready reports whether the gateway can route: the ownership view from etcd
+// has at least one live worker.
+func (g *Gateway) Ready() error {
+	v := g.cfg.Owners.Snapshot()
+	for s := 0; s < g.cfg.VShards; s++ {
+		if _, _, ok := v.Live(s); ok {
+			return nil
+		}
+	}
+	return errors.New("no live worker owns a vshard")
 }
 
 // Shutdown closes every websocket with 1012 (service restart) so clients

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,8 +22,8 @@ func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	return reg
 }
 
-// adminServer serves /metrics, /healthz and /readyz for a role without a
-// public HTTP server of its own.
+// adminServer serves /metrics, /healthz, /readyz and the Go profiler
+// (/debug/pprof/) of a role on its admin address, never on a public one.
 type adminServer struct {
 	ln  net.Listener
 	srv *http.Server
@@ -47,6 +48,13 @@ func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, l
 		}
 		w.Write([]byte("ready\n"))
 	})
+	// net/http/pprof's handlers, without its init's registration on
+	// http.DefaultServeMux.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	a := &adminServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go func() {
 		if err := a.srv.Serve(ln); err != nil && err != http.ErrServerClosed {

@@ -28,6 +28,7 @@ type Endpoints struct {
 	VShards    int      `json:"vshards"`
 	Partitions int      `json:"partitions"`
 	Metrics    string   `json:"metrics"`
+	Admin      string   `json:"admin,omitempty"` // /metrics, /readyz and /debug/pprof/ of the process
 	PID        int      `json:"pid"`
 }
 

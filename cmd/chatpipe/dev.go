@@ -47,6 +47,7 @@ func runDev(ctx context.Context, args []string) error {
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ of the whole process (empty: none; in endpoints.json as admin)")
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
 	level, format := logFlags(fs)
@@ -174,7 +175,8 @@ func runDev(ctx context.Context, args []string) error {
 	feed := dlv.feed(db, gw, log)
 	metrics = append(metrics, feed.Collectors()...)
 	start("delivery", feed.Run)
-	withMetrics(srv, gw, newRegistry(append(metrics, gw.Collectors()...)...),
+	reg := newRegistry(append(metrics, gw.Collectors()...)...)
+	withMetrics(srv, gw, reg,
 		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, Secret: key, Dev: true, Log: log.With("role", "web")})
 	closers = append(closers, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -182,13 +184,23 @@ func runDev(ctx context.Context, args []string) error {
 		_ = srv.Shutdown(sctx)
 		gw.Shutdown(sctx)
 	})
+	adminURL := ""
+	if *adminAddr != "" {
+		aln, err := listenAdmin(*adminAddr)
+		if err != nil {
+			return err
+		}
+		admin := serveAdmin(aln, reg, gw.Ready, log)
+		closers = append(closers, admin.Close)
+		adminURL = "http://" + admin.Addr()
+	}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 
 	httpURL := "http://" + ln.Addr().String()
 	ep := Endpoints{
 		WebSocket: "ws://" + ln.Addr().String() + "/v1/ws", HTTP: httpURL,
-		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcdEndpoints, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics",
+		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcdEndpoints, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics", Admin: adminURL,
 		VShards: cfg.VShards, Partitions: cfg.Partitions, PID: os.Getpid(),
 	}
 	b, _ := json.MarshalIndent(ep, "", "  ")

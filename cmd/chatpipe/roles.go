@@ -87,7 +87,7 @@ func runWorker(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "worker id, unique in the deployment (default: worker-<random>)")
 	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
 	advertise := fs.String("advertise", "", "address gateways dial (default: the listener's)")
-	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz (advertised in etcd)")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ (advertised in etcd)")
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
@@ -145,7 +145,7 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 	build func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	inf := addInfraFlags(fs)
-	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz and /readyz")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
 	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
 	if addFlags != nil {
 		addFlags(fs)
@@ -192,6 +192,7 @@ func runGateway(ctx context.Context, args []string) error {
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
 	pages := fs.Bool("pages", true, "serve the browser pages (/ and /ops, with /ops/state) on this address; they show the deployment's workers and addresses")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ (empty: none)")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -219,8 +220,18 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	feed := dlv.feed(db, gw, log)
-	withMetrics(srv, gw, newRegistry(append(gw.Collectors(), feed.Collectors()...)...),
+	reg := newRegistry(append(gw.Collectors(), feed.Collectors()...)...)
+	withMetrics(srv, gw, reg,
 		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), NoPages: !*pages, Log: log.With("role", "web")})
+	if *adminAddr != "" {
+		aln, err := listenAdmin(*adminAddr)
+		if err != nil {
+			return err
+		}
+		admin := serveAdmin(aln, reg, gw.Ready, log)
+		defer admin.Close()
+		log.Info("gateway admin listening", "admin", admin.Addr())
+	}
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
 	go func() { defer close(feedDone); feed.Run(feedCtx) }()
