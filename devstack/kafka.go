@@ -94,10 +94,36 @@ func (k *Kafka) Close() {
 	})
 }
 
-// EnsureTopic creates topic with the given number of partitions if it does
-// not exist yet, talking to the brokers at addrs. If the topic exists with a
-// different partition count, it returns an error saying so.
+// TopicSpec is how the log topic is created.
+type TopicSpec struct {
+	Partitions int
+	// Replication is the replication factor; 0 or -1: the broker's default.
+	Replication int16
+	// Configs are topic configs set at creation (retention.ms,
+	// min.insync.replicas, …).
+	Configs map[string]string
+}
+
+// KeptForever are the configs of a log that is never deleted by time or
+// size: the log is the source of truth a writer replays and `admin rebuild`
+// reads from.
+func KeptForever() map[string]string {
+	return map[string]string{"retention.ms": "-1", "retention.bytes": "-1"}
+}
+
+// EnsureTopic creates topic with the given number of partitions, kept
+// forever, with the broker's default replication, if it does not exist yet.
+// If the topic exists with a different partition count, it returns an
+// error saying so.
 func EnsureTopic(ctx context.Context, addrs []string, topic string, partitions int) error {
+	return EnsureTopicSpec(ctx, addrs, topic, TopicSpec{Partitions: partitions, Configs: KeptForever()})
+}
+
+// EnsureTopicSpec creates topic as spec says if it does not exist yet,
+// talking to the brokers at addrs. An existing topic is left as it is,
+// except that a different partition count is an error.
+func EnsureTopicSpec(ctx context.Context, addrs []string, topic string, spec TopicSpec) error {
+	partitions := spec.Partitions
 	if topic == "" {
 		return errors.New("devstack: ensure topic: empty topic name")
 	}
@@ -136,8 +162,21 @@ func EnsureTopic(ctx context.Context, addrs []string, topic string, partitions i
 	if err != nil || exists {
 		return err
 	}
-	// -1: the broker's default replication factor.
-	_, err = adm.CreateTopic(ctx, int32(partitions), -1, nil, topic)
+	rf := spec.Replication
+	if rf <= 0 {
+		rf = -1 // the broker's default
+	}
+	var configs map[string]*string
+	for k, v := range spec.Configs {
+		if configs == nil {
+			configs = map[string]*string{}
+		}
+		configs[k] = &v
+	}
+	resp, err := adm.CreateTopic(ctx, int32(partitions), rf, configs, topic)
+	if err == nil {
+		err = resp.Err
+	}
 	if errors.Is(err, kerr.TopicAlreadyExists) {
 		// Someone else created it between our check and create.
 		if _, err := check(); err != nil {
@@ -149,6 +188,56 @@ func EnsureTopic(ctx context.Context, addrs []string, topic string, partitions i
 		return fmt.Errorf("devstack: ensure topic %q: create with %d partitions: %w", topic, partitions, err)
 	}
 	return nil
+}
+
+// TopicState is what a broker says of an existing topic.
+type TopicState struct {
+	Partitions int
+	// Replication is the smallest replica count of any partition.
+	Replication int
+	// Configs are the topic's effective configs (explicit and defaults).
+	Configs map[string]string
+}
+
+// DescribeTopic reads a topic's partitions, replication and configs.
+func DescribeTopic(ctx context.Context, addrs []string, topic string) (TopicState, error) {
+	var st TopicState
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q: new client: %w", topic, err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	tds, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q: %w", topic, err)
+	}
+	td, ok := tds[topic]
+	if !ok || td.Err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q: not found (%v)", topic, td.Err)
+	}
+	st.Partitions = len(td.Partitions)
+	for _, p := range td.Partitions {
+		if st.Replication == 0 || len(p.Replicas) < st.Replication {
+			st.Replication = len(p.Replicas)
+		}
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q configs: %w", topic, err)
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q configs: %w", topic, err)
+	}
+	if rc.Err != nil {
+		return st, fmt.Errorf("devstack: describe topic %q configs: %w", topic, rc.Err)
+	}
+	st.Configs = map[string]string{}
+	for _, c := range rc.Configs {
+		st.Configs[c.Key] = c.MaybeValue()
+	}
+	return st, nil
 }
 
 // kfakeSlog adapts a *slog.Logger to kfake.Logger. kfake's info level is

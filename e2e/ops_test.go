@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -148,8 +150,20 @@ func TestInitAndConfig(t *testing.T) {
 	}
 
 	// admin check-config: agrees as given, lists the disagreement otherwise
-	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "64", "--partitions", "8"); err != nil || !strings.Contains(out, "agree") {
+	// (the dev broker keeps one replica of everything)
+	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "64", "--partitions", "8", "--min-replication", "1"); err != nil || !strings.Contains(out, "agree") {
 		t.Errorf("check-config: %v\n%s", err, out)
+	}
+	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "64", "--partitions", "8"); err == nil || !strings.Contains(out, "replicated 1 ways, fewer than 3") {
+		t.Errorf("check-config of a topic with one replica: %v\n%s", err, out)
+	}
+	// a log topic with the broker's usual 7-day retention is refused
+	week := devstack.TopicSpec{Partitions: 8, Configs: map[string]string{"retention.ms": "604800000"}}
+	if err := devstack.EnsureTopicSpec(context.Background(), dev.ep.Kafka, "chatpipe.week", week); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("admin", "check-config", "--endpoints", ep, "--topic", "chatpipe.week", "--min-replication", "1"); err == nil || !strings.Contains(out, "retention.ms=604800000") {
+		t.Errorf("check-config of a topic with a 7-day retention: %v\n%s", err, out)
 	}
 	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "65", "--partitions", "8"); err == nil || !strings.Contains(out, "etcd holds vshards=64") {
 		t.Errorf("check-config with a wrong shape: %v\n%s", err, out)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/chatpipe/chatpipe/devstack"
 	"os"
 	"sort"
 	"strings"
@@ -149,6 +150,7 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 	inf := addInfraFlags(fs)
 	vshards := fs.Int("vshards", 0, "expected virtual shards (0: don't check)")
 	partitions := fs.Int("partitions", 0, "expected partitions (0: don't check)")
+	minRF := fs.Int("min-replication", 3, "smallest replication factor of the log topic allowed (a dev broker has 1: pass 1)")
 	level, format := logFlags(fs)
 	if _, err := inf.setup(fs, args, level, format); err != nil {
 		return err
@@ -183,6 +185,8 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 			problems = append(problems, fmt.Sprintf("kafka has no topic %s", *inf.topic))
 		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Partitions:
 			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Partitions))
+		default:
+			problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF)...)
 		}
 	}
 	if *inf.dbURL == "" {
@@ -246,4 +250,25 @@ func adminHandoff(ctx context.Context, args []string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("vshard %d did not move to %s within %v (is it a live worker?)", *v, *to, *wait)
+}
+
+// topicProblems checks that the log topic is kept: no retention by time or
+// size (a replay or rebuild from a deleted offset would silently start at
+// the new log start) and replicated at least minRF ways.
+func topicProblems(ctx context.Context, brokers []string, topic string, minRF int) []string {
+	st, err := devstack.DescribeTopic(ctx, brokers, topic)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	if v, ok := st.Configs["retention.ms"]; !ok || v != "-1" {
+		out = append(out, fmt.Sprintf("topic %s has retention.ms=%s: the log must be kept forever (retention.ms=-1); it is what writers replay and rebuild reads", topic, v))
+	}
+	if v, ok := st.Configs["retention.bytes"]; ok && v != "-1" && v != "" {
+		out = append(out, fmt.Sprintf("topic %s has retention.bytes=%s: the log must be kept whole (retention.bytes=-1)", topic, v))
+	}
+	if st.Replication < minRF {
+		out = append(out, fmt.Sprintf("topic %s is replicated %d ways, fewer than %d (--min-replication)", topic, st.Replication, minRF))
+	}
+	return out
 }

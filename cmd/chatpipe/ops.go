@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
@@ -39,6 +40,9 @@ func runInit(ctx context.Context, args []string) error {
 	inf := addInfraFlags(fs)
 	vshards := fs.Int("vshards", 4096, "virtual shards (fixed for the deployment's life)")
 	partitions := fs.Int("partitions", 64, "partitions of the log topic (fixed for the deployment's life)")
+	replication := fs.Int("replication-factor", 3, "replication factor of the log topic (-1: the broker's default)")
+	minISR := fs.Int("min-insync-replicas", 2, "min.insync.replicas of the log topic (0: the broker's default)")
+	retention := fs.Duration("retention", -1, "retention.ms of the log topic; negative keeps it forever (the log is the source of truth: replay and rebuild read it)")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -58,7 +62,14 @@ func runInit(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	if *inf.kafka != "" {
-		if err := devstack.EnsureTopic(ctx, splitList(*inf.kafka), cfg.Topic, cfg.Partitions); err != nil {
+		spec := devstack.TopicSpec{Partitions: cfg.Partitions, Replication: int16(*replication), Configs: devstack.KeptForever()}
+		if *retention >= 0 {
+			spec.Configs["retention.ms"] = strconv.FormatInt(retention.Milliseconds(), 10)
+		}
+		if *minISR > 0 {
+			spec.Configs["min.insync.replicas"] = strconv.Itoa(*minISR)
+		}
+		if err := devstack.EnsureTopicSpec(ctx, splitList(*inf.kafka), cfg.Topic, spec); err != nil {
 			return err
 		}
 	}
