@@ -55,7 +55,10 @@ type Config struct {
 	// 5000; negative: no cap). Counted from the read model, so it is a soft
 	// cap: commands racing each other may pass it by a few.
 	MaxConvsPerUser int
-	Log             *slog.Logger
+	// Wire tunes the links to the workers: write deadline, health pings
+	// and read timeout (defaults: wire.Default*).
+	Wire wire.Config
+	Log  *slog.Logger
 }
 
 func (c *Config) validate() error {
@@ -552,7 +555,7 @@ func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ncl, err := wire.Dial(dctx, addr)
+	ncl, err := wire.Dial(dctx, addr, g.cfg.Wire)
 	if err != nil {
 		return nil, err
 	}

@@ -56,7 +56,10 @@ type Config struct {
 	Protocol      protocol.Limits // request limits re-checked here (default protocol.DefaultLimits)
 	ConvRate      float64         // messages/s per conversation (default 100; negative: off)
 	ConvBurst     int             // default 200
-	Log           *slog.Logger
+	// Wire tunes the gateway links: write deadline, read timeout, replies
+	// queued per link (defaults: wire.Default*).
+	Wire wire.Config
+	Log  *slog.Logger
 }
 
 // Defaults of the adaptive group commit (groupcommit.go).
@@ -283,7 +286,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()
-		if err := wire.Serve(bg, ln, w.handle, w.log); err != nil {
+		if err := wire.Serve(bg, ln, w.handle, w.cfg.Wire, w.log); err != nil {
 			w.log.Error("worker listener failed", "err", err)
 		}
 	}()
