@@ -395,7 +395,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		done(unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
 		return
 	}
-	c := &call{reqID: r.ID, done: done, cmd: shardcore.Command{
+	c := &call{reqID: r.ID, done: done, deadline: req.Deadline, cmd: shardcore.Command{
 		Op: r.Op, ConversationID: r.ConversationID, Sender: req.User, UserID: r.UserID,
 		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
 	}}
