@@ -446,10 +446,14 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 }
 
 // retrySafe reports whether a command whose outcome is unknown may be sent
-// again: a send is deduplicated by its client_message_id, and a join of a
-// member answers with the seq that made them one. create, kick and leave
-// are not: their client learns the outcome by retrying itself.
-func retrySafe(op string) bool { return op == protocol.OpSend || op == protocol.OpJoin }
+// again: a send is deduplicated by its client_message_id, so a second
+// attempt returns the first one's result. No other command is: a join that
+// took effect may have been undone since (the user kicked), and sending it
+// again would add them back — one command, two effects; create, kick and
+// leave likewise. Those are sent again only when nothing was written (the
+// worker said retry, or the request never left), and otherwise answered
+// unavailable for the client to decide (docs/protocol.md).
+func retrySafe(op string) bool { return op == protocol.OpSend }
 
 // route sends a write command to the owner of its vshard, retrying while
 // ownership moves, for at most RouteTimeout since the last move it saw.
@@ -501,6 +505,8 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	resp, err := cl.Do(cctx, user, req)
 	stop()
 	switch {
+	case errors.Is(err, wire.ErrNotSent):
+		return nil, moved // nothing was written
 	case err != nil && !safe:
 		return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200), false
 	case err != nil, resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
