@@ -19,6 +19,7 @@ type limitFlags struct {
 	origins                             *string
 	ping                                *time.Duration
 	commit                              commitFlags
+	wire                                wireFlags
 }
 
 func addLimitFlags(fs *flag.FlagSet) limitFlags {
@@ -39,6 +40,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
 		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
 		commit:    addCommitFlags(fs),
+		wire:      addWireFlags(fs),
 	}
 }
 
@@ -53,6 +55,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.UserRate, c.UserBurst, c.MaxConnsPerUser = *l.userRate, *l.userBurst, *l.maxConns
 	c.OriginPatterns = splitList(*l.origins)
 	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
+	c.Wire = l.wire.config()
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {
@@ -60,4 +63,5 @@ func (l limitFlags) worker(c *shardworker.Config) {
 	c.Protocol = l.protocol()
 	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
 	l.commit.worker(c)
+	c.Wire = l.wire.config()
 }
