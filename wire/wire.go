@@ -32,8 +32,9 @@ import (
 // not agree; a command still undecided at Deadline is not decided at all
 // (the gateway has already told its client the outcome is unknown).
 //
-// A request with Ping set carries no command: the worker answers it with a
-// Response with Pong set (the client's health check of an idle link).
+// A request with Ping set is the client's health check of its link: the
+// worker answers it with a Response with Pong set and does not handle its
+// command.
 type Request struct {
 	RID    uint64            `json:"rid"`
 	User   string            `json:"user,omitempty"`
@@ -227,13 +228,17 @@ func serveConn(c net.Conn, h Handler, cfg Config, log *slog.Logger) {
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	for sc.Scan() {
 		var req Request
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil || (req.Req == nil && !req.Ping) {
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
 			log.Warn("wire: bad request line", "remote", c.RemoteAddr().String(), "err", err)
 			break
 		}
 		if req.Ping {
 			reply(&Response{RID: req.RID, Pong: true})
 			continue
+		}
+		if req.Req == nil {
+			log.Warn("wire: request line without a command", "remote", c.RemoteAddr().String())
+			break
 		}
 		if req.Budget > 0 {
 			req.Deadline = time.Now().Add(req.Budget)
@@ -286,8 +291,8 @@ func (cl *Client) readLoop() {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			break
 		}
-		if r.Pong {
-			continue // reading it extended the deadline
+		if r.Pong || r.RID == 0 {
+			continue // a pong (or an older worker's answer to a ping): reading it extended the deadline
 		}
 		cl.mu.Lock()
 		ch := cl.pending[r.RID]
@@ -306,7 +311,10 @@ func (cl *Client) readLoop() {
 func (cl *Client) pingLoop() {
 	t := time.NewTicker(cl.cfg.PingInterval)
 	defer t.Stop()
-	line, _ := json.Marshal(&Request{Ping: true})
+	// The ping also carries a command an older worker rejects (an unknown
+	// op, answered bad_request with rid 0, which no call uses): its answer
+	// keeps the link alive through a rolling upgrade.
+	line, _ := json.Marshal(&Request{Ping: true, Req: &protocol.Request{Op: "ping"}})
 	line = append(line, '\n')
 	for {
 		select {

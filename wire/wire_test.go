@@ -212,3 +212,53 @@ func TestDeadlineRoundTrips(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// A worker of the version before pings rejects a line without a command
+// and answers every command; the ping's dummy command keeps the link up.
+func TestPingKeepsLinkToOlderWorkerUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // the older serveConn: every line is a command
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					var req struct {
+						RID uint64            `json:"rid"`
+						Req *protocol.Request `json:"req"`
+					}
+					if json.Unmarshal(sc.Bytes(), &req) != nil || req.Req == nil {
+						return
+					}
+					rep := protocol.Rejected(req.Req.ID, protocol.Errorf(protocol.CodeBadRequest, "unknown op"))
+					if req.Req.Op == protocol.OpSend {
+						rep = &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID}
+					}
+					b, _ := json.Marshal(&Response{RID: req.RID, Reply: rep})
+					c.Write(append(b, '\n'))
+				}
+			}()
+		}
+	}()
+	cl, err := Dial(context.Background(), ln.Addr().String(), Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	select {
+	case <-cl.Done():
+		t.Fatal("the link to an older worker was closed")
+	case <-time.After(time.Second):
+	}
+	if resp, err := cl.Do(context.Background(), "u1", &protocol.Request{Op: protocol.OpSend, ID: "r1"}); err != nil || resp.Reply.Op != protocol.OpAccepted {
+		t.Fatalf("call: %v %+v", err, resp)
+	}
+}
