@@ -55,7 +55,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.UserRate, c.UserBurst, c.MaxConnsPerUser = *l.userRate, *l.userBurst, *l.maxConns
 	c.OriginPatterns = splitList(*l.origins)
 	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
-	c.Wire = l.wire.config()
+	c.Wire, c.CallTimeout = l.wire.config(), *l.wire.call
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {
