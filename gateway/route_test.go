@@ -203,3 +203,52 @@ func TestCallsCarryTheirBudget(t *testing.T) {
 		t.Fatalf("budget %v, want in (0, %v]", b, g.cfg.CallTimeout)
 	}
 }
+
+// A pooled link whose worker went silent (half-open: accepted, then
+// nothing, not even pongs) is dropped by its health check well before the
+// call timeout, and the next attempt dials a fresh link.
+func TestHalfOpenPooledLinkIsReplaced(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	live := &fakeWorker{counts: map[string]int{}, answer: func(op string, n int, req *wire.Request) *wire.Response { return accept(req, 5) }}
+	conns := make(chan int, 10)
+	go func() {
+		for i := 1; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns <- i
+			if i == 1 {
+				defer c.Close() // the first link: never read, never answered
+				continue
+			}
+			go live.serve(c)
+		}
+	}()
+	owners := lease.Static(lease.View{
+		Shards:  map[int]lease.Row{0: {Owner: lease.Owner{Worker: "w1", Gen: 1, Epoch: 1}}},
+		Workers: map[string]lease.WorkerInfo{"w1": {Addr: ln.Addr().String(), Gen: 1}},
+	})
+	g, err := New(Config{Owners: owners, VShards: 1, Secret: []byte("s"),
+		Wire: wire.Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond},
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	start := time.Now()
+	rep := g.handle(context.Background(), "u1", &protocol.Request{Op: protocol.OpSend, ID: "r1", ConversationID: "c1", ClientMessageID: "m1", Body: "hi"})
+	if rep.Op != protocol.OpAccepted || rep.Seq != 5 {
+		t.Fatalf("reply %+v", rep)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("took %v: the silent link was not dropped by its health check", took)
+	}
+	if n := len(conns); n != 2 {
+		t.Fatalf("%d links dialled, want 2 (the silent one, then a fresh one)", n)
+	}
+}
