@@ -36,7 +36,7 @@ type Config struct {
 	Secret         []byte
 	Limits         protocol.Limits
 	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
-	CallTimeout    time.Duration // one attempt at a worker (default 15 s)
+	CallTimeout    time.Duration // one attempt at a worker (default 15 s); sent with it, the worker does not decide it later
 	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
 	MaxInFlight    int           // commands in flight per connection (default 256)
 	OriginPatterns []string      // allowed browser origins besides the gateway's own host
