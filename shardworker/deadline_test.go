@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/shardcore"
 	"github.com/chatpipe/chatpipe/wire"
 )
 
@@ -88,5 +89,29 @@ func TestCollectWaitsPastExpiredCommands(t *testing.T) {
 	}
 	if retry := <-answered; !retry {
 		t.Fatal("the expired command was not answered with a retry")
+	}
+}
+
+// A command collected in time whose deadline passes while the batch's
+// state is loaded (a slow Postgres) is not decided either: process answers
+// it unavailable and, with nothing else decided, commits nothing.
+func TestCommandExpiredBeforeDecideIsNotDecided(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	w := &Worker{cfg: Config{VShards: 1, MaxBatch: 100, MaxConvs: 10}, log: log}
+	s := &shard{w: w, log: log, convs: map[string]*shardcore.Conv{"c1": {Exists: true, Owner: "u1",
+		Members: map[string]int64{"u1": 1, "u2": 1}, Dedupe: map[string]shardcore.First{}}}, lastOff: map[string]int64{"c1": -1}}
+	var got *protocol.Reply
+	c := &call{reqID: "k1", deadline: time.Now().Add(-time.Millisecond),
+		cmd:  shardcore.Command{Op: protocol.OpKick, ConversationID: "c1", Sender: "u1", UserID: "u2"},
+		done: func(r *protocol.Reply, retry bool) { got = r }}
+	// No Kafka client: deciding the kick would need a commit.
+	if err := s.process(nil, []*call{c}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.Code != protocol.CodeUnavailable {
+		t.Fatalf("answer %+v, want unavailable", got)
+	}
+	if _, still := s.convs["c1"].Members["u2"]; !still {
+		t.Fatal("the expired kick was applied")
 	}
 }

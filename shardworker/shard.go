@@ -35,6 +35,9 @@ type call struct {
 	done func(r *protocol.Reply, retry bool)
 }
 
+// expired reports whether c's deadline passed by now.
+func (c *call) expired(now time.Time) bool { return !c.deadline.IsZero() && now.After(c.deadline) }
+
 // shard is the writer of one vshard for one ownership epoch.
 type shard struct {
 	w     *Worker
@@ -429,7 +432,7 @@ func (s *shard) collect() ([]*call, time.Time, bool) {
 // may have retried), so deciding it now would apply it late. It is
 // answered unavailable with a retry instead: nothing was written.
 func (s *shard) keep(batch []*call, c *call) []*call {
-	if !c.deadline.IsZero() && time.Now().After(c.deadline) {
+	if c.expired(time.Now()) {
 		c.done(unavailable(c.reqID, "the command waited past its deadline; nothing was written"), true)
 		return batch
 	}
@@ -496,6 +499,10 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	var recs []*kgo.Record
 	decided := false // some answer depends on the conversation's state
 	for i, c := range batch {
+		if c.expired(now) { // collected in time, but the state lookup took the rest (see keep)
+			replies[i] = unavailable(c.reqID, "the command waited past its deadline; nothing was written")
+			continue
+		}
 		conv := s.convs[c.cmd.ConversationID]
 		if wait, ok := s.allowSend(conv, &c.cmd, now); !ok {
 			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", s.w.cfg.ConvRate, c.cmd.ConversationID)
