@@ -146,7 +146,7 @@ func TestHalfOpenLinkIsDetected(t *testing.T) {
 
 // A live but idle link stays up: pings are answered with pongs.
 func TestIdleLinkStaysUp(t *testing.T) {
-	cfg := Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond}
+	cfg := Config{PingInterval: 50 * time.Millisecond, ReadTimeout: time.Second}
 	addr := serve(t, func(req *Request, reply func(*Response)) {
 		reply(&Response{RID: req.RID, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID}})
 	}, cfg)
@@ -158,7 +158,7 @@ func TestIdleLinkStaysUp(t *testing.T) {
 	select {
 	case <-cl.Done():
 		t.Fatal("an idle, healthy link was closed")
-	case <-time.After(time.Second):
+	case <-time.After(3 * time.Second):
 	}
 	resp, err := cl.Do(context.Background(), "u1", &protocol.Request{Op: protocol.OpSend, ID: "r1"})
 	if err != nil || resp.Reply.ID != "r1" {
@@ -248,7 +248,7 @@ func TestPingKeepsLinkToOlderWorkerUp(t *testing.T) {
 			}()
 		}
 	}()
-	cl, err := Dial(context.Background(), ln.Addr().String(), Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+	cl, err := Dial(context.Background(), ln.Addr().String(), Config{PingInterval: 50 * time.Millisecond, ReadTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestPingKeepsLinkToOlderWorkerUp(t *testing.T) {
 	select {
 	case <-cl.Done():
 		t.Fatal("the link to an older worker was closed")
-	case <-time.After(time.Second):
+	case <-time.After(3 * time.Second):
 	}
 	if resp, err := cl.Do(context.Background(), "u1", &protocol.Request{Op: protocol.OpSend, ID: "r1"}); err != nil || resp.Reply.Op != protocol.OpAccepted {
 		t.Fatalf("call: %v %+v", err, resp)
