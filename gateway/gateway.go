@@ -36,7 +36,7 @@ type Config struct {
 	Secret         []byte
 	Limits         protocol.Limits
 	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
-	CallTimeout    time.Duration // one attempt at a worker (default 15 s); sent with it, the worker does not decide it later
+	CallTimeout    time.Duration // one attempt at a worker (default 15 s); the request carries it and the worker drops a command still undecided then
 	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
 	MaxInFlight    int           // commands in flight per connection (default 256)
 	OriginPatterns []string      // allowed browser origins besides the gateway's own host
@@ -508,7 +508,7 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	case errors.Is(err, wire.ErrNotSent):
 		return nil, moved // nothing was written
 	case err != nil && !safe:
-		return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200), false
+		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false
 	case err != nil, resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
 		return nil, moved
 	}

@@ -28,7 +28,8 @@ type call struct {
 	reqID string
 	cmd   shardcore.Command
 	// deadline (zero: none) is when the gateway stops waiting: a command
-	// not decided by then is answered unavailable with a retry instead.
+	// not decided by then is not decided at all, only answered unavailable
+	// (nothing written).
 	deadline time.Time
 	// done is called exactly once with the reply; retry means nothing was
 	// written and the command may go to whoever owns the shard now.
