@@ -36,7 +36,7 @@ type Config struct {
 	Secret         []byte
 	Limits         protocol.Limits
 	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
-	CallTimeout    time.Duration // one attempt at a worker (default 15 s)
+	CallTimeout    time.Duration // one attempt at a worker (default 15 s); the request carries it and the worker drops a command still undecided then
 	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
 	MaxInFlight    int           // commands in flight per connection (default 256)
 	OriginPatterns []string      // allowed browser origins besides the gateway's own host
@@ -55,7 +55,10 @@ type Config struct {
 	// 5000; negative: no cap). Counted from the read model, so it is a soft
 	// cap: commands racing each other may pass it by a few.
 	MaxConvsPerUser int
-	Log             *slog.Logger
+	// Wire tunes the links to the workers: write deadline, health pings
+	// and read timeout (defaults: wire.Default*).
+	Wire wire.Config
+	Log  *slog.Logger
 }
 
 func (c *Config) validate() error {
@@ -451,10 +454,14 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 }
 
 // retrySafe reports whether a command whose outcome is unknown may be sent
-// again: a send is deduplicated by its client_message_id, and a join of a
-// member answers with the seq that made them one. create, kick and leave
-// are not: their client learns the outcome by retrying itself.
-func retrySafe(op string) bool { return op == protocol.OpSend || op == protocol.OpJoin }
+// again: a send is deduplicated by its client_message_id, so a second
+// attempt returns the first one's result. No other command is: a join that
+// took effect may have been undone since (the user kicked), and sending it
+// again would add them back — one command, two effects; create, kick and
+// leave likewise. Those are sent again only when nothing was written (the
+// worker said retry, or the request never left), and otherwise answered
+// unavailable for the client to decide (docs/protocol.md).
+func retrySafe(op string) bool { return op == protocol.OpSend }
 
 // route sends a write command to the owner of its vshard, retrying while
 // ownership moves, for at most RouteTimeout since the last move it saw.
@@ -506,8 +513,10 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	resp, err := cl.Do(cctx, user, req)
 	stop()
 	switch {
+	case errors.Is(err, wire.ErrNotSent):
+		return nil, moved // nothing was written
 	case err != nil && !safe:
-		return unavailable(req.ID, "the outcome of this command is unknown; retry it", 200), false
+		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false
 	case err != nil, resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
 		return nil, moved
 	}
@@ -560,7 +569,7 @@ func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ncl, err := wire.Dial(dctx, addr)
+	ncl, err := wire.Dial(dctx, addr, g.cfg.Wire)
 	if err != nil {
 		return nil, err
 	}

@@ -27,10 +27,17 @@ import (
 type call struct {
 	reqID string
 	cmd   shardcore.Command
+	// deadline (zero: none) is when the gateway stops waiting: a command
+	// not decided by then is not decided at all, only answered unavailable
+	// (nothing written).
+	deadline time.Time
 	// done is called exactly once with the reply; retry means nothing was
 	// written and the command may go to whoever owns the shard now.
 	done func(r *protocol.Reply, retry bool)
 }
+
+// expired reports whether c's deadline passed by now.
+func (c *call) expired(now time.Time) bool { return !c.deadline.IsZero() && now.After(c.deadline) }
 
 // shard is the writer of one vshard for one ownership epoch.
 type shard struct {
@@ -392,13 +399,16 @@ func (s *shard) record(e *logrecord.Event) (*kgo.Record, error) {
 // collect waits for one command, then takes whatever else has queued, up to
 // MaxBatch, waiting at most the linger for more: the fixed Linger if set,
 // else the adaptive group commit's. It returns when the first command came.
+// Commands past their deadline are answered and left out (keep).
 func (s *shard) collect() ([]*call, time.Time, bool) {
 	var batch []*call
-	select {
-	case c := <-s.in:
-		batch = append(batch, c)
-	case <-s.ctx.Done():
-		return nil, time.Time{}, false
+	for len(batch) == 0 {
+		select {
+		case c := <-s.in:
+			batch = s.keep(batch, c)
+		case <-s.ctx.Done():
+			return nil, time.Time{}, false
+		}
 	}
 	start := time.Now()
 	wait := s.w.cfg.Linger
@@ -416,7 +426,7 @@ func (s *shard) collect() ([]*call, time.Time, bool) {
 		// both would pick between them at random and leave some behind.
 		select {
 		case c := <-s.in:
-			batch = append(batch, c)
+			batch = s.keep(batch, c)
 			continue
 		default:
 		}
@@ -425,13 +435,25 @@ func (s *shard) collect() ([]*call, time.Time, bool) {
 		}
 		select {
 		case c := <-s.in:
-			batch = append(batch, c)
+			batch = s.keep(batch, c)
 			continue
 		case <-linger:
 		}
 		break
 	}
 	return batch, start, true
+}
+
+// keep adds c to batch, unless its deadline passed while it was queued:
+// the gateway has given up on it (its client heard "outcome unknown" and
+// may have retried), so deciding it now would apply it late. It is
+// answered unavailable with a retry instead: nothing was written.
+func (s *shard) keep(batch []*call, c *call) []*call {
+	if c.expired(time.Now()) {
+		c.done(unavailable(c.reqID, "the command waited past its deadline; nothing was written"), true)
+		return batch
+	}
+	return append(batch, c)
 }
 
 // process decides a batch, commits its events in one transaction and
@@ -493,6 +515,10 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	var seqs []int64 // seq of each event of recs
 	decided := false // some answer depends on the conversation's state
 	for i, c := range batch {
+		if c.expired(now) { // collected in time, but the state lookup took the rest (see keep)
+			replies[i] = unavailable(c.reqID, "the command waited past its deadline; nothing was written")
+			continue
+		}
 		conv := s.convs[c.cmd.ConversationID]
 		if wait, ok := s.allowSend(conv, &c.cmd, now); !ok {
 			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", s.w.cfg.ConvRate, c.cmd.ConversationID)

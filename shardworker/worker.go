@@ -64,7 +64,10 @@ type Config struct {
 	Protocol      protocol.Limits // request limits re-checked here (default protocol.DefaultLimits)
 	ConvRate      float64         // messages/s per conversation (default 100; negative: off)
 	ConvBurst     int             // default 200
-	Log           *slog.Logger
+	// Wire tunes the gateway links: write deadline, read timeout, replies
+	// queued per link (defaults: wire.Default*).
+	Wire wire.Config
+	Log  *slog.Logger
 }
 
 // Defaults of the adaptive group commit (groupcommit.go).
@@ -321,7 +324,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()
-		if err := wire.Serve(bg, ln, w.handle, w.log); err != nil {
+		if err := wire.Serve(bg, ln, w.handle, w.cfg.Wire, w.log); err != nil {
 			w.log.Error("worker listener failed", "err", err)
 		}
 	}()
@@ -430,7 +433,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		done(unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
 		return
 	}
-	c := &call{reqID: r.ID, done: done, cmd: shardcore.Command{
+	c := &call{reqID: r.ID, done: done, deadline: req.Deadline, cmd: shardcore.Command{
 		Op: r.Op, ConversationID: r.ConversationID, Sender: req.User, UserID: r.UserID,
 		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
 	}}

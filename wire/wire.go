@@ -1,6 +1,12 @@
 // Package wire is the gateway↔worker connection: one persistent TCP
 // connection per worker, newline-delimited JSON, pipelined (many requests in
 // flight, answered in any order, matched by request id).
+//
+// A link never makes its caller wait for the peer: a worker's reply is
+// queued without blocking, and a link whose queue is full is closed (its
+// peer is too slow or gone). Every write has a deadline; the client pings
+// an idle link, and either side closes a link it has read nothing from for
+// Config.ReadTimeout.
 package wire
 
 import (
@@ -12,40 +18,129 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // Request is one client command forwarded to a worker. User is the
 // authenticated sender.
+//
+// Budget is how long the gateway will wait for the answer, measured when
+// it sent the request (0: no limit). The worker turns it into Deadline on
+// its own clock when the request arrives, so the two machines' clocks need
+// not agree; a command still undecided at Deadline is not decided at all
+// (the gateway has already told its client the outcome is unknown).
+//
+// A request with Ping set is the client's health check of its link: the
+// worker answers it with a Response with Pong set and does not handle its
+// command.
 type Request struct {
-	RID  uint64            `json:"rid"`
-	User string            `json:"user"`
-	Req  *protocol.Request `json:"req"`
+	RID    uint64            `json:"rid"`
+	User   string            `json:"user,omitempty"`
+	Req    *protocol.Request `json:"req,omitempty"`
+	Budget time.Duration     `json:"budget_ns,omitempty"`
+	Ping   bool              `json:"ping,omitempty"`
+
+	// Deadline is set by the worker's side on receipt from Budget (zero:
+	// none). It is not sent.
+	Deadline time.Time `json:"-"`
 }
 
 // Response answers a Request. Retry means nothing was written and the
 // gateway may send the command again, to whoever owns the shard then (the
-// worker does not own the shard, or is not accepting yet).
+// worker does not own the shard, is not accepting yet, or dropped the
+// command because its deadline passed before it was decided).
 type Response struct {
 	RID   uint64          `json:"rid"`
-	Reply *protocol.Reply `json:"reply"`
+	Reply *protocol.Reply `json:"reply,omitempty"`
 	Retry bool            `json:"retry,omitempty"`
+	Pong  bool            `json:"pong,omitempty"`
 }
 
-// ErrClosed is returned by Client.Do when the connection is gone: the
-// outcome of the command is unknown.
+// ErrClosed is returned by Client.Do when the connection went away after
+// the request was written (or while it was being written): the outcome of
+// the command is unknown.
 var ErrClosed = errors.New("wire: connection closed")
+
+// ErrNotSent is returned (wrapped) by Client.Do when the request was not
+// written at all: the link was already closed, or the caller's context
+// ended first. Nothing can have been decided.
+var ErrNotSent = errors.New("wire: request not sent")
 
 const maxLine = 1 << 20
 
+// Defaults of Config.
+const (
+	DefaultWriteTimeout = 10 * time.Second
+	DefaultPingInterval = 5 * time.Second
+	DefaultReadTimeout  = 15 * time.Second
+	DefaultQueueLen     = 4096
+)
+
+// Config tunes a link; zero fields get the defaults.
+type Config struct {
+	// WriteTimeout bounds every write on the link, both directions; a
+	// write that does not finish in time closes the link (default 10 s).
+	WriteTimeout time.Duration
+	// PingInterval is how often a client pings its link (default 5 s).
+	PingInterval time.Duration
+	// ReadTimeout closes a link on which nothing (answer, pong, request or
+	// ping) was read for this long (default 15 s). Keep it a few
+	// PingIntervals: the worker side counts the client's pings.
+	ReadTimeout time.Duration
+	// QueueLen is the responses a worker queues on one link; a reply that
+	// finds the queue full closes the link (default 4096).
+	QueueLen int
+}
+
+func (c Config) withDefaults() Config {
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = DefaultPingInterval
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.QueueLen <= 0 {
+		c.QueueLen = DefaultQueueLen
+	}
+	return c
+}
+
+// deadlineConn extends the read or write deadline before every read and
+// write of the connection.
+type deadlineConn struct {
+	net.Conn
+	read, write time.Duration
+}
+
+func (c deadlineConn) Read(p []byte) (int, error) {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.read)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
+
+func (c deadlineConn) Write(p []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.write)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
 // Handler handles a request; it must call reply exactly once, from any
-// goroutine.
+// goroutine. reply never blocks: on a link whose queue is full it closes
+// the link and drops the response (the gateway then answers the command's
+// client as an unknown outcome).
 type Handler func(req *Request, reply func(*Response))
 
 // Serve accepts connections on ln until ctx ends, then closes ln and every
 // connection and waits for their goroutines.
-func Serve(ctx context.Context, ln net.Listener, h Handler, log *slog.Logger) error {
+func Serve(ctx context.Context, ln net.Listener, h Handler, cfg Config, log *slog.Logger) error {
+	cfg = cfg.withDefaults()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]struct{}{}
@@ -73,7 +168,7 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, log *slog.Logger) er
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serveConn(ctx, c, h, log)
+			serveConn(c, h, cfg, log)
 			mu.Lock()
 			delete(conns, c)
 			mu.Unlock()
@@ -81,15 +176,24 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, log *slog.Logger) er
 	}
 }
 
-func serveConn(ctx context.Context, c net.Conn, h Handler, log *slog.Logger) {
-	defer c.Close()
-	out := make(chan *Response, 4096)
+func serveConn(c net.Conn, h Handler, cfg Config, log *slog.Logger) {
+	dc := deadlineConn{Conn: c, read: cfg.ReadTimeout, write: cfg.WriteTimeout}
+	out := make(chan *Response, cfg.QueueLen)
 	done := make(chan struct{})
+	var once sync.Once
+	closeLink := func() {
+		once.Do(func() {
+			close(done)
+			c.Close()
+		})
+	}
+	defer closeLink()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // writer
 		defer wg.Done()
-		bw := bufio.NewWriterSize(c, 64<<10)
+		defer closeLink()
+		bw := bufio.NewWriterSize(dc, 64<<10)
 		enc := json.NewEncoder(bw)
 		for {
 			select {
@@ -109,27 +213,46 @@ func serveConn(ctx context.Context, c net.Conn, h Handler, log *slog.Logger) {
 	}()
 	reply := func(r *Response) {
 		select {
-		case out <- r:
 		case <-done:
+			return
+		default:
+		}
+		select {
+		case out <- r:
+		default:
+			log.Warn("wire: closing a link whose peer does not read its answers", "remote", c.RemoteAddr().String(), "queued", cap(out))
+			closeLink()
 		}
 	}
-	sc := bufio.NewScanner(c)
+	sc := bufio.NewScanner(dc)
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	for sc.Scan() {
 		var req Request
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil || req.Req == nil {
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
 			log.Warn("wire: bad request line", "remote", c.RemoteAddr().String(), "err", err)
 			break
 		}
+		if req.Ping {
+			reply(&Response{RID: req.RID, Pong: true})
+			continue
+		}
+		if req.Req == nil {
+			log.Warn("wire: request line without a command", "remote", c.RemoteAddr().String())
+			break
+		}
+		if req.Budget > 0 {
+			req.Deadline = time.Now().Add(req.Budget)
+		}
 		h(&req, reply)
 	}
-	close(done)
+	closeLink()
 	wg.Wait()
 }
 
 // Client is a pipelined connection to one worker.
 type Client struct {
 	conn net.Conn
+	cfg  Config
 
 	wmu sync.Mutex
 	bw  *bufio.Writer
@@ -142,18 +265,22 @@ type Client struct {
 }
 
 // Dial connects to a worker.
-func Dial(ctx context.Context, addr string) (*Client, error) {
+func Dial(ctx context.Context, addr string, cfg Config) (*Client, error) {
+	cfg = cfg.withDefaults()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
 	}
-	cl := &Client{conn: conn, bw: bufio.NewWriterSize(conn, 64<<10), pending: map[uint64]chan *Response{}, closed: make(chan struct{})}
+	dc := deadlineConn{Conn: conn, read: cfg.ReadTimeout, write: cfg.WriteTimeout}
+	cl := &Client{conn: dc, cfg: cfg, bw: bufio.NewWriterSize(dc, 64<<10), pending: map[uint64]chan *Response{}, closed: make(chan struct{})}
 	go cl.readLoop()
+	go cl.pingLoop()
 	return cl, nil
 }
 
-// Done is closed when the connection is gone.
+// Done is closed when the connection is gone: closed, broken, or silent
+// for longer than the read timeout. A pool should dial a new one.
 func (cl *Client) Done() <-chan struct{} { return cl.closed }
 
 func (cl *Client) readLoop() {
@@ -163,6 +290,9 @@ func (cl *Client) readLoop() {
 		var r Response
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			break
+		}
+		if r.Pong || r.RID == 0 {
+			continue // a pong (or an older worker's answer to a ping): reading it extended the deadline
 		}
 		cl.mu.Lock()
 		ch := cl.pending[r.RID]
@@ -175,31 +305,76 @@ func (cl *Client) readLoop() {
 	cl.Close()
 }
 
-// Do sends req and waits for its response. ErrClosed means the outcome is
-// unknown.
+// pingLoop pings the worker every PingInterval, so that a link whose peer
+// is gone without a word (a half-open connection) reads nothing and is
+// closed by the read deadline.
+func (cl *Client) pingLoop() {
+	t := time.NewTicker(cl.cfg.PingInterval)
+	defer t.Stop()
+	// The ping also carries a command an older worker rejects (an unknown
+	// op, answered bad_request with rid 0, which no call uses): its answer
+	// keeps the link alive through a rolling upgrade.
+	line, _ := json.Marshal(&Request{Ping: true, Req: &protocol.Request{Op: "ping"}})
+	line = append(line, '\n')
+	for {
+		select {
+		case <-t.C:
+			if err := cl.write(line); err != nil {
+				cl.Close()
+				return
+			}
+		case <-cl.closed:
+			return
+		}
+	}
+}
+
+func (cl *Client) write(line []byte) error {
+	cl.wmu.Lock()
+	defer cl.wmu.Unlock()
+	if _, err := cl.bw.Write(line); err != nil {
+		return err
+	}
+	return cl.bw.Flush()
+}
+
+// Do sends req and waits for its response. An error wrapping ErrNotSent
+// means the request was not written; any other error (ErrClosed, the
+// context's) means the outcome is unknown. The context's deadline, if
+// any, travels with the request: the worker does not decide the command
+// after it.
 func (cl *Client) Do(ctx context.Context, user string, req *protocol.Request) (*Response, error) {
+	var budget time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		if budget = time.Until(d); budget <= 0 {
+			return nil, fmt.Errorf("%w: %w", ErrNotSent, context.DeadlineExceeded)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, err)
+	}
 	ch := make(chan *Response, 1)
 	cl.mu.Lock()
 	if cl.err != nil {
 		cl.mu.Unlock()
-		return nil, cl.err
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, cl.err)
 	}
 	cl.next++
 	rid := cl.next
 	cl.pending[rid] = ch
 	cl.mu.Unlock()
+	forget := func() {
+		cl.mu.Lock()
+		delete(cl.pending, rid)
+		cl.mu.Unlock()
+	}
 
-	b, err := json.Marshal(&Request{RID: rid, User: user, Req: req})
+	b, err := json.Marshal(&Request{RID: rid, User: user, Req: req, Budget: budget})
 	if err != nil {
-		return nil, fmt.Errorf("wire: encode: %w", err)
+		forget()
+		return nil, fmt.Errorf("%w: encode: %w", ErrNotSent, err)
 	}
-	cl.wmu.Lock()
-	_, err = cl.bw.Write(append(b, '\n'))
-	if err == nil {
-		err = cl.bw.Flush()
-	}
-	cl.wmu.Unlock()
-	if err != nil {
+	if err := cl.write(append(b, '\n')); err != nil {
 		cl.Close()
 		return nil, ErrClosed
 	}
@@ -214,9 +389,7 @@ func (cl *Client) Do(ctx context.Context, user string, req *protocol.Request) (*
 		}
 		return nil, ErrClosed
 	case <-ctx.Done():
-		cl.mu.Lock()
-		delete(cl.pending, rid)
-		cl.mu.Unlock()
+		forget()
 		return nil, ctx.Err()
 	}
 }

@@ -20,6 +20,7 @@ type limitFlags struct {
 	ping, dedupeMemory                  *time.Duration
 	dedupeKeep                          *int
 	commit                              commitFlags
+	wire                                wireFlags
 }
 
 func addLimitFlags(fs *flag.FlagSet) limitFlags {
@@ -44,6 +45,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		dedupeMemory: fs.Duration("dedupe-memory", shardworker.DefaultDedupeMemory,
 			"how long a writer keeps a stored send's result in memory; older retries are answered from Postgres"),
 		commit: addCommitFlags(fs),
+		wire:   addWireFlags(fs),
 	}
 }
 
@@ -58,6 +60,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.UserRate, c.UserBurst, c.MaxConnsPerUser = *l.userRate, *l.userBurst, *l.maxConns
 	c.OriginPatterns = splitList(*l.origins)
 	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
+	c.Wire, c.CallTimeout = l.wire.config(), *l.wire.call
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {
@@ -66,4 +69,5 @@ func (l limitFlags) worker(c *shardworker.Config) {
 	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
 	c.DedupeKeep, c.DedupeMemory = *l.dedupeKeep, *l.dedupeMemory
 	l.commit.worker(c)
+	c.Wire = l.wire.config()
 }

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"flag"
+	"time"
+
+	"github.com/chatpipe/chatpipe/wire"
+)
+
+// wireFlags tune the gateway↔worker links (wire.Config) and how long a
+// gateway waits for one attempt at a worker.
+type wireFlags struct {
+	write, ping, read, call *time.Duration
+	queue                   *int
+}
+
+func addWireFlags(fs *flag.FlagSet) wireFlags {
+	return wireFlags{
+		write: fs.Duration("wire-write-timeout", wire.DefaultWriteTimeout, "deadline of every write on a gateway↔worker link; a write that misses it closes the link"),
+		ping:  fs.Duration("wire-ping", wire.DefaultPingInterval, "how often a gateway pings each of its worker links"),
+		read:  fs.Duration("wire-read-timeout", wire.DefaultReadTimeout, "a gateway↔worker link on which nothing was read for this long is closed (keep it a few --wire-ping)"),
+		call:  fs.Duration("call-timeout", 15*time.Second, "how long a gateway waits for one attempt at a worker; the worker drops a command still queued past it (answered unavailable, nothing written)"),
+		queue: fs.Int("wire-queue", wire.DefaultQueueLen, "answers a worker queues on one gateway link; a link whose queue is full is closed"),
+	}
+}
+
+func (f wireFlags) config() wire.Config {
+	return wire.Config{WriteTimeout: *f.write, PingInterval: *f.ping, ReadTimeout: *f.read, QueueLen: *f.queue}
+}
