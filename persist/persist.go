@@ -139,6 +139,12 @@ func (p *Persister) handle(ctx context.Context, recs []*kgo.Record) error {
 
 // insertSQL inserts a batch in one statement and returns every row it did
 // not insert, with the message_id of the row holding its seq (NULL if none).
+//
+// An input row is identified by its log position, not by its
+// (conversation_id, seq): two records of one batch with the same seq are
+// two rows, one inserted and one returned. The statement's own inserts are
+// not visible to its join with events (one snapshot), so the holder of a seq
+// taken inside the batch comes from ins.
 const insertSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
@@ -153,12 +159,14 @@ WITH input AS (
          created_at, vshard, epoch, log_partition, log_offset
   FROM input
   ON CONFLICT DO NOTHING
-  RETURNING conversation_id, seq
+  RETURNING conversation_id, seq, message_id, log_partition, log_offset
 )
-SELECT i.conversation_id, i.seq, e.message_id, i.message_id, i.log_partition, i.log_offset
+SELECT i.conversation_id, i.seq,
+       coalesce(e.message_id, (SELECT ins.message_id FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)),
+       i.message_id, i.log_partition, i.log_offset
 FROM input i
 LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)`
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.log_partition = i.log_partition AND ins.log_offset = i.log_offset)`
 
 // Write stores records (of one topic, any partitions, in offset order per
 // partition) and their partitions' next offsets in one transaction, exactly
