@@ -70,7 +70,6 @@ type Stats struct {
 	Inserted  atomic.Int64
 	Skipped   atomic.Int64 // rows already there with the same message_id
 	Conflicts atomic.Int64 // broken invariants
-	BadRecord atomic.Int64
 }
 
 // Persister is one member of the persist consumer group.
@@ -96,12 +95,15 @@ func New(cfg Config) (*Persister, error) {
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle},
-		"chatpipe_persist_lag_records", "Records of a partition not yet in Postgres, as of the last fetch.")
+		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p, nil
 }
 
 // Stats returns the counters.
 func (p *Persister) Stats() *Stats { return &p.stats }
+
+// Degraded describes persist's dead letters, "" if there are none.
+func (p *Persister) Degraded(ctx context.Context) string { return p.consumer.Degraded(ctx) }
 
 // CaughtUp reports whether the persister has joined its group and no
 // partition lagged by more than maxLag records at its last fetch.
@@ -112,14 +114,13 @@ func (p *Persister) Collectors() []prometheus.Collector {
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
-	return []prometheus.Collector{
+	return append([]prometheus.Collector{
 		counter("chatpipe_persist_batches_total", "Postgres transactions written.", &p.stats.Batches),
 		counter("chatpipe_persist_inserted_total", "Events inserted.", &p.stats.Inserted),
 		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
 		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
-		counter("chatpipe_persist_bad_records_total", "Records that did not decode and were skipped.", &p.stats.BadRecord),
-		p.batchSize, p.batchSeconds, p.consumer.LagGauge(),
-	}
+		p.batchSize, p.batchSeconds,
+	}, p.consumer.Collectors()...)
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
@@ -169,10 +170,20 @@ LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.log_partition = i.log_partition AND ins.log_offset = i.log_offset)`
 
 // Write stores records (of one topic, any partitions, in offset order per
-// partition) and their partitions' next offsets in one transaction, exactly
-// as the consumer does. `chatpipe admin rebuild` uses it to rebuild a
-// database from the log alone.
+// partition) and their partitions' next offsets in one transaction, as the
+// consumer does with a batch; an error leaves nothing written.
 func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error { return p.write(ctx, recs) }
+
+// Settle writes records as the consumer does: transient errors retried,
+// records that can never be written dead-lettered; a record of a newer
+// schema version is an error. `chatpipe admin rebuild` uses it to rebuild a
+// database from the log alone.
+func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
+	return p.consumer.Settle(ctx, recs)
+}
+
+// DeadLetters is the number of records dead-lettered by this Persister.
+func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 
 // write stores one poll's records and the partitions' next offsets in one
 // transaction.
@@ -192,9 +203,9 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
 		if err != nil {
-			p.stats.BadRecord.Add(1)
-			p.cfg.Log.Error("persist: skipping a record that does not decode", "partition", r.Partition, "offset", r.Offset, "err", err)
-			continue
+			// Never skipped: a newer version stops persist until it is
+			// upgraded, a malformed record becomes a dead letter (logsink).
+			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
 		}
 		if e.Kind == logrecord.KindTakeover {
 			continue

@@ -2,16 +2,20 @@ package persist
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -104,5 +108,79 @@ func TestClientMessageIDClashInOneBatch(t *testing.T) {
 	}
 	if ins, c := p.Stats().Inserted.Load(), p.Stats().Conflicts.Load(); ins != 1 || c != 1 {
 		t.Errorf("inserted, conflicts = %d, %d; want 1, 1", ins, c)
+	}
+}
+
+// TestPoisonRecordsAreDeadLettered: a message whose body Postgres refuses
+// (a NUL byte) and a record that is not JSON go to persist's dead letters;
+// the records around them are written and the offset moves past all.
+func TestPoisonRecordsAreDeadLettered(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	bad := message("c1", 2, "m-2", "k-2")
+	bad.Body = "nul\x00here"
+	garbage := &kgo.Record{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 3, Value: []byte("not json")}
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-1", "k-1"), 0),
+		record(t, bad, 1),
+		record(t, message("c1", 3, "m-3", "k-3"), 2),
+		garbage,
+		record(t, message("c2", 1, "m-4", "k-4"), 4),
+	}
+	if err := p.Settle(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	rows, _ := db.Query(ctx, `SELECT seq FROM events ORDER BY conversation_id, seq`)
+	var seq int64
+	if _, err := pgx.ForEachRow(rows, []any{&seq}, func() error { seqs = append(seqs, seq); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(seqs) != "[1 3 1]" {
+		t.Errorf("stored seqs = %v, want c1: 1 3, c2: 1", seqs)
+	}
+	type dl struct {
+		off   int64
+		conv  *string
+		seq   *int64
+		state *string
+	}
+	var got []dl
+	rows, _ = db.Query(ctx, `SELECT log_offset, conversation_id, seq, sqlstate FROM dead_letters WHERE consumer = 'persist' ORDER BY log_offset`)
+	var d dl
+	if _, err := pgx.ForEachRow(rows, []any{&d.off, &d.conv, &d.seq, &d.state}, func() error { got = append(got, d); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].off != 1 || got[0].conv == nil || *got[0].conv != "c1" || *got[0].seq != 2 ||
+		got[0].state == nil || *got[0].state != "22021" || got[1].off != 3 || got[1].conv != nil || got[1].state != nil {
+		t.Errorf("dead letters = %+v", got)
+	}
+	offs, err := logsink.Offsets(ctx, db, "persist", logrecord.DefaultTopic)
+	if err != nil || offs[0] != 5 {
+		t.Errorf("persist offsets = %v, %v; want partition 0 at 5", offs, err)
+	}
+	if p.DeadLetters() != 2 {
+		t.Errorf("DeadLetters = %d, want 2", p.DeadLetters())
+	}
+}
+
+// TestNewerVersionStopsPersist: a record of a newer schema version is not
+// skipped (nor dead-lettered): the batch fails with ErrUnsupportedVersion
+// and nothing of it is written.
+func TestNewerVersionStopsPersist(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-1", "k-1"), 0),
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
+	}
+	if err := p.Settle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
+		t.Fatalf("Settle = %v, want ErrUnsupportedVersion", err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows written (%v), want none", n, err)
 	}
 }
