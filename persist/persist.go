@@ -8,6 +8,11 @@
 // (conversation_id, seq) or (conversation_id, client_message_id) is taken by
 // a different message is a broken invariant: it is counted, logged loudly
 // and recorded in seq_conflicts, never overwritten.
+//
+// A record it can never write (Postgres refuses a value, e.g. a NUL byte in
+// a body, or the record is not a record of any version) goes to
+// dead_letters and the partition moves on; a record of a newer schema
+// version stops it until it is upgraded (logsink decides both).
 package persist
 
 import (
