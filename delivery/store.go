@@ -63,7 +63,7 @@ func rangeArgs(rs []Range) (convs []string, from, to []int64) {
 
 // SyncResult is a sync's answer.
 type SyncResult struct {
-	Events  []*protocol.Event // ordered by conversation, then seq
+	Events  []*protocol.Event // ordered by conversation (byte order), then seq
 	Cursors map[string]int64  // every conversation of the user: last seq covered
 	More    bool              // capped at limit events: sync again with Cursors
 }
@@ -102,8 +102,14 @@ func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64,
 			}
 			return ranges[i].From < ranges[j].From
 		})
+		// COLLATE "C" is byte order, the order of Go's string comparison
+		// used above and below: under the database's own collation (e.g.
+		// en_US, where "a1" < "B1") the page could stop inside a
+		// conversation Go thinks comes after others, and their cursors would
+		// move past events never returned. The rows come from lookups per
+		// range and are sorted anyway, so no index order is lost.
 		c, f, t := rangeArgs(ranges)
-		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.conversation_id, e.seq LIMIT $4`, c, f, t, limit+1)
+		rows, err = tx.Query(ctx, rangeEvents+` ORDER BY e.conversation_id COLLATE "C", e.seq LIMIT $4`, c, f, t, limit+1)
 		if err != nil {
 			return err
 		}

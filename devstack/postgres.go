@@ -312,6 +312,10 @@ func (p *Postgres) ensureDatabase(ctx context.Context) error {
 // postgres://postgres@127.0.0.1:PORT/chatpipe?sslmode=disable.
 func (p *Postgres) URL() string { return p.urlFor(pgDatabase) }
 
+// DatabaseURL returns the connection URL of another database of the same
+// cluster (tests create databases with other collations beside chatpipe).
+func (p *Postgres) DatabaseURL(db string) string { return p.urlFor(db) }
+
 func (p *Postgres) urlFor(db string) string {
 	u := url.URL{
 		Scheme:   "postgres",

@@ -5,6 +5,7 @@ package logrecord
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -79,23 +80,50 @@ func (e *Event) Marshal() ([]byte, error) {
 	return b, nil
 }
 
-// Unmarshal decodes a record value and checks its version and kind.
+// ErrUnsupportedVersion marks a record whose schema version is newer than
+// this build understands (a newer writer, e.g. during a rolling upgrade).
+// Such a record is not bad: a consumer must stop until it is upgraded, and
+// must never skip it.
+var ErrUnsupportedVersion = errors.New("logrecord: unsupported (newer) schema version")
+
+// ErrMalformed marks a record that no version of this build can read: not
+// JSON, no or an impossible version, an unknown kind of this version, or an
+// event without its conversation_id or seq. It will never decode.
+var ErrMalformed = errors.New("logrecord: malformed record")
+
+// Unmarshal decodes a record value and checks its version and kind. Its
+// errors wrap ErrUnsupportedVersion or ErrMalformed.
+//
+// The version is read first, on its own: a newer version may change the
+// type of any other field, and must be reported as newer, not as malformed.
 func Unmarshal(b []byte) (*Event, error) {
+	var v struct {
+		V *int `json:"v"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("%w: decode: %w", ErrMalformed, err)
+	}
+	switch {
+	case v.V == nil:
+		return nil, fmt.Errorf("%w: no schema version", ErrMalformed)
+	case *v.V > Version:
+		return nil, fmt.Errorf("%w: %d (this build reads up to %d)", ErrUnsupportedVersion, *v.V, Version)
+	case *v.V < 1:
+		return nil, fmt.Errorf("%w: schema version %d", ErrMalformed, *v.V)
+	}
 	var e Event
 	if err := json.Unmarshal(b, &e); err != nil {
-		return nil, fmt.Errorf("logrecord: decode: %w", err)
-	}
-	if e.V != Version {
-		return nil, fmt.Errorf("logrecord: unsupported schema version %d", e.V)
+		return nil, fmt.Errorf("%w: decode: %w", ErrMalformed, err)
 	}
 	switch e.Kind {
 	case KindCreate, KindJoin, KindKick, KindLeave, KindMessage:
 		if e.ConversationID == "" || e.Seq <= 0 {
-			return nil, fmt.Errorf("logrecord: %s event without conversation_id or seq", e.Kind)
+			return nil, fmt.Errorf("%w: %s event without conversation_id or seq", ErrMalformed, e.Kind)
 		}
 	case KindTakeover:
 	default:
-		return nil, fmt.Errorf("logrecord: unknown kind %q", e.Kind)
+		// A new kind comes with a new version; in this one it is a bug.
+		return nil, fmt.Errorf("%w: unknown kind %q in version %d", ErrMalformed, e.Kind, e.V)
 	}
 	return &e, nil
 }

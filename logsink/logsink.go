@@ -3,6 +3,24 @@
 // that keeps its offsets in Postgres, written in the same transaction as
 // what it derives from the records, and starts from them — never from
 // Kafka's committed group offsets.
+//
+// A batch that fails is retried. What happens next depends on the error
+// (classify):
+//
+//   - transient (connection lost, serialization failure, anything not
+//     listed below): retried with backoff until it succeeds;
+//   - permanent (a record this consumer can never write: a Postgres data
+//     exception, SQLSTATE class 22, e.g. a NUL byte in a text value; a
+//     program limit, class 54, e.g. an index row too large; or a record that
+//     is not a readable record of any version, logrecord.ErrMalformed):
+//     retried a few times, then the batch is bisected until the records
+//     that fail alone are found; the others are written as usual and each
+//     culprit goes to dead_letters in the same transaction as the stored
+//     offset moving past it. The partition moves on;
+//   - halt (a record of a newer schema version, logrecord.ErrUnsupportedVersion):
+//     never dead-lettered, since upgrading this consumer makes it readable.
+//     The consumer stops there, logs an error at every retry (every 5 s),
+//     reports itself not ready and sets its halted gauge.
 package logsink
 
 import (
@@ -11,18 +29,29 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // Querier is what reading offsets needs: a pool, a connection or a tx.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// DB is what a Consumer needs of Postgres: queries, and transactions for
+// its dead letters. A *pgxpool.Pool is one.
+type DB interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Offsets reads a consumer's stored next offset of each partition of topic.
@@ -72,13 +101,14 @@ type Config struct {
 	Brokers  []string
 	Topic    string
 	Group    string
-	Consumer string // its name in consumer_offsets
-	DB       Querier
+	Consumer string // its name in consumer_offsets and dead_letters
+	DB       DB
 	MaxBatch int
 	Log      *slog.Logger
 	// Handle applies one poll's records (of Topic, in offset order per
-	// partition) and stores their offsets, in one Postgres transaction. An
-	// error is retried with backoff until ctx ends.
+	// partition) and stores their offsets, in one Postgres transaction. It
+	// may be given any part of a poll, in order. An error is retried or
+	// leads to dead letters as the package documentation says.
 	Handle func(ctx context.Context, recs []*kgo.Record) error
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
@@ -86,36 +116,81 @@ type Config struct {
 
 // Consumer runs Config.Handle over the log and tracks its lag.
 type Consumer struct {
-	cfg    Config
-	lag    *prometheus.GaugeVec
-	joined atomic.Bool
-	mu     sync.Mutex
-	lags   map[int32]int64
+	cfg         Config
+	lag         *prometheus.GaugeVec
+	deadLetters prometheus.Counter
+	haltedGauge prometheus.Gauge
+	dead        atomic.Int64 // records dead-lettered by this Consumer
+	joined      atomic.Bool
+	mu          sync.Mutex
+	lags        map[int32]int64
+	halted      error // the error the consumer is stopped at, under mu
 }
 
-// New returns a consumer whose lag gauge is named lagMetric.
-func New(cfg Config, lagMetric, lagHelp string) *Consumer {
+// New returns a consumer whose metrics are named prefix_lag_records (with
+// lagHelp), prefix_dead_letters_total and prefix_halted.
+func New(cfg Config, prefix, lagHelp string) *Consumer {
 	return &Consumer{cfg: cfg, lags: map[int32]int64{},
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: lagMetric, Help: lagHelp}, []string{"partition"})}
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: prefix + "_lag_records", Help: lagHelp}, []string{"partition"}),
+		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + "_dead_letters_total",
+			Help: "Records this consumer could never write, kept in dead_letters (chatpipe admin dead-letters); the partition moved on."}),
+		haltedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "_halted",
+			Help: "1 while the consumer is stopped at a record of a newer schema version (upgrade it), else 0."}),
+	}
 }
 
-// LagGauge is the lag metric.
-func (c *Consumer) LagGauge() prometheus.Collector { return c.lag }
+// Collectors returns the consumer's metrics: lag, dead letters, halted.
+func (c *Consumer) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.lag, c.deadLetters, c.haltedGauge}
+}
 
-// CaughtUp reports whether the consumer has joined its group and no
-// partition lagged by more than maxLag records at its last fetch.
+// CaughtUp reports whether the consumer has joined its group, is not
+// stopped at a record it cannot read, and no partition lagged by more than
+// maxLag records at its last fetch.
 func (c *Consumer) CaughtUp(maxLag int64) error {
 	if !c.joined.Load() {
 		return errors.New("not in the consumer group yet")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.halted != nil {
+		return fmt.Errorf("stopped at a record this build cannot read (upgrade it): %w", c.halted)
+	}
 	for part, lag := range c.lags {
 		if lag > maxLag {
 			return fmt.Errorf("partition %d lags by %d records", part, lag)
 		}
 	}
 	return nil
+}
+
+// DeadLettered is the number of records this Consumer has dead-lettered.
+func (c *Consumer) DeadLettered() int64 { return c.dead.Load() }
+
+// Degraded describes the consumer's dead letters ("" if it has none): the
+// rows of dead_letters under its name, however old. It asks Postgres.
+func (c *Consumer) Degraded(ctx context.Context) string {
+	n, err := CountDeadLetters(ctx, c.cfg.DB, c.cfg.Consumer)
+	if err != nil {
+		return fmt.Sprintf("cannot count dead letters: %v", err)
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d dead letters (chatpipe admin dead-letters --consumer %s)", n, c.cfg.Consumer)
+}
+
+// CountDeadLetters counts consumer's rows in dead_letters.
+func CountDeadLetters(ctx context.Context, q Querier, consumer string) (int64, error) {
+	rows, err := q.Query(ctx, `SELECT count(*) FROM dead_letters WHERE consumer = $1`, consumer)
+	if err != nil {
+		return 0, fmt.Errorf("count %s dead letters: %w", consumer, err)
+	}
+	n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, fmt.Errorf("count %s dead letters: %w", consumer, err)
+	}
+	return n, nil
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
@@ -168,22 +243,205 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
+// errClass is what a failed batch leads to.
+type errClass int
+
+const (
+	transient errClass = iota // retry until it works
+	permanent                 // isolate the culprits, dead-letter them
+	halt                      // stop here until this build is upgraded
+)
+
+func (k errClass) String() string {
+	return [...]string{"transient", "permanent", "halt"}[k]
+}
+
+// classify tells what err, returned by Handle, leads to, and its SQLSTATE
+// if Postgres raised it.
+//
+// Permanent are the errors the same records will always cause again: class
+// 22 (data exception: invalid byte sequence, value out of range, bad
+// datetime, …) and class 54 (program limit exceeded: an index row or array
+// too large, too many arguments — bisecting also cures a batch that was
+// merely too big), and records no version reads (logrecord.ErrMalformed).
+// Everything else — lost connections, serialization failures and deadlocks
+// (class 40), resource shortages (53), operator intervention (57), constraint
+// violations (23, which the sinks' statements avoid by design, so one is a
+// bug to fix, not data to drop) — is retried: stopping is safe, dropping is
+// not.
+func classify(err error) (errClass, string) {
+	if errors.Is(err, logrecord.ErrUnsupportedVersion) {
+		return halt, ""
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case strings.HasPrefix(pe.Code, "22"), strings.HasPrefix(pe.Code, "54"):
+			return permanent, pe.Code
+		}
+		return transient, pe.Code
+	}
+	if errors.Is(err, logrecord.ErrMalformed) {
+		return permanent, ""
+	}
+	return transient, ""
+}
+
+// permanentTries is how often a whole poll is tried with a permanent error
+// before it is bisected (a part of it is split at its first).
+const permanentTries = 3
+
 func (c *Consumer) handleRetrying(ctx context.Context, recs []*kgo.Record) {
+	_ = c.settle(ctx, recs, permanentTries, false)
+}
+
+// Settle writes recs (of Topic, in offset order per partition) through
+// Handle as Run does — retrying transient errors, dead-lettering the records
+// that can never be written — but returns an error at a record of a newer
+// schema version instead of waiting there, and ctx's error if it ends.
+// `chatpipe admin rebuild` uses it.
+func (c *Consumer) Settle(ctx context.Context, recs []*kgo.Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	if err := c.settle(ctx, recs, permanentTries, true); err != nil {
+		return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
+	}
+	return ctx.Err()
+}
+
+// settle runs Handle on recs until they are all written or dead-lettered,
+// or ctx ends. After tries permanent failures it splits recs in two halves
+// and settles each in turn (order per partition is kept); a single record
+// that fails permanently is dead-lettered. A halt is retried forever, or
+// returned if haltReturns.
+func (c *Consumer) settle(ctx context.Context, recs []*kgo.Record, tries int, haltReturns bool) error {
 	backoff := 100 * time.Millisecond
+	fails := 0
 	for {
 		err := c.cfg.Handle(ctx, recs)
-		if err == nil || ctx.Err() != nil {
-			return
+		if err == nil {
+			c.setHalted(nil)
+			return nil
 		}
-		c.cfg.Log.Warn("batch failed; retrying", "consumer", c.cfg.Consumer, "records", len(recs), "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
+		if ctx.Err() != nil {
+			return nil
+		}
+		class, state := classify(err)
+		first, last := recs[0], recs[len(recs)-1]
+		switch class {
+		case halt:
+			if haltReturns {
+				return err
+			}
+			c.setHalted(err)
+			c.cfg.Log.Error("consumer stopped: a record of a newer schema version; upgrade this consumer (the record is not skipped)",
+				"consumer", c.cfg.Consumer, "records", len(recs), "err", err)
+		case permanent:
+			if fails++; fails >= tries {
+				if len(recs) == 1 {
+					c.deadLetter(ctx, recs[0], err, state)
+					return nil
+				}
+				c.cfg.Log.Warn("batch failed permanently; isolating the records that cannot be written",
+					"consumer", c.cfg.Consumer, "records", len(recs), "sqlstate", state, "err", err)
+				mid := len(recs) / 2
+				if err := c.settle(ctx, recs[:mid], 1, haltReturns); err != nil || ctx.Err() != nil {
+					return err
+				}
+				return c.settle(ctx, recs[mid:], 1, haltReturns)
+			}
+			c.cfg.Log.Warn("batch failed with a permanent error; retrying before isolating", "consumer", c.cfg.Consumer,
+				"records", len(recs), "first", fmt.Sprintf("%d/%d", first.Partition, first.Offset),
+				"last", fmt.Sprintf("%d/%d", last.Partition, last.Offset), "sqlstate", state, "err", err)
+		default:
+			c.cfg.Log.Warn("batch failed; retrying", "consumer", c.cfg.Consumer, "records", len(recs), "sqlstate", state, "err", err)
+		}
+		if !sleep(ctx, backoff) {
+			return nil
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
+
+func (c *Consumer) setHalted(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && c.halted == nil {
+		return
+	}
+	c.halted = err
+	if err != nil {
+		c.haltedGauge.Set(1)
+	} else {
+		c.haltedGauge.Set(0)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// deadLetter writes r to dead_letters and moves the consumer's stored offset
+// past it, in one transaction, retrying until that works or ctx ends.
+func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, sqlstate string) {
+	var conv *string
+	var seq *int64
+	if e, err := logrecord.Unmarshal(r.Value); err == nil && e.Kind != logrecord.KindTakeover {
+		conv, seq = &e.ConversationID, &e.Seq
+		if strings.ContainsRune(e.ConversationID, 0) || !utf8Valid(e.ConversationID) {
+			conv = nil // not storable as text either
+		}
+	}
+	var state *string
+	if sqlstate != "" {
+		state = &sqlstate
+	}
+	text := sanitize(cause.Error())
+	backoff := 100 * time.Millisecond
+	for {
+		err := pgx.BeginFunc(ctx, c.cfg.DB, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq,
+				sqlstate, error, record_key, record_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+				ON CONFLICT DO NOTHING`,
+				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
+				return fmt.Errorf("insert dead letter: %w", err)
+			}
+			return StoreOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
+		})
+		if err == nil {
+			c.deadLetters.Inc()
+			c.dead.Add(1)
+			c.cfg.Log.Error("DEAD LETTER: a record this consumer can never write was moved to dead_letters; the partition moves on",
+				"consumer", c.cfg.Consumer, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+				"sqlstate", sqlstate, "err", cause)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		c.cfg.Log.Warn("writing a dead letter failed; retrying", "consumer", c.cfg.Consumer,
+			"partition", r.Partition, "offset", r.Offset, "err", err)
+		if !sleep(ctx, backoff) {
+			return
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// sanitize makes s storable as Postgres text: valid UTF-8 without NUL.
+func sanitize(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\ufffd"), "\x00", `\x00`)
+}
+
+func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "") == s }
 
 // startOffsets replaces the group's offsets with those stored in Postgres.
 func (c *Consumer) startOffsets(ctx context.Context, in map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {

@@ -8,6 +8,11 @@
 // (conversation_id, seq) or (conversation_id, client_message_id) is taken by
 // a different message is a broken invariant: it is counted, logged loudly
 // and recorded in seq_conflicts, never overwritten.
+//
+// A record it can never write (Postgres refuses a value, e.g. a NUL byte in
+// a body, or the record is not a record of any version) goes to
+// dead_letters and the partition moves on; a record of a newer schema
+// version stops it until it is upgraded (logsink decides both).
 package persist
 
 import (
@@ -70,7 +75,6 @@ type Stats struct {
 	Inserted  atomic.Int64
 	Skipped   atomic.Int64 // rows already there with the same message_id
 	Conflicts atomic.Int64 // broken invariants
-	BadRecord atomic.Int64
 }
 
 // Persister is one member of the persist consumer group.
@@ -96,12 +100,15 @@ func New(cfg Config) (*Persister, error) {
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle},
-		"chatpipe_persist_lag_records", "Records of a partition not yet in Postgres, as of the last fetch.")
+		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p, nil
 }
 
 // Stats returns the counters.
 func (p *Persister) Stats() *Stats { return &p.stats }
+
+// Degraded describes persist's dead letters, "" if there are none.
+func (p *Persister) Degraded(ctx context.Context) string { return p.consumer.Degraded(ctx) }
 
 // CaughtUp reports whether the persister has joined its group and no
 // partition lagged by more than maxLag records at its last fetch.
@@ -112,14 +119,13 @@ func (p *Persister) Collectors() []prometheus.Collector {
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
-	return []prometheus.Collector{
+	return append([]prometheus.Collector{
 		counter("chatpipe_persist_batches_total", "Postgres transactions written.", &p.stats.Batches),
 		counter("chatpipe_persist_inserted_total", "Events inserted.", &p.stats.Inserted),
 		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
 		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
-		counter("chatpipe_persist_bad_records_total", "Records that did not decode and were skipped.", &p.stats.BadRecord),
-		p.batchSize, p.batchSeconds, p.consumer.LagGauge(),
-	}
+		p.batchSize, p.batchSeconds,
+	}, p.consumer.Collectors()...)
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
@@ -139,6 +145,12 @@ func (p *Persister) handle(ctx context.Context, recs []*kgo.Record) error {
 
 // insertSQL inserts a batch in one statement and returns every row it did
 // not insert, with the message_id of the row holding its seq (NULL if none).
+//
+// An input row is identified by its log position, not by its
+// (conversation_id, seq): two records of one batch with the same seq are
+// two rows, one inserted and one returned. The statement's own inserts are
+// not visible to its join with events (one snapshot), so the holder of a seq
+// taken inside the batch comes from ins.
 const insertSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
@@ -153,18 +165,30 @@ WITH input AS (
          created_at, vshard, epoch, log_partition, log_offset
   FROM input
   ON CONFLICT DO NOTHING
-  RETURNING conversation_id, seq
+  RETURNING conversation_id, seq, message_id, log_partition, log_offset
 )
-SELECT i.conversation_id, i.seq, e.message_id, i.message_id, i.log_partition, i.log_offset
+SELECT i.conversation_id, i.seq,
+       coalesce(e.message_id, (SELECT ins.message_id FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)),
+       i.message_id, i.log_partition, i.log_offset
 FROM input i
 LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)`
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.log_partition = i.log_partition AND ins.log_offset = i.log_offset)`
 
 // Write stores records (of one topic, any partitions, in offset order per
-// partition) and their partitions' next offsets in one transaction, exactly
-// as the consumer does. `chatpipe admin rebuild` uses it to rebuild a
-// database from the log alone.
+// partition) and their partitions' next offsets in one transaction, as the
+// consumer does with a batch; an error leaves nothing written.
 func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error { return p.write(ctx, recs) }
+
+// Settle writes records as the consumer does: transient errors retried,
+// records that can never be written dead-lettered; a record of a newer
+// schema version is an error. `chatpipe admin rebuild` uses it to rebuild a
+// database from the log alone.
+func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
+	return p.consumer.Settle(ctx, recs)
+}
+
+// DeadLetters is the number of records dead-lettered by this Persister.
+func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 
 // write stores one poll's records and the partitions' next offsets in one
 // transaction.
@@ -184,9 +208,9 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
 		if err != nil {
-			p.stats.BadRecord.Add(1)
-			p.cfg.Log.Error("persist: skipping a record that does not decode", "partition", r.Partition, "offset", r.Offset, "err", err)
-			continue
+			// Never skipped: a newer version stops persist until it is
+			// upgraded, a malformed record becomes a dead letter (logsink).
+			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
 		}
 		if e.Kind == logrecord.KindTakeover {
 			continue

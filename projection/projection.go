@@ -100,7 +100,7 @@ func New(cfg Config) (*Projector, error) {
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim},
-		"chatpipe_projection_lag_records", "Records of a partition not yet projected, as of the last fetch.")
+		"chatpipe_projection", "Records of a partition not yet projected, as of the last fetch.")
 	return p, nil
 }
 
@@ -109,18 +109,21 @@ func (p *Projector) Collectors() []prometheus.Collector {
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
-	return []prometheus.Collector{
+	return append([]prometheus.Collector{
 		counter("chatpipe_projection_batches_total", "Postgres transactions written.", &p.batches),
 		counter("chatpipe_projection_events_total", "Events applied.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
 		counter("chatpipe_projection_persist_waits_total", "Batches that had to wait for persist.", &p.waits),
-		p.batchSeconds, p.waitSeconds, p.consumer.LagGauge(),
-	}
+		p.batchSeconds, p.waitSeconds,
+	}, p.consumer.Collectors()...)
 }
 
 // CaughtUp reports whether the projector has joined its group and no
 // partition lagged by more than maxLag records at its last fetch.
 func (p *Projector) CaughtUp(maxLag int64) error { return p.consumer.CaughtUp(maxLag) }
+
+// Degraded describes the projection's dead letters, "" if there are none.
+func (p *Projector) Degraded(ctx context.Context) string { return p.consumer.Degraded(ctx) }
 
 // Run consumes until ctx ends.
 func (p *Projector) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
@@ -137,13 +140,27 @@ func (p *Projector) trim(ctx context.Context) {
 	}
 }
 
-// handle waits until persist has stored the batch, then applies it.
+// handle decodes the batch, waits until persist has stored it, then
+// applies it. Decoding comes first so that a record this build cannot read
+// stops the projection itself (visibly), not only persist.
 func (p *Projector) handle(ctx context.Context, recs []*kgo.Record) error {
+	events := make([]*logrecord.Event, 0, len(recs))
+	for _, r := range recs {
+		e, err := logrecord.Unmarshal(r.Value)
+		if err != nil {
+			// Never skipped: a newer version stops the projection until it
+			// is upgraded, a malformed record becomes a dead letter (logsink).
+			return fmt.Errorf("projection: record at %d/%d: %w", r.Partition, r.Offset, err)
+		}
+		events = append(events, e)
+	}
+	// A record persist dead-lettered is covered by its stored offset like
+	// any other: the projection applies what it can read of it.
 	if err := p.waitForPersist(ctx, logsink.NextOffsets(recs)); err != nil {
 		return err
 	}
 	start := time.Now()
-	if err := p.apply(ctx, recs); err != nil {
+	if err := p.apply(ctx, recs, events); err != nil {
 		return err
 	}
 	p.batchSeconds.Observe(time.Since(start).Seconds())
@@ -185,18 +202,9 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 	}
 }
 
-// apply writes one batch's read-model changes, its delivery row and the
+// apply writes one batch's read-model changes (events are recs decoded), its delivery row and the
 // partitions' next offsets in one transaction.
-func (p *Projector) apply(ctx context.Context, recs []*kgo.Record) error {
-	events := make([]*logrecord.Event, 0, len(recs))
-	for _, r := range recs {
-		e, err := logrecord.Unmarshal(r.Value)
-		if err != nil {
-			p.cfg.Log.Error("projection: skipping a record that does not decode", "partition", r.Partition, "offset", r.Offset, "err", err)
-			continue
-		}
-		events = append(events, e)
-	}
+func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*logrecord.Event) error {
 	plan := PlanBatch(events)
 	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
 		if len(plan.Members) > 0 {

@@ -15,13 +15,19 @@ import (
 const PersistConsumer = "persist"
 
 // loadConvsSQL reads, in one statement (one snapshot), every membership
-// event of each conversation plus its last event.
+// event of each conversation plus its last event, and the highest seq of
+// its records persist dead-lettered (given as a message: only its seq
+// counts). Without the latter a writer loading the conversation would hand
+// out the seq of a committed record again.
 const loadConvsSQL = `
 SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}')
 FROM unnest($1::text[]) AS c, LATERAL (
   (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c AND kind <> 'message')
   UNION ALL
   (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
+  UNION ALL
+  (SELECT seq, 'message', '', NULL::text, NULL::text[] FROM dead_letters
+   WHERE consumer = $2 AND conversation_id = c AND seq IS NOT NULL ORDER BY seq DESC LIMIT 1)
 ) AS e
 ORDER BY 1, 2`
 
@@ -42,7 +48,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 		for _, c := range convs {
 			loaded[c] = shardcore.NewConv()
 		}
-		b.Queue(loadConvsSQL, convs).Query(func(rows pgx.Rows) error {
+		b.Queue(loadConvsSQL, convs, PersistConsumer).Query(func(rows pgx.Rows) error {
 			var cid, kind, sender, user string
 			var seq int64
 			var members []string

@@ -355,20 +355,32 @@ func readTail(ctx context.Context, brokers []string, topic string, part int32, s
 			return nil, fmt.Errorf("shardworker: replay fetch: %w", errs[0].Err)
 		}
 		reached := false
+		var bad error
 		fs.EachRecord(func(r *kgo.Record) {
 			if r.Offset >= end {
 				reached = true
 				return
 			}
-			if headerValue(r, logrecord.HeaderVShard) != want {
+			if bad != nil || headerValue(r, logrecord.HeaderVShard) != want {
 				return
 			}
 			e, err := logrecord.Unmarshal(r.Value)
-			if err != nil || e.Kind == logrecord.KindTakeover {
+			if err != nil {
+				// Its seq is unknown: replaying without it could hand the
+				// seq out again. The takeover fails (and is retried) until
+				// this build can read it (a newer version) or an operator
+				// steps in (a malformed record).
+				bad = fmt.Errorf("shardworker: replay of vshard %s: record at %d/%d: %w", want, r.Partition, r.Offset, err)
+				return
+			}
+			if e.Kind == logrecord.KindTakeover {
 				return
 			}
 			out = append(out, e)
 		})
+		if bad != nil {
+			return nil, bad
+		}
 		if reached {
 			return out, nil
 		}

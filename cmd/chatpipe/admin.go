@@ -37,14 +37,26 @@ func listenAdmin(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, log *slog.Logger) *adminServer {
+// serveAdmin serves reg on /metrics, "ok" on /healthz and, on /readyz, 503
+// with ready's error, else 200 "ready" — or 200 "ready, degraded: …" when
+// degraded (may be nil) describes something an operator must look at that
+// does not stop the role from working (a consumer's dead letters).
+func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, degraded func(context.Context) string, log *slog.Logger) *adminServer {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
+		}
+		if degraded != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			if d := degraded(ctx); d != "" {
+				w.Write([]byte("ready, degraded: " + d + "\n"))
+				return
+			}
 		}
 		w.Write([]byte("ready\n"))
 	})

@@ -27,6 +27,7 @@ Commands:
   check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
   rebuild       rebuild an empty Postgres from the committed log alone and report the counts
   handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
+  dead-letters  records persist or the projection could never write (dead_letters), oldest first
 `
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -43,6 +44,8 @@ func runAdmin(ctx context.Context, args []string) error {
 		return adminRebuild(ctx, args[1:])
 	case "handoff":
 		return adminHandoff(ctx, args[1:])
+	case "dead-letters":
+		return adminDeadLetters(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])
@@ -271,4 +274,73 @@ func topicProblems(ctx context.Context, brokers []string, topic string, minRF in
 		out = append(out, fmt.Sprintf("topic %s is replicated %d ways, fewer than %d (--min-replication)", topic, st.Replication, minRF))
 	}
 	return out
+}
+
+// adminDeadLetters lists the rows of dead_letters as a table.
+func adminDeadLetters(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin dead-letters", flag.ContinueOnError)
+	inf := addInfraFlags(fs)
+	consumer := fs.String("consumer", "", "only this consumer's (persist, projection); default all")
+	limit := fs.Int("limit", 100, "at most this many rows, oldest first")
+	width := fs.Int("value-width", 60, "bytes of each record value shown (quoted)")
+	level, format := logFlags(fs)
+	if _, err := inf.setup(fs, args, level, format); err != nil {
+		return err
+	}
+	if *inf.dbURL == "" {
+		return errors.New("need --endpoints or --database-url")
+	}
+	db, err := openDB(ctx, *inf.dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var total int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE $1 = '' OR consumer = $1`, *consumer).Scan(&total); err != nil {
+		return fmt.Errorf("count dead letters: %w", err)
+	}
+	rows, err := db.Query(ctx, `SELECT consumer, topic, log_partition, log_offset, coalesce(conversation_id, ''), coalesce(seq, 0),
+		coalesce(sqlstate, ''), created_at, error, coalesce(record_value, ''::bytea)
+		FROM dead_letters WHERE $1 = '' OR consumer = $1
+		ORDER BY created_at, consumer, topic, log_partition, log_offset LIMIT $2`, *consumer, *limit)
+	if err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
+	}
+	defer rows.Close()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tCONVERSATION\tSEQ\tSQLSTATE\tCREATED\tERROR\tVALUE")
+	for rows.Next() {
+		var cons, topic, conv, state, msg string
+		var part int32
+		var off, seq int64
+		var at time.Time
+		var value []byte
+		if err := rows.Scan(&cons, &topic, &part, &off, &conv, &seq, &state, &at, &msg, &value); err != nil {
+			return fmt.Errorf("read dead letters: %w", err)
+		}
+		seqText := ""
+		if seq > 0 {
+			seqText = fmt.Sprint(seq)
+		}
+		shown := value
+		if len(shown) > *width {
+			shown = shown[:*width]
+		}
+		v := fmt.Sprintf("%q", shown)
+		if len(shown) < len(value) {
+			v += fmt.Sprintf("… (%d bytes)", len(value))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", cons, topic, part, off, conv, seqText, state,
+			at.UTC().Format(time.RFC3339), strings.ReplaceAll(msg, "\t", " "), v)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total > int64(*limit) {
+		fmt.Printf("(%d of %d shown; --limit)\n", *limit, total)
+	}
+	return nil
 }

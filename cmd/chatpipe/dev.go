@@ -190,7 +190,7 @@ func runDev(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		admin := serveAdmin(aln, reg, gw.Ready, log)
+		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
 		closers = append(closers, admin.Close)
 		adminURL = "http://" + admin.Addr()
 	}

@@ -64,7 +64,7 @@ func adminRebuild(ctx context.Context, args []string) error {
 		if len(recs) == 0 {
 			break
 		}
-		if err := p.Write(ctx, recs); err != nil {
+		if err := p.Settle(ctx, recs); err != nil {
 			return err
 		}
 		records += len(recs)
@@ -74,7 +74,7 @@ func adminRebuild(ctx context.Context, args []string) error {
 	if err := db.QueryRow(ctx, `SELECT count(*), count(DISTINCT conversation_id) FROM events`).Scan(&events, &convs); err != nil {
 		return fmt.Errorf("count: %w", err)
 	}
-	fmt.Printf("rebuilt from %d committed records in %v: %d events in %d conversations (%d seq conflicts, %d undecodable records)\n",
-		records, time.Since(start).Round(time.Millisecond), events, convs, st.Conflicts.Load(), st.BadRecord.Load())
+	fmt.Printf("rebuilt from %d committed records in %v: %d events in %d conversations (%d seq conflicts, %d dead letters)\n",
+		records, time.Since(start).Round(time.Millisecond), events, convs, st.Conflicts.Load(), p.DeadLetters())
 	return nil
 }

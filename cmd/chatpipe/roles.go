@@ -125,7 +125,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, log)
+	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, nil, log)
 	defer admin.Close()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
@@ -136,11 +136,14 @@ type logConsumer interface {
 	Run(ctx context.Context) error
 	Collectors() []prometheus.Collector
 	CaughtUp(maxLag int64) error
+	Degraded(ctx context.Context) string
 }
 
 // runLogConsumer runs a consumer of the log as its own process: flags,
 // Postgres with migrations, and an admin server whose /readyz is "caught
-// up". addFlags adds the role's own flags; build makes the consumer.
+// up" (503 while behind or stopped at a record of a newer schema version;
+// 200 "ready, degraded: N dead letters …" once it has dead letters).
+// addFlags adds the role's own flags; build makes the consumer.
 func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
 	build func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -171,7 +174,7 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 	if err != nil {
 		return err
 	}
-	admin := serveAdmin(ln, newRegistry(c.Collectors()...), func() error { return c.CaughtUp(*maxLag) }, log)
+	admin := serveAdmin(ln, newRegistry(c.Collectors()...), func() error { return c.CaughtUp(*maxLag) }, c.Degraded, log)
 	defer admin.Close()
 	log.Info(name+" starting", "admin", admin.Addr())
 	return c.Run(ctx)
@@ -228,7 +231,7 @@ func runGateway(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		admin := serveAdmin(aln, reg, gw.Ready, log)
+		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
 		defer admin.Close()
 		log.Info("gateway admin listening", "admin", admin.Addr())
 	}

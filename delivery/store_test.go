@@ -1,0 +1,71 @@
+package delivery
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/chatpipe/chatpipe/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestSyncPagesUnderLinguisticCollation: paging must not depend on the
+// database's collation. Under en-US "a1" sorts before "B1", in bytes after
+// it; a page that stops inside a1 must not move B1's cursor past events it
+// never returned.
+func TestSyncPagesUnderLinguisticCollation(t *testing.T) {
+	for _, c := range []struct{ name, create string }{
+		{"C", ""},
+		{"icu-en-US", `TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := pgtest.DB(t, pgtest.Options{Create: c.create})
+			convs := []string{"B1", "a1", "b2", "A2"}
+			for _, conv := range convs {
+				if _, err := db.Exec(ctx, `INSERT INTO memberships (conversation_id, user_id, joined_seq) VALUES ($1, 'u', 1)`, conv); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at) VALUES ($1, 3, now())`, conv); err != nil {
+					t.Fatal(err)
+				}
+				for seq := 1; seq <= 3; seq++ {
+					if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
+						VALUES ($1, $2, 'message', $3, 'u', 'x', now(), 0, 1, 0, 0)`, conv, seq, fmt.Sprintf("%s-%d", conv, seq)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s := &Store{DB: db}
+			cursors := map[string]int64{}
+			got := map[string]int{}
+			for page := 0; ; page++ {
+				if page > 20 {
+					t.Fatal("sync does not finish")
+				}
+				res, err := s.Sync(ctx, "u", cursors, 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range res.Events {
+					got[e.ConversationID+fmt.Sprint("/", e.Seq)]++
+				}
+				cursors = res.Cursors
+				if !res.More {
+					break
+				}
+			}
+			for _, conv := range convs {
+				for seq := 1; seq <= 3; seq++ {
+					if k := fmt.Sprintf("%s/%d", conv, seq); got[k] != 1 {
+						t.Errorf("event %s returned %d times, want once", k, got[k])
+					}
+				}
+				if cursors[conv] != 3 {
+					t.Errorf("cursor of %s = %d, want 3", conv, cursors[conv])
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,186 @@
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/internal/pgtest"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func newTestPersister(t *testing.T, db *pgxpool.Pool) *Persister {
+	t.Helper()
+	p, err := New(Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// record makes a log record of e at partition 0, offset off.
+func record(t *testing.T, e *logrecord.Event, off int64) *kgo.Record {
+	t.Helper()
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: logrecord.DefaultTopic, Partition: 0, Offset: off, Key: []byte(e.Key()), Value: b}
+}
+
+func message(conv string, seq int64, mid, cmid string) *logrecord.Event {
+	return &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: conv, Seq: seq, MessageID: mid,
+		ClientMessageID: cmid, Sender: "u1", Body: "hi", CreatedAt: time.Unix(1, 0).UTC()}
+}
+
+// TestSeqClashInOneBatch: two records with the same (conversation_id, seq)
+// and different message_ids in one batch are a broken invariant like a clash
+// with a stored row: counted, recorded in seq_conflicts, not inserted.
+func TestSeqClashInOneBatch(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-a", "k-a"), 0),
+		record(t, message("c1", 1, "m-b", "k-b"), 1),
+		record(t, message("c1", 2, "m-c", "k-c"), 2),
+	}
+	if err := p.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Stats().Inserted.Load(); got != 2 {
+		t.Errorf("inserted = %d, want 2", got)
+	}
+	if got := p.Stats().Conflicts.Load(); got != 1 {
+		t.Errorf("conflicts = %d, want 1", got)
+	}
+	var existing, incoming string
+	var off int64
+	if err := db.QueryRow(ctx, `SELECT coalesce(existing_message_id, ''), incoming_message_id, log_offset FROM seq_conflicts`).
+		Scan(&existing, &incoming, &off); err != nil {
+		t.Fatalf("seq_conflicts: %v", err)
+	}
+	if existing != "m-a" || incoming != "m-b" || off != 1 {
+		t.Errorf("seq_conflicts row = (%q, %q, %d), want (m-a, m-b, 1)", existing, incoming, off)
+	}
+	var mid string
+	if err := db.QueryRow(ctx, `SELECT message_id FROM events WHERE conversation_id = 'c1' AND seq = 1`).Scan(&mid); err != nil || mid != "m-a" {
+		t.Errorf("stored c1/1 = %q, %v; want m-a", mid, err)
+	}
+
+	// The same batch again is a replay: every row is skipped, the conflict
+	// found again (it is still there), nothing inserted.
+	if err := p.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Stats().Inserted.Load(); got != 2 {
+		t.Errorf("inserted after replay = %d, want 2", got)
+	}
+	if got := p.Stats().Skipped.Load(); got != 2 {
+		t.Errorf("skipped after replay = %d, want 2", got)
+	}
+}
+
+// TestClientMessageIDClashInOneBatch: two messages of one conversation with
+// the same client_message_id and different seqs in one batch: the second is
+// a conflict, not an insert.
+func TestClientMessageIDClashInOneBatch(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-a", "k"), 0),
+		record(t, message("c1", 2, "m-b", "k"), 1),
+	}
+	if err := p.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	if ins, c := p.Stats().Inserted.Load(), p.Stats().Conflicts.Load(); ins != 1 || c != 1 {
+		t.Errorf("inserted, conflicts = %d, %d; want 1, 1", ins, c)
+	}
+}
+
+// TestPoisonRecordsAreDeadLettered: a message whose body Postgres refuses
+// (a NUL byte) and a record that is not JSON go to persist's dead letters;
+// the records around them are written and the offset moves past all.
+func TestPoisonRecordsAreDeadLettered(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	bad := message("c1", 2, "m-2", "k-2")
+	bad.Body = "nul\x00here"
+	garbage := &kgo.Record{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 3, Value: []byte("not json")}
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-1", "k-1"), 0),
+		record(t, bad, 1),
+		record(t, message("c1", 3, "m-3", "k-3"), 2),
+		garbage,
+		record(t, message("c2", 1, "m-4", "k-4"), 4),
+	}
+	if err := p.Settle(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	rows, _ := db.Query(ctx, `SELECT seq FROM events ORDER BY conversation_id, seq`)
+	var seq int64
+	if _, err := pgx.ForEachRow(rows, []any{&seq}, func() error { seqs = append(seqs, seq); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(seqs) != "[1 3 1]" {
+		t.Errorf("stored seqs = %v, want c1: 1 3, c2: 1", seqs)
+	}
+	type dl struct {
+		off   int64
+		conv  *string
+		seq   *int64
+		state *string
+	}
+	var got []dl
+	rows, _ = db.Query(ctx, `SELECT log_offset, conversation_id, seq, sqlstate FROM dead_letters WHERE consumer = 'persist' ORDER BY log_offset`)
+	var d dl
+	if _, err := pgx.ForEachRow(rows, []any{&d.off, &d.conv, &d.seq, &d.state}, func() error { got = append(got, d); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].off != 1 || got[0].conv == nil || *got[0].conv != "c1" || *got[0].seq != 2 ||
+		got[0].state == nil || *got[0].state != "22021" || got[1].off != 3 || got[1].conv != nil || got[1].state != nil {
+		t.Errorf("dead letters = %+v", got)
+	}
+	offs, err := logsink.Offsets(ctx, db, "persist", logrecord.DefaultTopic)
+	if err != nil || offs[0] != 5 {
+		t.Errorf("persist offsets = %v, %v; want partition 0 at 5", offs, err)
+	}
+	if p.DeadLetters() != 2 {
+		t.Errorf("DeadLetters = %d, want 2", p.DeadLetters())
+	}
+}
+
+// TestNewerVersionStopsPersist: a record of a newer schema version is not
+// skipped (nor dead-lettered): the batch fails with ErrUnsupportedVersion
+// and nothing of it is written.
+func TestNewerVersionStopsPersist(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-1", "k-1"), 0),
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
+	}
+	if err := p.Settle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
+		t.Fatalf("Settle = %v, want ErrUnsupportedVersion", err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows written (%v), want none", n, err)
+	}
+}
