@@ -591,7 +591,9 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 	for i, c := range batch {
 		c.done(replies[i], false)
 	}
-	if len(s.convs) > s.w.cfg.MaxConvs || now.Sub(s.lastTrim) >= s.w.cfg.TrimInterval {
+	// Only a batch that committed can have grown the state (a batch that
+	// writes no event commits a marker).
+	if len(recs) > 0 && (len(s.convs) > s.w.cfg.MaxConvs || now.Sub(s.lastTrim) >= s.w.cfg.TrimInterval) {
 		s.housekeep(ctx, now)
 	}
 	return nil
