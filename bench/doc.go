@@ -8,4 +8,9 @@
 // Without BENCH_KAFKA the produce benchmarks start an in-process kfake
 // broker; without BENCH_PG the Postgres benchmark is skipped. Nothing here
 // runs in `go test` without -bench.
+//
+// bench/soak.sh is the soak: the roles as separate processes under a steady
+// load for half an hour, sampling each process's RSS and goroutines;
+// bench/soakreport turns the samples into the plateau table and a plot, and
+// bench/poison sends hostile frames during it (docs/operations.md, "Soak").
 package bench

@@ -16,7 +16,8 @@ import (
 )
 
 // TestLoadgenThenCheck runs `chatpipe loadgen` against `chatpipe dev` (rate
-// limits on: loadgen spreads its load under them) and `chatpipe check` on
+// limits on: loadgen spreads its load under them; devices reconnect on
+// purpose twice a second) and `chatpipe check` on
 // the run directory: it passes. Then it shows the check can fail: on a
 // copy of the run directory where one accepted seq is duplicated, and on
 // the world after one accepted event was deleted from Postgres.
@@ -24,7 +25,7 @@ func TestLoadgenThenCheck(t *testing.T) {
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
 	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--rate", "60", "--duration", "10s",
-		"--out", out, "--run", "e2e", "--progress=false", "--drain", "90s")
+		"--out", out, "--run", "e2e", "--progress=false", "--drain", "90s", "--reconnects", "2")
 	if lg.err != nil {
 		t.Fatalf("loadgen: %v\n%s", lg.err, lg.out)
 	}
@@ -39,8 +40,8 @@ func TestLoadgenThenCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep := run.Report
-	if rep.Status != loadgen.StatusFinished || rep.Accepted == 0 || rep.Unanswered != 0 {
-		t.Fatalf("report: status %s, accepted %d, unanswered %d", rep.Status, rep.Accepted, rep.Unanswered)
+	if rep.Status != loadgen.StatusFinished || rep.Accepted == 0 || rep.Unanswered != 0 || rep.Reconnects == 0 {
+		t.Fatalf("report: status %s, accepted %d, unanswered %d, reconnects %d", rep.Status, rep.Accepted, rep.Unanswered, rep.Reconnects)
 	}
 	t.Logf("loadgen: %d sent, %d accepted, p99 %.1f ms, %d deliveries (%s)", rep.Sent, rep.Accepted, rep.AcceptedLat.P99MS, rep.Deliveries, rep.DeliveryMode)
 

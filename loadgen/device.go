@@ -64,6 +64,7 @@ type device struct {
 	user string
 	name string
 	out  chan *op
+	drop chan struct{} // close the connection and dial again (reconnect churn)
 
 	mu        sync.Mutex
 	pending   map[string]*op
@@ -74,11 +75,14 @@ type device struct {
 }
 
 func newDevice(r *runner, user string, i int) *device {
-	return &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096),
+	return &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096), drop: make(chan struct{}, 1),
 		pending: map[string]*op{}, cursors: map[string]int64{}, connected: make(chan struct{})}
 }
 
-var errConnLost = errors.New("loadgen: connection lost")
+var (
+	errConnLost = errors.New("loadgen: connection lost")
+	errDropped  = errors.New("loadgen: connection closed to reconnect")
+)
 
 // run keeps the device connected until ctx ends, reconnecting with
 // jittered exponential backoff; commands in flight on a lost connection
@@ -117,7 +121,9 @@ func (d *device) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		d.r.errors.Add(1)
+		if !errors.Is(err, errDropped) {
+			d.r.errors.Add(1)
+		}
 		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", readErr)
 		d.mu.Lock()
 		var again []*op
@@ -183,6 +189,9 @@ func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone
 			return ctx.Err()
 		case <-readerDone:
 			return errConnLost
+		case <-d.drop:
+			conn.Close(websocket.StatusNormalClosure, "reconnect")
+			return errDropped
 		case now := <-tick.C:
 			d.sweep(ctx, now)
 		case o := <-d.out:

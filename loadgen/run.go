@@ -33,13 +33,17 @@ type Config struct {
 	// Churn is membership changes per second: a member of a group leaves
 	// or is kicked, sends once more (forbidden expected), and is added
 	// back a second later (default rate/500, at least 0.5/s; negative: none).
-	Churn     float64
-	BodyBytes int           // message body size (default 100: log records of about 350 bytes)
-	Timeout   time.Duration // an unanswered command is sent again after this (default 10 s)
-	Drain     time.Duration // wait for answers and deliveries after the send phase (default 60 s)
-	Settle    time.Duration // deliveries are done once none arrived for this long (default 2 s)
-	Progress  io.Writer     // the live progress line (nil: none)
-	Log       *slog.Logger
+	Churn float64
+	// Reconnects is deliberate reconnects per second: a random device
+	// closes its websocket and dials again, resending what was in flight
+	// and syncing from its cursors (default 0: none).
+	Reconnects float64
+	BodyBytes  int           // message body size (default 100: log records of about 350 bytes)
+	Timeout    time.Duration // an unanswered command is sent again after this (default 10 s)
+	Drain      time.Duration // wait for answers and deliveries after the send phase (default 60 s)
+	Settle     time.Duration // deliveries are done once none arrived for this long (default 2 s)
+	Progress   io.Writer     // the live progress line (nil: none)
+	Log        *slog.Logger
 }
 
 func (c *Config) validate() error {

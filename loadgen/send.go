@@ -19,6 +19,8 @@ func (r *runner) send(ctx, devCtx context.Context) []Second {
 
 	churnDone := make(chan struct{})
 	go func() { defer close(churnDone); r.churn(sctx, devCtx) }()
+	dropDone := make(chan struct{})
+	go func() { defer close(dropDone); r.reconnectChurn(sctx) }()
 	var timeline []Second
 	tlDone := make(chan struct{})
 	go func() { defer close(tlDone); timeline = r.timeline(sctx, total) }()
@@ -44,6 +46,7 @@ func (r *runner) send(ctx, devCtx context.Context) []Second {
 	}
 	<-sctx.Done()
 	<-churnDone
+	<-dropDone
 	<-tlDone
 	return timeline
 }
@@ -148,6 +151,37 @@ func (r *runner) churn(ctx, devCtx context.Context) {
 			r.dev(victim).enqueue(devCtx, &op{kind: "leave", conv: c.ID, done: removed})
 		} else {
 			r.dev(c.Owner).enqueue(devCtx, &op{kind: "kick", conv: c.ID, target: victim, done: removed})
+		}
+	}
+}
+
+// reconnectChurn makes a random device drop its connection and dial again
+// at cfg.Reconnects per second: commands in flight on it are resent with
+// the same ids and the device syncs from its cursors, as after a real
+// network drop.
+func (r *runner) reconnectChurn(ctx context.Context) {
+	if r.cfg.Reconnects <= 0 {
+		return
+	}
+	var all []*device
+	for _, u := range r.plan.Users {
+		all = append(all, r.devices[u]...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	rng := newRand(r.cfg.Seed + 11)
+	tick := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Reconnects))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		select {
+		case all[rng.IntN(len(all))].drop <- struct{}{}:
+		default: // that device has a drop pending already
 		}
 	}
 }

@@ -35,6 +35,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	groups := fs.Float64("groups", -1, "share of conversations that are groups of 3-100 (default: the profile's)")
 	dup := fs.Float64("dup", 0.01, "share of sends sent twice with the same ids from a second device")
 	churn := fs.Float64("churn", 0, "membership changes per second (default: rate/500, at least 0.5; negative: none)")
+	reconnects := fs.Float64("reconnects", 0, "deliberate reconnects per second: a random device closes its websocket and dials again (0: none)")
 	body := fs.Int("body-bytes", 100, "message body size")
 	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long")
 	drain := fs.Duration("drain", time.Minute, "wait this long at most for answers and deliveries after the send phase")
@@ -88,7 +89,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 		Run: *run, Out: *out, Profile: p, Rate: r, Duration: *duration, Secret: key, Seed: *seed,
 		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
 			VShards: ep.VShards, Partitions: ep.Partitions},
-		DupShare: orNone(*dup), Churn: *churn, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+		DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
 	}
 	if *progress {
 		cfg.Progress = os.Stderr

@@ -262,6 +262,7 @@ func runKafka(ctx context.Context, args []string) error {
 	port := fs.Int("port", 9092, "listen port on 127.0.0.1 (0: a free one)")
 	topic := fs.String("topic", logrecord.DefaultTopic, "topic to create if missing")
 	partitions := fs.Int("partitions", 8, "partitions of the topic")
+	adminAddr := fs.String("admin", "", "listen address of /metrics (Go and process collectors) and /healthz (default: none)")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -277,6 +278,15 @@ func runKafka(ctx context.Context, args []string) error {
 	defer k.Close()
 	if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, *topic, *partitions); err != nil {
 		return err
+	}
+	if *adminAddr != "" {
+		ln, err := listenAdmin(*adminAddr)
+		if err != nil {
+			return err
+		}
+		admin := serveAdmin(ln, newRegistry(), func() error { return nil }, nil, log)
+		defer admin.Close()
+		log.Info("kafka admin listening", "admin", admin.Addr())
 	}
 	fmt.Println(k.Addr())
 	<-ctx.Done()
