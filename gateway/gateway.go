@@ -454,14 +454,15 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 }
 
 // retrySafe reports whether a command whose outcome is unknown may be sent
-// again: a send is deduplicated by its client_message_id, so a second
-// attempt returns the first one's result. No other command is: a join that
-// took effect may have been undone since (the user kicked), and sending it
-// again would add them back — one command, two effects; create, kick and
-// leave likewise. Those are sent again only when nothing was written (the
-// worker said retry, or the request never left), and otherwise answered
+// again: one carrying a client_message_id (every send; create, join, kick
+// and leave when the client gave one) is deduplicated by it, so a second
+// attempt returns the first one's result. A membership command without a
+// key is not: a join that took effect may have been undone since (the user
+// kicked), and sending it again would add them back — one command, two
+// effects. Those are sent again only when nothing was written (the worker
+// said retry, or the request never left), and otherwise answered
 // unavailable for the client to decide (docs/protocol.md).
-func retrySafe(op string) bool { return op == protocol.OpSend }
+func retrySafe(req *protocol.Request) bool { return req.ClientMessageID != "" }
 
 // route sends a write command to the owner of its vshard, retrying while
 // ownership moves, for at most RouteTimeout since the last move it saw.
@@ -503,7 +504,7 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
-	safe := retrySafe(req.Op)
+	safe := retrySafe(req)
 	stop := func() {}
 	if safe {
 		// A frozen owner never answers: when the shard moves, ask the new

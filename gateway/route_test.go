@@ -173,8 +173,24 @@ func TestSendWithUnknownOutcomeIsRetried(t *testing.T) {
 	}
 }
 
-// kick, leave and create with an unknown outcome answer unavailable after
-// one attempt.
+// A keyed join with an unknown outcome is resent: the writer dedupes it by
+// its client_message_id, so the second attempt answers the first result.
+func TestKeyedJoinWithUnknownOutcomeIsRetried(t *testing.T) {
+	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+		if n == 1 {
+			return nil
+		}
+		return accept(req, 4)
+	})
+	g := testGateway(t, f.ln.Addr().String())
+	rep := g.handle(context.Background(), "u1", &protocol.Request{Op: protocol.OpJoin, ID: "r1", ConversationID: "c1", UserID: "u2", ClientMessageID: "j1"})
+	if rep.Op != protocol.OpAccepted || f.count(protocol.OpJoin) != 2 {
+		t.Fatalf("reply %+v after %d attempts, want accepted after 2", rep, f.count(protocol.OpJoin))
+	}
+}
+
+// kick, leave and create without a key with an unknown outcome answer
+// unavailable after one attempt.
 func TestMembershipOpsWithUnknownOutcomeAreNotRetried(t *testing.T) {
 	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response { return nil })
 	g := testGateway(t, f.ln.Addr().String())
