@@ -55,6 +55,10 @@ func Verify(secret []byte, token string) (string, time.Time, error) {
 // SecretFile is the name of the generated secret inside a data dir.
 const SecretFile = "jwt-secret"
 
+// MinSecretBytes is the shortest HS256 secret a gateway accepts: the
+// hash's output size (RFC 7518 §3.2). A generated secret has 64.
+const MinSecretBytes = 32
+
 // LoadSecret returns the JWT secret: explicit if set, else the
 // CHATPIPE_JWT_SECRET environment variable, else the secret file in dataDir,
 // generated there once (written to a temp name and renamed into place) when

@@ -208,6 +208,9 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if len(key) < auth.MinSecretBytes {
+		return fmt.Errorf("the JWT secret is %d bytes; HS256 needs at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes)
+	}
 	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
 	if err != nil {
 		return err
