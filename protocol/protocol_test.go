@@ -619,6 +619,11 @@ func FuzzDecode(f *testing.F) {
 		`{"op":"sync","id":"r6","cursors":{"c1":106,"c2":7}}`,
 		`{"op":"history","id":"r7","conversation_id":"c1","before_seq":105,"limit":20}`,
 		`{"op":"send","id":"r8","conversation_id":"c1","client_message_id":"m1","body":"hi","sender":"admin"}`,
+		`{"op":"history","id":"r17","conversation_id":"c1","limit":1e2}`,
+		`{"op":"history","id":"r18","conversation_id":"c1","limit":2.0}`,
+		`{"op":"send","id":"r19","conversation_id":"c1","client_message_id":"m1","body":"a","body":"b"}`,
+		`{"op":"send","id":"r20","conversation_id":"c1","client_message_id":"m1","body":null}`,
+		`{"op":"sync","id":"r21","cursors":{"c1":1,"c1":2}}`,
 		`{"op":"send","id":"r16","conversation_id":"c1","client_message_id":"m1","body":"a\u0000b"}`,
 		`{"op":"send","id":"r9","conversation_id":"c1","client_message_id":"m1","body":5}`,
 		`{"op":"create","id":"r10","conversation_id":"c1","members":"u2"}`,
@@ -641,6 +646,11 @@ func FuzzDecode(f *testing.F) {
 	lim := protocol.DefaultLimits()
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		r, id, err := protocol.Decode(frame, lim)
+		// The one-parse fast path answers exactly as the lenient path.
+		lr, lid, lerr := protocol.DecodeLenient(frame, lim)
+		if id != lid || (err == nil) != (lerr == nil) || (err != nil && *err != *lerr) || !reflect.DeepEqual(r, lr) {
+			t.Fatalf("Decode and the lenient path disagree on %q:\n fast    %+v %q %v\n lenient %+v %q %v", frame, r, id, err, lr, lid, lerr)
+		}
 		if err != nil {
 			if r != nil {
 				t.Fatalf("Decode returned both a request and an error %v", err)
