@@ -146,7 +146,8 @@ sample() {
     printf '%s\t%s\t%s\t%s\n' "$m" "${NAMES[i]}" "${rss:--}" "${g:--}"
   done
   if [ -n "$PM" ] && [ -d "/proc/$PM" ]; then
-    rss=$(for p in $PM $(pgrep -P "$PM" 2>/dev/null); do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s += $1} END {print s + 0}')
+    # (backends come and go: one that ended between pgrep and awk is skipped)
+    rss=$(for p in $PM $(pgrep -P "$PM" 2>/dev/null || true); do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || true; done | awk '{s += $1} END {print s + 0}')
     printf '%s\tpostgres\t%s\t-\n' "$m" "$rss"
   fi
 }
@@ -156,7 +157,8 @@ sampler() { # every SOAK_SAMPLE s from now until SOAK_SECS
   trap '[ -n "$sp" ] && kill "$sp" 2>/dev/null; exit 0' TERM
   t0=$(date +%s.%N)
   while :; do
-    sample "$(awk -v s=$((k * SOAK_SAMPLE)) 'BEGIN {printf "%.2f", s / 60}')" >> "$RESULTS/samples.tsv"
+    # (|| keeps one failed probe from ending the sampler under set -e)
+    sample "$(awk -v s=$((k * SOAK_SAMPLE)) 'BEGIN {printf "%.2f", s / 60}')" >> "$RESULTS/samples.tsv" || log "a sample failed"
     k=$((k + 1))
     [ $((k * SOAK_SAMPLE)) -gt "$SOAK_SECS" ] && break
     now=$(date +%s.%N)
