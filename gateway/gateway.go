@@ -302,8 +302,13 @@ func (s *session) run(parent context.Context) {
 		for {
 			select {
 			case b := <-s.out:
+				// One deadline for what is queued now (at most a buffer's
+				// worth), not a context per frame.
 				wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 				err := s.c.Write(wctx, websocket.MessageText, b)
+				for n := len(s.out); err == nil && n > 0; n-- {
+					err = s.c.Write(wctx, websocket.MessageText, <-s.out)
+				}
 				wcancel()
 				if err != nil {
 					cancel()
