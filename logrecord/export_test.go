@@ -1,0 +1,4 @@
+package logrecord
+
+// UnmarshalLenient exposes unmarshalLenient to the tests.
+var UnmarshalLenient = unmarshalLenient
