@@ -15,8 +15,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	jsonv2 "github.com/go-json-experiment/json"
 	"log/slog"
 	"net"
+	"reflect"
 	"sync"
 	"time"
 
@@ -39,7 +41,7 @@ type Request struct {
 	RID    uint64            `json:"rid"`
 	User   string            `json:"user,omitempty"`
 	Req    *protocol.Request `json:"req,omitempty"`
-	Budget time.Duration     `json:"budget_ns,omitempty"`
+	Budget time.Duration     `json:"budget_ns,omitempty,format:nano"`
 	Ping   bool              `json:"ping,omitempty"`
 
 	// Deadline is set by the worker's side on receipt from Budget (zero:
@@ -92,6 +94,12 @@ type Config struct {
 	// QueueLen is the responses a worker queues on one link; a reply that
 	// finds the queue full closes the link (default 4096).
 	QueueLen int
+	// MaxInFlight caps the requests a client has outstanding on one link,
+	// timed-out ones included until answered (default QueueLen - 64, the
+	// rest left for pongs): a healthy gateway then never fills a worker's
+	// queue, however many answers a batch sends at once. Keep the
+	// gateway's QueueLen no larger than the workers'.
+	MaxInFlight int
 }
 
 func (c Config) withDefaults() Config {
@@ -106,6 +114,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QueueLen <= 0 {
 		c.QueueLen = DefaultQueueLen
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = max(c.QueueLen-64, 1)
 	}
 	return c
 }
@@ -228,7 +239,7 @@ func serveConn(c net.Conn, h Handler, cfg Config, log *slog.Logger) {
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	for sc.Scan() {
 		var req Request
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+		if err := decode(sc.Bytes(), &req); err != nil {
 			log.Warn("wire: bad request line", "remote", c.RemoteAddr().String(), "err", err)
 			break
 		}
@@ -257,6 +268,9 @@ type Client struct {
 	wmu sync.Mutex
 	bw  *bufio.Writer
 
+	// slots holds a token per request written and not answered yet.
+	slots chan struct{}
+
 	mu      sync.Mutex
 	next    uint64
 	pending map[uint64]chan *Response
@@ -273,7 +287,8 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
 	}
 	dc := deadlineConn{Conn: conn, read: cfg.ReadTimeout, write: cfg.WriteTimeout}
-	cl := &Client{conn: dc, cfg: cfg, bw: bufio.NewWriterSize(dc, 64<<10), pending: map[uint64]chan *Response{}, closed: make(chan struct{})}
+	cl := &Client{conn: dc, cfg: cfg, bw: bufio.NewWriterSize(dc, 64<<10), pending: map[uint64]chan *Response{}, closed: make(chan struct{}),
+		slots: make(chan struct{}, cfg.MaxInFlight)}
 	go cl.readLoop()
 	go cl.pingLoop()
 	return cl, nil
@@ -288,11 +303,15 @@ func (cl *Client) readLoop() {
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	for sc.Scan() {
 		var r Response
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+		if err := decode(sc.Bytes(), &r); err != nil {
 			break
 		}
 		if r.Pong || r.RID == 0 {
 			continue // a pong (or an older worker's answer to a ping): reading it extended the deadline
+		}
+		select { // an answer frees its request's slot, waited for or not
+		case <-cl.slots:
+		default:
 		}
 		cl.mu.Lock()
 		ch := cl.pending[r.RID]
@@ -344,6 +363,19 @@ func (cl *Client) write(line []byte) error {
 // any, travels with the request: the worker does not decide the command
 // after it.
 func (cl *Client) Do(ctx context.Context, user string, req *protocol.Request) (*Response, error) {
+	select {
+	case cl.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %d requests in flight on the link: %w", ErrNotSent, cap(cl.slots), ctx.Err())
+	case <-cl.closed:
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, ErrClosed)
+	}
+	sent := false
+	defer func() {
+		if !sent {
+			<-cl.slots
+		}
+	}()
 	var budget time.Duration
 	if d, ok := ctx.Deadline(); ok {
 		if budget = time.Until(d); budget <= 0 {
@@ -374,6 +406,7 @@ func (cl *Client) Do(ctx context.Context, user string, req *protocol.Request) (*
 		forget()
 		return nil, fmt.Errorf("%w: encode: %w", ErrNotSent, err)
 	}
+	sent = true // from here on the answer, or the link's end, frees the slot
 	if err := cl.write(append(b, '\n')); err != nil {
 		cl.Close()
 		return nil, ErrClosed
@@ -404,4 +437,15 @@ func (cl *Client) Close() {
 	cl.err = ErrClosed
 	cl.conn.Close()
 	close(cl.closed)
+}
+
+// decode reads one line: in one strict parse (exact names, no unknown or
+// repeated member) when it can, else as encoding/json reads it, so a peer
+// of another version that adds a field is still understood.
+func decode(line []byte, v any) error {
+	if jsonv2.Unmarshal(line, v, jsonv2.RejectUnknownMembers(true)) == nil {
+		return nil
+	}
+	reflect.ValueOf(v).Elem().SetZero() // nothing the strict parse left behind
+	return json.Unmarshal(line, v)
 }

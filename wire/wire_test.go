@@ -8,7 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,5 +263,82 @@ func TestPingKeepsLinkToOlderWorkerUp(t *testing.T) {
 	}
 	if resp, err := cl.Do(context.Background(), "u1", &protocol.Request{Op: protocol.OpSend, ID: "r1"}); err != nil || resp.Reply.Op != protocol.OpAccepted {
 		t.Fatalf("call: %v %+v", err, resp)
+	}
+}
+
+// TestDecodeLines: what encoding/json writes is read the same by the
+// one-parse decoder, and a line with a field this build does not know
+// (a newer peer) is still read.
+func TestDecodeLines(t *testing.T) {
+	in := &Request{RID: 7, User: "u1", Budget: 1500 * time.Millisecond,
+		Req: &protocol.Request{Op: protocol.OpSync, ID: "r1", Cursors: map[string]int64{"c1": 4, "c2": 9}}}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Request
+	if err := decode(b, &out); err != nil || !reflect.DeepEqual(in, &out) {
+		t.Fatalf("decode(%s) = %+v %v", b, out, err)
+	}
+	var newer Request
+	line := []byte(`{"rid":8,"user":"u1","budget_ns":2000000000,"req":{"op":"sync","id":"r2","cursors":{"c1":1}},"priority":3}`)
+	if err := decode(line, &newer); err != nil || newer.RID != 8 || newer.Budget != 2*time.Second || newer.Req.Cursors["c1"] != 1 || len(newer.Req.Cursors) != 1 {
+		t.Fatalf("decode of a line with an unknown field: %+v %v", newer, err)
+	}
+}
+
+// TestBurstOfAnswersKeepsAHealthyLink: a worker answers a whole batch at
+// once (a vshard's group commit answers up to a thousand commands in a
+// row, and many vshards share one link). A gateway that reads normally
+// must never see its link closed for that: it keeps fewer requests in
+// flight than the worker's queue holds.
+func TestBurstOfAnswersKeepsAHealthyLink(t *testing.T) {
+	var mu sync.Mutex
+	var held []func()
+	addr := serve(t, func(req *Request, reply func(*Response)) {
+		mu.Lock()
+		defer mu.Unlock()
+		r := &Response{RID: req.RID, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID}}
+		held = append(held, func() { reply(r) })
+	}, Config{QueueLen: 256})
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // answer everything held, all at once, every 20 ms
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			mu.Lock()
+			batch := held
+			held = nil
+			mu.Unlock()
+			for _, f := range batch {
+				f()
+			}
+		}
+	}()
+	cl, err := Dial(context.Background(), addr, Config{QueueLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := 0; i < 3000; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := cl.Do(ctx, "u1", &protocol.Request{Op: protocol.OpSend, ID: "r"}); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of 3000 calls failed on a healthy link answered in bursts", n)
 	}
 }

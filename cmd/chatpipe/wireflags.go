@@ -20,7 +20,7 @@ func addWireFlags(fs *flag.FlagSet) wireFlags {
 		ping:  fs.Duration("wire-ping", wire.DefaultPingInterval, "how often a gateway pings each of its worker links"),
 		read:  fs.Duration("wire-read-timeout", wire.DefaultReadTimeout, "a gateway↔worker link on which nothing was read for this long is closed (keep it a few --wire-ping)"),
 		call:  fs.Duration("call-timeout", 15*time.Second, "how long a gateway waits for one attempt at a worker; the worker drops a command still queued past it (answered unavailable, nothing written)"),
-		queue: fs.Int("wire-queue", wire.DefaultQueueLen, "answers a worker queues on one gateway link; a link whose queue is full is closed"),
+		queue: fs.Int("wire-queue", wire.DefaultQueueLen, "answers a worker queues on one gateway link (a link whose queue is full is closed); a gateway keeps at most this less 64 requests in flight per link"),
 	}
 }
 
