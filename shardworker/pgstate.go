@@ -3,6 +3,7 @@ package shardworker
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,21 +16,24 @@ import (
 const PersistConsumer = "persist"
 
 // loadConvsSQL reads, in one statement (one snapshot), every membership
-// event of each conversation plus its last event, and the highest seq of
-// its records persist dead-lettered (given as a message: only its seq
-// counts). Without the latter a writer loading the conversation would hand
-// out the seq of a committed record again.
+// event of each conversation plus its last event.
 const loadConvsSQL = `
 SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}')
 FROM unnest($1::text[]) AS c, LATERAL (
   (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c AND kind <> 'message')
   UNION ALL
   (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
-  UNION ALL
-  (SELECT seq, 'message', '', NULL::text, NULL::text[] FROM dead_letters
-   WHERE consumer = $2 AND conversation_id = c AND seq IS NOT NULL ORDER BY seq DESC LIMIT 1)
 ) AS e
 ORDER BY 1, 2`
+
+// deadLettersSQL reads the records persist dead-lettered for these
+// conversations. They are committed events that events lacks: a writer
+// that ignored them would hand their seq out again, forget a kick, or
+// give a retried send a second seq.
+const deadLettersSQL = `
+SELECT conversation_id, seq, coalesce(record_value, ''::bytea) FROM dead_letters
+WHERE consumer = $1 AND conversation_id = ANY($2) AND seq IS NOT NULL
+ORDER BY conversation_id, seq`
 
 const lookupDedupeSQL = `
 SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender, e.kind, e.created_at
@@ -43,22 +47,24 @@ type dedupeKey struct{ conv, cmid string }
 func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []dedupeKey) (map[string]*shardcore.Conv, map[dedupeKey]shardcore.First, error) {
 	loaded := make(map[string]*shardcore.Conv, len(convs))
 	found := map[dedupeKey]shardcore.First{}
+	// Each loaded conversation's events in seq order: membership events
+	// and its last event from events, merged with dead-lettered ones.
+	type row struct {
+		e    *logrecord.Event
+		full bool // a whole event (dead-lettered), not just its seq
+	}
+	rows := map[string][]row{}
 	var b pgx.Batch
 	if len(convs) > 0 {
 		for _, c := range convs {
 			loaded[c] = shardcore.NewConv()
 		}
-		b.Queue(loadConvsSQL, convs, PersistConsumer).Query(func(rows pgx.Rows) error {
+		b.Queue(loadConvsSQL, convs).Query(func(rs pgx.Rows) error {
 			var cid, kind, sender, user string
 			var seq int64
 			var members []string
-			_, err := pgx.ForEachRow(rows, []any{&cid, &seq, &kind, &sender, &user, &members}, func() error {
-				c := loaded[cid]
-				if kind == logrecord.KindMessage {
-					shardcore.ObserveSeq(c, seq)
-					return nil
-				}
-				shardcore.Apply(c, &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members})
+			_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &kind, &sender, &user, &members}, func() error {
+				rows[cid] = append(rows[cid], row{e: &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members}})
 				return nil
 			})
 			return err
@@ -69,10 +75,10 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 		for i, k := range keys {
 			cs[i], ms[i] = k.conv, k.cmid
 		}
-		b.Queue(lookupDedupeSQL, cs, ms).Query(func(rows pgx.Rows) error {
+		b.Queue(lookupDedupeSQL, cs, ms).Query(func(rs pgx.Rows) error {
 			var k dedupeKey
 			var f shardcore.First
-			_, err := pgx.ForEachRow(rows, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender, &f.Kind, &f.At}, func() error {
+			_, err := pgx.ForEachRow(rs, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender, &f.Kind, &f.At}, func() error {
 				found[k] = f
 				return nil
 			})
@@ -82,8 +88,51 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 	if b.Len() == 0 {
 		return loaded, found, nil
 	}
+	all := append([]string(nil), convs...)
+	wanted := map[dedupeKey]bool{}
+	for _, k := range keys {
+		all = append(all, k.conv)
+		wanted[k] = true
+	}
+	b.Queue(deadLettersSQL, PersistConsumer, all).Query(func(rs pgx.Rows) error {
+		var cid string
+		var seq int64
+		var value []byte
+		_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &value}, func() error {
+			e, err := logrecord.Unmarshal(value)
+			if err != nil || e.ConversationID != cid || e.Seq != seq {
+				// Only its place is known: the seq stays taken.
+				e = &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: cid, Seq: seq}
+				if _, ok := loaded[cid]; ok {
+					rows[cid] = append(rows[cid], row{e: e})
+				}
+				return nil
+			}
+			if _, ok := loaded[cid]; ok {
+				rows[cid] = append(rows[cid], row{e: e, full: true})
+			}
+			if k := (dedupeKey{cid, e.ClientMessageID}); e.ClientMessageID != "" && wanted[k] {
+				if _, ok := found[k]; !ok {
+					found[k] = shardcore.First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, Kind: e.Kind, At: e.CreatedAt}
+				}
+			}
+			return nil
+		})
+		return err
+	})
 	if err := db.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, nil, fmt.Errorf("shardworker: load state: %w", err)
+	}
+	for cid, rs := range rows {
+		c := loaded[cid]
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].e.Seq < rs[j].e.Seq })
+		for _, r := range rs {
+			if r.full || r.e.Kind != logrecord.KindMessage {
+				shardcore.Apply(c, r.e)
+			} else {
+				shardcore.ObserveSeq(c, r.e.Seq)
+			}
+		}
 	}
 	return loaded, found, nil
 }

@@ -3,6 +3,9 @@ package shardworker
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
@@ -30,5 +33,39 @@ func TestLoadCountsDeadLetteredSeq(t *testing.T) {
 	c := convs["c1"]
 	if !c.Exists || c.LastSeq != 3 || c.Members["u1"] != 1 {
 		t.Errorf("loaded c1 = %+v, want existing, last seq 3, member u1", c)
+	}
+}
+
+// TestLoadAppliesDeadLetteredEvents: a record persist dead-lettered is a
+// committed event all the same. A writer loading its conversation applies
+// it in seq order (a dead-lettered kick still removes the user), and a
+// retry of a dead-lettered send finds its first result.
+func TestLoadAppliesDeadLetteredEvents(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, members, created_at, vshard, epoch, log_partition, log_offset)
+		VALUES ('c1', 1, 'create', 'm1', 'u1', '{u1,u2}', now(), 0, 1, 0, 0), ('c1', 4, 'message', 'm4', 'u1', NULL, now(), 0, 1, 0, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC()
+	kick, _ := (&logrecord.Event{Kind: logrecord.KindKick, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", UserID: "u2", CreatedAt: at}).Marshal()
+	send, _ := (&logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u1", ClientMessageID: "k3", Body: "a\x00b", CreatedAt: at}).Marshal()
+	if _, err := db.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq, error, record_value)
+		VALUES ('persist', 'chatpipe.log', 0, 1, 'c1', 2, 'x', $1), ('persist', 'chatpipe.log', 0, 2, 'c1', 3, 'x', $2)`, kick, send); err != nil {
+		t.Fatal(err)
+	}
+	convs, found, err := fetchState(ctx, db, []string{"c1"}, []dedupeKey{{"c1", "k3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := convs["c1"]
+	if _, still := c.Members["u2"]; still || c.LastSeq != 4 {
+		t.Errorf("loaded c1 = %+v: the dead-lettered kick of u2 at seq 2 was not applied, or last seq is not 4", c)
+	}
+	if f, ok := c.Dedupe["k3"]; !ok || f.Seq != 3 {
+		t.Errorf("the dead-lettered send k3 is not in the loaded dedupe: %+v", c.Dedupe)
+	}
+	if f, ok := found[dedupeKey{"c1", "k3"}]; !ok || f.Seq != 3 || f.MessageID != "m3" {
+		t.Errorf("the lookup of the dead-lettered send k3 found %+v %v", f, ok)
 	}
 }
