@@ -309,3 +309,35 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// TestTooManyDeadLettersStops: when every record fails for good, the fault
+// is systemic, not one bad record: past MaxDeadLetters in a minute the
+// consumer stops at the record (not ready, halted) instead of setting the
+// whole log aside.
+func TestTooManyDeadLettersStops(t *testing.T) {
+	s := newSink(t)
+	s.c.cfg.MaxDeadLetters = 3
+	poison := map[[2]int][]byte{}
+	for o := range 10 {
+		poison[[2]int{0, o}] = []byte("a\x00b")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	s.c.handleRetrying(ctx, records(1, 10, poison)) // returns when ctx ends: it never gets past the fourth
+	if n := len(s.deadLetters(t)); n != 3 {
+		t.Errorf("%d dead letters, want 3 (the cap)", n)
+	}
+	if err := s.c.CaughtUp(1 << 40); err == nil || !strings.Contains(err.Error(), "too many dead letters") {
+		t.Errorf("CaughtUp = %v, want stopped for too many dead letters", err)
+	}
+	if got := value(t, s.c.haltedGauge); got != 1 {
+		t.Errorf("halted = %v, want 1", got)
+	}
+	offs, err := Offsets(context.Background(), s.db, "sink", testTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offs[0] != 3 {
+		t.Errorf("stored offset %d, want 3: the consumer must stop at the fourth bad record", offs[0])
+	}
+}

@@ -112,6 +112,11 @@ type Config struct {
 	Handle func(ctx context.Context, recs []*kgo.Record) error
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
+	// MaxDeadLetters caps the records dead-lettered in any minute (default
+	// 100; negative: no cap). Past it the fault is taken for systemic (a
+	// writer or schema bug, not one bad record): the consumer stops at the
+	// record, as for a newer version, rather than set the log aside.
+	MaxDeadLetters int
 }
 
 // Consumer runs Config.Handle over the log and tracks its lag.
@@ -124,7 +129,36 @@ type Consumer struct {
 	joined      atomic.Bool
 	mu          sync.Mutex
 	lags        map[int32]int64
-	halted      error // the error the consumer is stopped at, under mu
+	halted      error       // the error the consumer is stopped at, under mu
+	recentDead  []time.Time // when the last MaxDeadLetters dead letters were written
+	tripped     bool        // over MaxDeadLetters once: no more dead letters until a restart
+}
+
+// errTooManyDeadLetters stops a consumer that would dead-letter more than
+// Config.MaxDeadLetters records in a minute.
+var errTooManyDeadLetters = errors.New("too many dead letters in a minute: a systemic fault, not a bad record")
+
+// deadLetterBudget reports whether one more dead letter stays within
+// MaxDeadLetters a minute.
+func (c *Consumer) deadLetterBudget(now time.Time) bool {
+	limit := c.cfg.MaxDeadLetters
+	if limit == 0 {
+		limit = 100
+	}
+	if limit < 0 {
+		return true
+	}
+	if c.tripped {
+		return false
+	}
+	for len(c.recentDead) > 0 && now.Sub(c.recentDead[0]) >= time.Minute {
+		c.recentDead = c.recentDead[1:]
+	}
+	if len(c.recentDead) >= limit {
+		c.tripped = true
+		return false
+	}
+	return true
 }
 
 // New returns a consumer whose metrics are named prefix_lag_records (with
@@ -135,7 +169,7 @@ func New(cfg Config, prefix, lagHelp string) *Consumer {
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + "_dead_letters_total",
 			Help: "Records this consumer could never write, kept in dead_letters (chatpipe admin dead-letters); the partition moved on."}),
 		haltedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "_halted",
-			Help: "1 while the consumer is stopped at a record of a newer schema version (upgrade it), else 0."}),
+			Help: "1 while the consumer is stopped at a record: of a newer schema version (upgrade it), or after too many dead letters in a minute (fix the cause); else 0."}),
 	}
 }
 
@@ -154,6 +188,9 @@ func (c *Consumer) CaughtUp(maxLag int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.halted != nil {
+		if errors.Is(c.halted, errTooManyDeadLetters) {
+			return fmt.Errorf("stopped (fix the cause, then restart it): %w", c.halted)
+		}
 		return fmt.Errorf("stopped at a record this build cannot read (upgrade it): %w", c.halted)
 	}
 	for part, lag := range c.lags {
@@ -340,8 +377,16 @@ func (c *Consumer) settle(ctx context.Context, recs []*kgo.Record, tries int, ha
 		case permanent:
 			if fails++; fails >= tries {
 				if len(recs) == 1 {
-					c.deadLetter(ctx, recs[0], err, state)
-					return nil
+					if now := time.Now(); c.deadLetterBudget(now) {
+						c.recentDead = append(c.recentDead, now)
+						c.deadLetter(ctx, recs[0], err, state)
+						return nil
+					}
+					c.setHalted(fmt.Errorf("%w (record %d/%d: %w)", errTooManyDeadLetters, recs[0].Partition, recs[0].Offset, err))
+					c.cfg.Log.Error("consumer stopped: too many records failed for good within a minute; fix the cause and restart it (nothing is skipped)",
+						"consumer", c.cfg.Consumer, "partition", recs[0].Partition, "offset", recs[0].Offset, "sqlstate", state, "err", err)
+					fails = 0 // retry the record, with backoff, until the cause is fixed
+					break
 				}
 				c.cfg.Log.Warn("batch failed permanently; isolating the records that cannot be written",
 					"consumer", c.cfg.Consumer, "records", len(recs), "sqlstate", state, "err", err)
