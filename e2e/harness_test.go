@@ -208,14 +208,21 @@ func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
 	cl.mu.Lock()
 	cl.nextID++
 	id := fmt.Sprintf("r%d", cl.nextID)
-	ch := make(chan *protocol.Reply, 1)
-	cl.waiters[id] = ch
 	cl.mu.Unlock()
 	req["id"] = id
 	b, _ := json.Marshal(req)
+	return cl.doFrame(id, string(b))
+}
+
+// doFrame writes a raw frame whose id is id and waits for its reply.
+func (cl *client) doFrame(id, frame string) (*protocol.Reply, error) {
+	ch := make(chan *protocol.Reply, 1)
+	cl.mu.Lock()
+	cl.waiters[id] = ch
+	cl.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.c.Write(ctx, websocket.MessageText, b); err != nil {
+	if err := cl.c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
 		return nil, err
 	}
 	select {
@@ -224,7 +231,7 @@ func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
 	case <-cl.closed:
 		return nil, fmt.Errorf("connection closed")
 	case <-ctx.Done():
-		return nil, fmt.Errorf("no reply to %s within 30 s", b)
+		return nil, fmt.Errorf("no reply to %s within 30 s", frame)
 	}
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -108,26 +107,5 @@ delivered:
 		if r.Kind == "message" && (strings.ContainsRune(r.Body, 0) || r.ClientMessageID == "poison-1") {
 			t.Errorf("poison reached the log: %+v", r)
 		}
-	}
-}
-
-// doFrame writes a raw frame whose id is id and waits for its reply.
-func (cl *client) doFrame(id, frame string) (*protocol.Reply, error) {
-	ch := make(chan *protocol.Reply, 1)
-	cl.mu.Lock()
-	cl.waiters[id] = ch
-	cl.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := cl.c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
-		return nil, err
-	}
-	select {
-	case r := <-ch:
-		return r, nil
-	case <-cl.closed:
-		return nil, fmt.Errorf("connection closed")
-	case <-ctx.Done():
-		return nil, fmt.Errorf("no reply to %s within 30 s", frame)
 	}
 }
