@@ -222,9 +222,12 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	o.sentAttempt = now
 	if o.sent.IsZero() {
 		o.sent = now
+		d.r.commands.Add(1)
 		if o.kind == "send" && !o.dup && !o.probe {
 			d.r.sent.Add(1)
 		}
+	} else {
+		d.r.resends.Add(1)
 	}
 	d.pending[id] = o
 	d.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,6 +22,14 @@ const (
 	ReportMD      = "report.md"
 	PhaseFile     = "phase"
 	LedgerFile    = "runs.ledger"
+	// CountersFile holds the run's live counters (what no record stream
+	// holds: first sends, re-sends, errors, the phases' times), rewritten
+	// crash-safe every second and at every phase change.
+	CountersFile = "counters.json"
+	// GaveUpFile lists the commands given up without a final answer (the
+	// re-send budget or the attempt limit ran out): their outcome is
+	// unknown, so the checker treats them as neither accepted nor rejected.
+	GaveUpFile = "gaveup.jsonl"
 )
 
 // Stack is how to reach the stack a run drove: what `chatpipe dev` writes
@@ -60,6 +69,7 @@ type Accepted struct {
 	At              int64  `json:"ta"` // unix ns: answer received
 	Attempts        int    `json:"n"`
 	Dup             bool   `json:"dup,omitempty"` // the deliberate second copy of a send
+	Probe           bool   `json:"probe,omitempty"`
 }
 
 // Rejected is one line of rejected.jsonl: a final (not retried) rejection.
@@ -82,6 +92,43 @@ type Delivered struct {
 	MessageID string `json:"m"`
 	Sender    string `json:"u"`
 	At        int64  `json:"ta"`
+}
+
+// GaveUp is one line of gaveup.jsonl: a command given up unanswered.
+type GaveUp struct {
+	Op              string `json:"op"`
+	Conv            string `json:"c"`
+	ClientMessageID string `json:"k,omitempty"`
+	Sender          string `json:"u"`
+	Attempts        int    `json:"n"`
+	Why             string `json:"why"` // budget or attempts
+	Probe           bool   `json:"probe,omitempty"`
+	Dup             bool   `json:"dup,omitempty"`
+}
+
+// Counters is counters.json: the run's counters that no record stream
+// holds. Times are unix ns (0: not reached).
+type Counters struct {
+	Phase     string `json:"phase"`
+	At        int64  `json:"at"`
+	SendStart int64  `json:"send_start,omitempty"`
+	SendEnd   int64  `json:"send_end,omitempty"`
+	// Offered counts messages of the schedule that fell due; Sent those
+	// written at least once (first sends); Resends every later attempt of
+	// any command; GivenUp commands dropped unanswered.
+	Offered    int64            `json:"offered"`
+	Sent       int64            `json:"sent"`
+	Commands   int64            `json:"commands"` // first attempts of every command (sends, creates, churn, syncs)
+	Resends    int64            `json:"resends"`
+	GivenUp    int64            `json:"given_up"`
+	Retries    map[string]int64 `json:"retries,omitempty"` // re-sends by cause
+	GaveUpWhy  map[string]int64 `json:"gave_up_why,omitempty"`
+	Membership int64            `json:"membership_changes"`
+	Errors     int64            `json:"errors"`
+	Reconnects int64            `json:"reconnects"`
+	Unanswered int64            `json:"unanswered"`
+	// SentPerSec is the first sends of each second of the send phase.
+	SentPerSec []int64 `json:"sent_per_sec,omitempty"`
 }
 
 // RunDir is a run directory read back.
@@ -132,31 +179,74 @@ func readJSON(path string, v any) error {
 }
 
 func readLines[T any](path string) ([]T, error) {
+	var out []T
+	err := eachLine(path, func(v *T) { out = append(out, *v) })
+	return out, err
+}
+
+// eachLine decodes every line of a JSON-lines file (none if it does not
+// exist). A torn last line — a run killed mid-write — is skipped.
+func eachLine[T any](path string, fn func(*T)) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("loadgen: %w", err)
+		return fmt.Errorf("loadgen: %w", err)
 	}
 	defer f.Close()
-	var out []T
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var bad error
 	for n := 1; sc.Scan(); n++ {
 		if len(sc.Bytes()) == 0 {
 			continue
 		}
+		if bad != nil {
+			return bad // a bad line that is not the last one
+		}
 		var v T
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			return nil, fmt.Errorf("loadgen: %s line %d: %w", path, n, err)
+			bad = fmt.Errorf("loadgen: %s line %d: %w", path, n, err)
+			continue
 		}
-		out = append(out, v)
+		fn(&v)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("loadgen: read %s: %w", path, err)
+		return fmt.Errorf("loadgen: read %s: %w", path, err)
 	}
-	return out, nil
+	return nil
+}
+
+// countLines counts the non-empty lines of a file (0 if it does not exist).
+func countLines(path string) (int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("loadgen: %w", err)
+	}
+	defer f.Close()
+	var n int64
+	buf := make([]byte, 256<<10)
+	last := byte('\n')
+	for {
+		k, err := f.Read(buf)
+		for _, c := range buf[:k] {
+			if c == '\n' && last != '\n' {
+				n++
+			}
+			last = c
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("loadgen: read %s: %w", path, err)
+		}
+	}
+	return n, nil // a torn last line (no newline yet) is not counted
 }
 
 // stream is an append-only JSON-lines record file shared by goroutines.
@@ -183,6 +273,14 @@ func (s *stream) write(v any) {
 	s.w.Write(b)
 	s.w.WriteByte('\n')
 	s.mu.Unlock()
+}
+
+// flush writes what is buffered to the file (not synced): a run killed
+// later loses at most what came after.
+func (s *stream) flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Flush()
 }
 
 // close flushes, syncs and closes the file.

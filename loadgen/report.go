@@ -23,20 +23,31 @@ type Report struct {
 	Devices       int `json:"devices"`
 	Conversations int `json:"conversations"`
 
-	// Sent counts messages of the schedule that were sent (first attempts);
-	// Accepted those that got `accepted` (one per message, duplicates
-	// apart); AcceptedPerSec is Accepted over the send phase plus the time
-	// its last answer took.
+	// Offered counts messages of the schedule that fell due; Sent those
+	// that were sent (first attempts); Accepted those that got `accepted`
+	// (one per message, duplicates apart); AcceptedPerSec is Accepted over
+	// the send phase plus the time its last answer took. All of them come
+	// from the run directory's files, so a run that failed in a later
+	// phase reports them too.
+	Offered        int64   `json:"offered"`
 	Sent           int64   `json:"sent"`
 	Accepted       int64   `json:"accepted"`
 	AcceptedPerSec float64 `json:"accepted_per_sec"`
 	// PeakPerSec is the best whole second of accepted sends.
-	PeakPerSec   int64            `json:"peak_accepted_per_sec"`
-	Duplicates   int64            `json:"duplicates"` // deliberate second copies answered
-	Membership   int64            `json:"membership_changes"`
-	Rejects      map[string]int64 `json:"rejects"` // final rejections by code
-	Retries      map[string]int64 `json:"retries"` // retried answers by cause
-	Errors       int64            `json:"errors"`  // connection errors and timeouts
+	PeakPerSec int64            `json:"peak_accepted_per_sec"`
+	Duplicates int64            `json:"duplicates"` // deliberate second copies answered
+	Membership int64            `json:"membership_changes"`
+	Rejects    map[string]int64 `json:"rejects"` // final rejections by code
+	Retries    map[string]int64 `json:"retries"` // re-sends by cause
+	// Resends counts every attempt after a command's first (any command),
+	// apart from the offered load; ResendShare is Resends over first
+	// attempts; GivenUp counts commands dropped unanswered when the
+	// re-send budget or the attempt limit ran out.
+	Resends      int64            `json:"resends"`
+	ResendShare  float64          `json:"resend_share"`
+	GivenUp      int64            `json:"given_up"`
+	GaveUpWhy    map[string]int64 `json:"given_up_why,omitempty"`
+	Errors       int64            `json:"errors"` // connection errors and timeouts
 	Unanswered   int64            `json:"unanswered"`
 	Reconnects   int64            `json:"reconnects"`
 	AcceptedLat  Latency          `json:"accepted_latency"`
@@ -50,7 +61,8 @@ type Report struct {
 type Second struct {
 	T        int     `json:"t"`
 	Sent     int64   `json:"sent"`
-	Accepted int64   `json:"accepted"`
+	Accepted int64   `json:"accepted"` // answered in that second
+	P50MS    float64 `json:"p50_ms"`   // accepted latency of the second's answers
 	P99MS    float64 `json:"p99_ms"`
 }
 
@@ -65,7 +77,8 @@ func (r *Report) Markdown() string {
 	row("start → end", r.Start.UTC().Format(time.RFC3339)+" → "+r.End.UTC().Format(time.RFC3339))
 	row("offered rate", fmt.Sprintf("%.0f msg/s for %s", r.Rate, r.Duration))
 	row("users × devices, conversations", fmt.Sprintf("%d × %d, %d", r.Users, r.Devices, r.Conversations))
-	row("sent / accepted", fmt.Sprintf("%d / %d", r.Sent, r.Accepted))
+	row("offered / sent / accepted", fmt.Sprintf("%d / %d / %d", r.Offered, r.Sent, r.Accepted))
+	row("re-sends (share of first attempts), given up", fmt.Sprintf("%d (%.1f %%), %d%s", r.Resends, 100*r.ResendShare, r.GivenUp, paren(counts(r.GaveUpWhy), r.GivenUp > 0)))
 	row("accepted/s (run), best second", fmt.Sprintf("%.0f, %d", r.AcceptedPerSec, r.PeakPerSec))
 	row("accepted latency p50 / p90 / p99 / p99.9 / max", latRow(r.AcceptedLat))
 	row("delivery latency p50 / p90 / p99 / p99.9 / max", latRow(r.DeliveryLat))
@@ -73,9 +86,16 @@ func (r *Report) Markdown() string {
 	row("duplicates sent on purpose", fmt.Sprint(r.Duplicates))
 	row("membership changes", fmt.Sprint(r.Membership))
 	row("final rejections", counts(r.Rejects))
-	row("retries", counts(r.Retries))
+	row("re-sends by cause", counts(r.Retries))
 	row("errors, reconnects, unanswered", fmt.Sprintf("%d, %d, %d", r.Errors, r.Reconnects, r.Unanswered))
 	return b.String()
+}
+
+func paren(s string, on bool) string {
+	if !on {
+		return ""
+	}
+	return " (" + s + ")"
 }
 
 func phaseNote(r *Report) string {

@@ -94,19 +94,26 @@ type runner struct {
 	acc     *stream
 	rej     *stream
 	del     *stream
+	gup     *stream
 	accLat  *latency
 	delLat  *latency
 
 	sent, accepted, dups, membership atomic.Int64
 	errors, reconnects, deliveries   atomic.Int64
 	inflight                         atomic.Int64
+	offered, commands, resends       atomic.Int64
+	givenUp, unanswered              atomic.Int64
+	sendStart, sendEnd               atomic.Int64 // unix ns
 	delivery                         atomic.Int32 // 0 unknown, 1 served, 2 not served
 
-	cmu      sync.Mutex
-	rejects  map[string]int64
-	retries  map[string]int64
-	members  map[string][]string // the run's view of each conversation's members
-	churning map[string]bool
+	cmu       sync.Mutex
+	rejects   map[string]int64
+	retries   map[string]int64 // re-sends by cause
+	gaveUpWhy map[string]int64
+	members   map[string][]string // the run's view of each conversation's members
+	churning  map[string]bool
+	phase     string
+	perSec    []int64 // first sends per second of the send phase
 
 	tmu    sync.Mutex
 	tokens map[string]string
@@ -139,13 +146,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	r := &runner{cfg: cfg, dir: dir, log: cfg.Log, accLat: newLatency(), delLat: newLatency(),
-		rejects: map[string]int64{}, retries: map[string]int64{}, members: map[string][]string{},
+		rejects: map[string]int64{}, retries: map[string]int64{}, gaveUpWhy: map[string]int64{}, members: map[string][]string{},
 		churning: map[string]bool{}, tokens: map[string]string{}, devices: map[string][]*device{},
 		rng: rand.New(rand.NewPCG(cfg.Seed, 1))}
-	rep := &Report{Run: cfg.Run, Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.Rate, Duration: cfg.Duration.String(),
-		Rejects: r.rejects, Retries: r.retries}
+	rep := &Report{Run: cfg.Run, Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.Rate, Duration: cfg.Duration.String()}
 	phase, err := r.run(ctx, rep)
 	rep.End = time.Now().UTC()
+	// The totals come from the run's own files, whatever phase it reached.
+	if werr := r.writeCounters(); werr != nil && err == nil {
+		err, phase = werr, "report"
+	}
+	if tot, terr := ReadTotals(dir); terr != nil {
+		if err == nil {
+			err, phase = terr, "report"
+		}
+	} else {
+		tot.Apply(rep)
+	}
+	rep.DeliveryLat = r.delLat.summary()
+	rep.DeliveryMode = "served"
+	if !r.deliveryServed() {
+		rep.DeliveryMode = "not served"
+	}
 	status := StatusFinished
 	var errText string
 	if err != nil {
@@ -153,9 +175,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Phase, rep.Error = phase, errText
 	}
 	rep.Status = status
-	r.cmu.Lock()
 	werr := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644)
-	r.cmu.Unlock()
 	if werr == nil {
 		werr = atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644)
 	}
@@ -174,7 +194,63 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func (r *runner) setPhase(p string) error {
-	return atomicfile.Write(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"), 0o644)
+	r.cmu.Lock()
+	r.phase = p
+	r.cmu.Unlock()
+	if err := atomicfile.Write(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"), 0o644); err != nil {
+		return err
+	}
+	return r.writeCounters()
+}
+
+// counters is a snapshot of what no record stream holds.
+func (r *runner) counters() Counters {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	c := Counters{Phase: r.phase, At: time.Now().UnixNano(), SendStart: r.sendStart.Load(), SendEnd: r.sendEnd.Load(),
+		Offered: r.offered.Load(), Sent: r.sent.Load(), Commands: r.commands.Load(), Resends: r.resends.Load(),
+		GivenUp: r.givenUp.Load(), Membership: r.membership.Load(), Errors: r.errors.Load(), Reconnects: r.reconnects.Load(),
+		Unanswered: r.unanswered.Load(), SentPerSec: append([]int64(nil), r.perSec...),
+		Retries: copyCounts(r.retries), GaveUpWhy: copyCounts(r.gaveUpWhy)}
+	return c
+}
+
+func copyCounts(m map[string]int64) map[string]int64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// writeCounters rewrites counters.json crash-safe.
+func (r *runner) writeCounters() error {
+	return atomicfile.WriteJSON(filepath.Join(r.dir, CountersFile), r.counters(), 0o644)
+}
+
+// keepRecords flushes the record streams and rewrites counters.json once a
+// second until stop is closed, so a run killed mid-way leaves its totals.
+func (r *runner) keepRecords(stop <-chan struct{}) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		for _, s := range []*stream{r.acc, r.rej, r.del, r.gup} {
+			if err := s.flush(); err != nil {
+				r.log.Warn("flush records", "err", err)
+			}
+		}
+		if err := r.writeCounters(); err != nil {
+			r.log.Warn("write counters", "err", err)
+		}
+	}
 }
 
 // run runs the phases; on error it returns the phase that failed.
@@ -196,18 +272,22 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	for _, s := range []struct {
 		p    **stream
 		name string
-	}{{&r.acc, AcceptedFile}, {&r.rej, RejectedFile}, {&r.del, DeliveredFile}} {
+	}{{&r.acc, AcceptedFile}, {&r.rej, RejectedFile}, {&r.del, DeliveredFile}, {&r.gup, GaveUpFile}} {
 		if *s.p, err = openStream(filepath.Join(r.dir, s.name)); err != nil {
 			return "setup", err
 		}
 	}
 	defer func() {
-		for _, s := range []*stream{r.acc, r.rej, r.del} {
+		for _, s := range []*stream{r.acc, r.rej, r.del, r.gup} {
 			if cerr := s.close(); cerr != nil && err == nil {
 				err = fmt.Errorf("loadgen: close records: %w", cerr)
 			}
 		}
 	}()
+	stopKeeping := make(chan struct{})
+	keeperDone := make(chan struct{})
+	go func() { defer close(keeperDone); r.keepRecords(stopKeeping) }()
+	defer func() { close(stopKeeping); <-keeperDone }()
 
 	// Devices run until devCtx ends, after every answer and delivery.
 	devCtx, stopDevices := context.WithCancel(ctx)
@@ -266,8 +346,8 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	if err := r.setPhase(phase); err != nil {
 		return phase, err
 	}
-	rep.Timeline = r.send(ctx, devCtx)
-	sendEnd := time.Now()
+	r.send(ctx, devCtx)
+	r.sendEnd.Store(time.Now().UnixNano())
 	if ctx.Err() != nil {
 		return phase, ctx.Err()
 	}
@@ -277,11 +357,9 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 		return phase, err
 	}
 	if err := r.waitIdle(ctx, r.cfg.Drain); err != nil {
-		rep.Unanswered = r.inflight.Load()
-		r.log.Warn("commands still unanswered after the drain", "n", rep.Unanswered)
+		r.unanswered.Store(r.inflight.Load())
+		r.log.Warn("commands still unanswered after the drain", "n", r.inflight.Load())
 	}
-	lastAnswer := time.Now()
-	sendSecs := lastAnswer.Sub(sendEnd).Seconds() + r.cfg.Duration.Seconds()
 
 	phase = "converge"
 	if err := r.setPhase(phase); err != nil {
@@ -307,18 +385,6 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	phase = "report"
 	if err := r.setPhase(phase); err != nil {
 		return phase, err
-	}
-	rep.Sent, rep.Accepted = r.sent.Load(), r.accepted.Load()
-	rep.AcceptedPerSec = float64(rep.Accepted) / sendSecs
-	for _, s := range rep.Timeline {
-		rep.PeakPerSec = max(rep.PeakPerSec, s.Accepted)
-	}
-	rep.Duplicates, rep.Membership = r.dups.Load(), r.membership.Load()
-	rep.Errors, rep.Reconnects, rep.Deliveries = r.errors.Load(), r.reconnects.Load(), r.deliveries.Load()
-	rep.AcceptedLat, rep.DeliveryLat = r.accLat.summary(), r.delLat.summary()
-	rep.DeliveryMode = "served"
-	if !r.deliveryServed() {
-		rep.DeliveryMode = "not served"
 	}
 	if ctx.Err() != nil {
 		return phase, ctx.Err()
@@ -419,7 +485,7 @@ func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 		return
 	case f.Op == "accepted":
 		a := Accepted{Op: o.kind, Conv: f.ConversationID, Seq: f.Seq, MessageID: f.MessageID, ClientMessageID: f.ClientMessageID,
-			Sender: d.user, UserID: o.target, Device: d.name, Sent: o.sent.UnixNano(), At: now.UnixNano(), Attempts: o.attempts, Dup: o.dup}
+			Sender: d.user, UserID: o.target, Device: d.name, Sent: o.sent.UnixNano(), At: now.UnixNano(), Attempts: o.attempts, Dup: o.dup, Probe: o.probe}
 		if o.kind == "send" {
 			a.Due = o.due.UnixNano()
 			switch {
