@@ -30,8 +30,15 @@ type op struct {
 	// sentAttempt is when the latest attempt was written.
 	sentAttempt time.Time
 	attempts    int
-	dup         bool // the deliberate second copy of a send
-	probe       bool // a send by a user just removed (forbidden expected)
+	// reqID is the request id of the latest attempt (its key in pending
+	// until answered or superseded); waiting: a re-send is scheduled (a
+	// late final answer to the latest attempt still counts and cancels
+	// it); finished: answered or given up, a scheduled re-send is skipped.
+	// All three are guarded by the device's mu.
+	reqID             string
+	waiting, finished bool
+	dup               bool // the deliberate second copy of a send
+	probe             bool // a send by a user just removed (forbidden expected)
 
 	// done, if set, is called once with the final answer.
 	done func(f *frame)
@@ -123,11 +130,14 @@ func (d *device) run(ctx context.Context) {
 		var again []*op
 		for id, o := range d.pending {
 			delete(d.pending, id)
-			again = append(again, o)
+			if !o.waiting { // else its re-send is already scheduled
+				o.waiting = true
+				again = append(again, o)
+			}
 		}
 		d.mu.Unlock()
 		for _, o := range again {
-			d.r.retryAfter(ctx, d, o, 0)
+			d.r.resend(ctx, d, o, "connection", 0)
 		}
 		sleepCtx(ctx, backoff(0))
 	}
@@ -187,34 +197,43 @@ func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone
 			d.sweep(ctx, now)
 		case o := <-d.out:
 			if err := d.write(ctx, conn, o); err != nil {
-				d.r.retryAfter(ctx, d, o, 0)
+				d.r.resend(ctx, d, o, "connection", 0)
 				return err
 			}
 		}
 	}
 }
 
-// sweep retries, with the same ids, every command unanswered for longer
-// than the answer timeout.
+// sweep schedules a re-send, with the same ids, of every command
+// unanswered for longer than the answer timeout (or gives it up). The
+// late attempt stays pending: its answer, if it comes before the re-send,
+// is the command's answer.
 func (d *device) sweep(ctx context.Context, now time.Time) {
 	var late []*op
 	d.mu.Lock()
-	for id, o := range d.pending {
-		if now.Sub(o.sentAttempt) > d.r.cfg.Timeout {
-			delete(d.pending, id)
+	for _, o := range d.pending {
+		if !o.waiting && now.Sub(o.sentAttempt) > d.r.cfg.Timeout {
+			o.waiting = true
 			late = append(late, o)
 		}
 	}
 	d.mu.Unlock()
 	for _, o := range late {
-		d.r.bump(d.r.retries, "timeout")
 		d.r.errors.Add(1)
-		d.r.retryAfter(ctx, d, o, 0)
+		d.r.resend(ctx, d, o, "timeout", 0)
 	}
 }
 
 func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	d.mu.Lock()
+	if o.finished { // answered late, or given up, while its re-send waited
+		d.mu.Unlock()
+		return nil
+	}
+	if o.reqID != "" {
+		delete(d.pending, o.reqID) // superseded: its answer no longer counts
+	}
+	o.waiting = false
 	d.next++
 	id := "r" + strconv.Itoa(d.next)
 	now := time.Now()
@@ -223,6 +242,7 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	if o.sent.IsZero() {
 		o.sent = now
 		d.r.commands.Add(1)
+		d.r.rs.first()
 		if o.kind == "send" && !o.dup && !o.probe {
 			d.r.sent.Add(1)
 		}
@@ -230,6 +250,7 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 		d.r.resends.Add(1)
 	}
 	d.pending[id] = o
+	o.reqID = id
 	d.mu.Unlock()
 	req := map[string]any{"op": o.kind, "id": id}
 	switch o.kind {
@@ -284,12 +305,24 @@ func (d *device) read(conn *websocket.Conn) error {
 			d.mu.Lock()
 			o := d.pending[f.ID]
 			delete(d.pending, f.ID)
+			if o != nil && o.waiting {
+				if retryable(&f) {
+					o = nil // its re-send is already scheduled
+				} else {
+					o.finished = true // a late final answer: skip the re-send
+				}
+			}
 			d.mu.Unlock()
-			if o != nil { // nil: an answer to an attempt already retried
+			if o != nil { // nil: an answer to an attempt already superseded
 				d.r.answer(d, o, &f, now)
 			}
 		}
 	}
+}
+
+// retryable reports whether f asks for the command to be sent again.
+func retryable(f *frame) bool {
+	return f.Op == "rejected" && (f.Code == "unavailable" || f.Code == "rate_limited")
 }
 
 func (d *device) cursorCopy() map[string]int64 {

@@ -139,6 +139,7 @@ type RunDir struct {
 	Accepted  []Accepted
 	Rejected  []Rejected
 	Delivered []Delivered
+	GaveUp    []GaveUp
 }
 
 // ReadRun reads a finished run directory. A run without report.json never
@@ -162,6 +163,9 @@ func ReadRun(dir string) (*RunDir, error) {
 		return nil, err
 	}
 	if r.Delivered, err = readLines[Delivered](filepath.Join(dir, DeliveredFile)); err != nil {
+		return nil, err
+	}
+	if r.GaveUp, err = readLines[GaveUp](filepath.Join(dir, GaveUpFile)); err != nil {
 		return nil, err
 	}
 	return r, nil

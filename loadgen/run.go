@@ -35,7 +35,8 @@ type Config struct {
 	// back a second later (default rate/500, at least 0.5/s; negative: none).
 	Churn     float64
 	BodyBytes int           // message body size (default 100: log records of about 350 bytes)
-	Timeout   time.Duration // an unanswered command is sent again after this (default 10 s)
+	Timeout   time.Duration // an unanswered command is sent again after this (default 10 s), within Resend
+	Resend    ResendPolicy  // backoff, budget and attempt limit of re-sends
 	Drain     time.Duration // wait for answers and deliveries after the send phase (default 60 s)
 	Settle    time.Duration // deliveries are done once none arrived for this long (default 2 s)
 	Progress  io.Writer     // the live progress line (nil: none)
@@ -115,6 +116,8 @@ type runner struct {
 	phase     string
 	perSec    []int64 // first sends per second of the send phase
 
+	rs *resender
+
 	tmu    sync.Mutex
 	tokens map[string]string
 
@@ -148,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &runner{cfg: cfg, dir: dir, log: cfg.Log, accLat: newLatency(), delLat: newLatency(),
 		rejects: map[string]int64{}, retries: map[string]int64{}, gaveUpWhy: map[string]int64{}, members: map[string][]string{},
 		churning: map[string]bool{}, tokens: map[string]string{}, devices: map[string][]*device{},
-		rng: rand.New(rand.NewPCG(cfg.Seed, 1))}
+		rng: rand.New(rand.NewPCG(cfg.Seed, 1)), rs: newResender(cfg.Resend, rand.Int64N)}
 	rep := &Report{Run: cfg.Run, Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.Rate, Duration: cfg.Duration.String()}
 	phase, err := r.run(ctx, rep)
 	rep.End = time.Now().UTC()
@@ -477,6 +480,45 @@ func (r *runner) retryAfter(ctx context.Context, d *device, o *op, delay time.Du
 	})
 }
 
+// resend sends o again (same ids) after the policy's backoff, or gives it
+// up when its attempts or the run's re-send budget are spent. It never
+// blocks.
+func (r *runner) resend(ctx context.Context, d *device, o *op, cause string, retryAfter time.Duration) {
+	d.mu.Lock()
+	attempts := o.attempts
+	d.mu.Unlock()
+	delay, why := r.rs.next(attempts, retryAfter)
+	if why != "" {
+		r.giveUp(d, o, why)
+		return
+	}
+	r.bump(r.retries, cause)
+	r.retryAfter(ctx, d, o, delay)
+}
+
+// giveUp drops o without a final answer: its outcome is unknown, which
+// gaveup.jsonl records.
+func (r *runner) giveUp(d *device, o *op, why string) {
+	d.mu.Lock()
+	if o.finished {
+		d.mu.Unlock()
+		return
+	}
+	o.finished = true
+	if o.reqID != "" {
+		delete(d.pending, o.reqID) // a late answer no longer counts
+	}
+	attempts := o.attempts
+	d.mu.Unlock()
+	r.givenUp.Add(1)
+	r.bump(r.gaveUpWhy, why)
+	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup})
+	if o.done != nil {
+		o.done(&frame{Op: "given_up"})
+	}
+	r.track(-1)
+}
+
 // answer handles the answer to o's latest attempt.
 func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 	switch {
@@ -497,10 +539,8 @@ func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 			}
 		}
 		r.acc.write(a)
-	case f.Code == "unavailable" || f.Code == "rate_limited":
-		r.bump(r.retries, f.Code)
-		delay := time.Duration(max(f.RetryAfterMS, 1))*time.Millisecond + time.Duration(rand.Int64N(int64(20*time.Millisecond)))
-		r.retryAfter(r.dctx, d, o, delay)
+	case retryable(f):
+		r.resend(r.dctx, d, o, f.Code, time.Duration(f.RetryAfterMS)*time.Millisecond)
 		return
 	case o.kind == "sync" && f.Code == "bad_request":
 		r.delivery.CompareAndSwap(0, 2)

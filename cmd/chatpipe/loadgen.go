@@ -36,7 +36,11 @@ func runLoadgen(ctx context.Context, args []string) error {
 	dup := fs.Float64("dup", 0.01, "share of sends sent twice with the same ids from a second device")
 	churn := fs.Float64("churn", 0, "membership changes per second (default: rate/500, at least 0.5; negative: none)")
 	body := fs.Int("body-bytes", 100, "message body size")
-	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long")
+	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long (within the re-send budget)")
+	budget := fs.Float64("resend-budget", 0.1, "re-sends allowed per first attempt of a command, on top of a reserve of 100 (0: never re-send)")
+	attempts := fs.Int("max-attempts", 6, "attempts per command, the first included; then it is given up")
+	backoffBase := fs.Duration("resend-backoff", 250*time.Millisecond, "backoff ceiling before the first re-send (full jitter, doubling per attempt, after retry_after_ms)")
+	backoffMax := fs.Duration("resend-backoff-max", 30*time.Second, "largest backoff ceiling")
 	drain := fs.Duration("drain", time.Minute, "wait this long at most for answers and deliveries after the send phase")
 	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
@@ -89,6 +93,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
 			VShards: ep.VShards, Partitions: ep.Partitions},
 		DupShare: orNone(*dup), Churn: *churn, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+		Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
 	}
 	if *progress {
 		cfg.Progress = os.Stderr
