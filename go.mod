@@ -2,8 +2,9 @@ module github.com/chatpipe/chatpipe
 
 go 1.26.8
 
+require github.com/HdrHistogram/hdrhistogram-go v1.4.0
+
 require (
-	github.com/HdrHistogram/hdrhistogram-go v1.4.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

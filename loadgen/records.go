@@ -45,7 +45,12 @@ type Stack struct {
 
 // RunInfo is run.json: the run's settings, the stack and the plan.
 type RunInfo struct {
-	Run      string    `json:"run"`
+	Run string `json:"run"`
+	// Shard is "K/N" for part K of N of a plan; a merged run lists its
+	// parts in Parts.
+	Shard    string    `json:"shard,omitempty"`
+	Parts    []string  `json:"parts,omitempty"`
+	Seed     uint64    `json:"seed"`
 	Profile  string    `json:"profile"`
 	Rate     float64   `json:"rate"`
 	Duration string    `json:"duration"`

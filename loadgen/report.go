@@ -10,6 +10,7 @@ import (
 // Report is report.json: what a run offered, what it got, how fast.
 type Report struct {
 	Run      string    `json:"run"`
+	Shard    string    `json:"shard,omitempty"` // K/N; a merged run's: its parts
 	Profile  string    `json:"profile"`
 	Status   string    `json:"status"` // finished or failed
 	Phase    string    `json:"phase,omitempty"`
@@ -70,6 +71,9 @@ type Second struct {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# loadgen run %s\n\n", r.Run)
+	if r.Shard != "" {
+		fmt.Fprintf(&b, "Shard %s of the plan.\n\n", r.Shard)
+	}
 	row := func(k, v string) { fmt.Fprintf(&b, "| %s | %s |\n", k, v) }
 	b.WriteString("| what | value |\n|------|-------|\n")
 	row("profile", r.Profile)

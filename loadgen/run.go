@@ -19,10 +19,13 @@ import (
 
 // Config configures a run. Zero fields get the defaults of validate.
 type Config struct {
-	Run      string // run name: the run directory's name and the prefix of its ids
-	Out      string // directory holding run directories and runs.ledger
-	Profile  Profile
-	Rate     float64       // offered messages/s (default: the profile's)
+	Run     string // run name: the run directory's name and the prefix of its ids
+	Out     string // directory holding run directories and runs.ledger
+	Profile Profile
+	Rate    float64 // offered messages/s of the whole plan (default: the profile's)
+	// Shard, when N > 1, runs part K of N of the plan: its users and
+	// conversations only (shared with no other part), at Rate/N.
+	Shard    Shard
 	Duration time.Duration // send phase (default 60 s)
 	Stack    Stack
 	Secret   []byte // JWT secret to mint the users' tokens
@@ -59,8 +62,11 @@ func (c *Config) validate() error {
 	if c.DupShare == 0 {
 		c.DupShare = 0.01
 	}
+	if c.Shard.N > 1 && (c.Shard.K < 1 || c.Shard.K > c.Shard.N) {
+		return fmt.Errorf("loadgen: shard %d/%d", c.Shard.K, c.Shard.N)
+	}
 	if c.Churn == 0 {
-		c.Churn = max(c.Rate/500, 0.5)
+		c.Churn = max(c.shardRate()/500, 0.5)
 	}
 	if c.BodyBytes <= 0 {
 		c.BodyBytes = 100
@@ -81,6 +87,18 @@ func (c *Config) validate() error {
 		return errors.New("loadgen: at most 16 devices per user (the gateway's per-user connection cap)")
 	}
 	return nil
+}
+
+// shardRate is the rate this process offers: its part of the plan's.
+func (c *Config) shardRate() float64 { return c.Rate / float64(max(c.Shard.N, 1)) }
+
+// DirName is the run's directory name under Out and its name in the
+// ledger: the run name, with "-KofN" for a shard.
+func (c *Config) DirName() string {
+	if c.Shard.Whole() {
+		return c.Run
+	}
+	return fmt.Sprintf("%s-%dof%d", c.Run, c.Shard.K, c.Shard.N)
 }
 
 // runner is one run in progress.
@@ -135,10 +153,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
-	dir := filepath.Join(cfg.Out, cfg.Run)
+	dir := filepath.Join(cfg.Out, cfg.DirName())
 	ledger := filepath.Join(cfg.Out, LedgerFile)
 	start := time.Now()
-	if err := BeginRun(ledger, cfg.Run, dir, start); err != nil {
+	if err := BeginRun(ledger, cfg.DirName(), dir, start); err != nil {
 		return nil, err
 	}
 	// A died or failed attempt of this name left records: start afresh.
@@ -151,8 +169,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &runner{cfg: cfg, dir: dir, log: cfg.Log, accLat: newLatency(), delLat: newLatency(),
 		rejects: map[string]int64{}, retries: map[string]int64{}, gaveUpWhy: map[string]int64{}, members: map[string][]string{},
 		churning: map[string]bool{}, tokens: map[string]string{}, devices: map[string][]*device{},
-		rng: rand.New(rand.NewPCG(cfg.Seed, 1)), rs: newResender(cfg.Resend, rand.Int64N)}
-	rep := &Report{Run: cfg.Run, Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.Rate, Duration: cfg.Duration.String()}
+		rng: rand.New(rand.NewPCG(cfg.Seed, 1+uint64(max(cfg.Shard.K, 0))<<32)), rs: newResender(cfg.Resend, rand.Int64N)}
+	rep := &Report{Run: cfg.Run, Shard: cfg.Shard.String(), Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.shardRate(), Duration: cfg.Duration.String()}
 	phase, err := r.run(ctx, rep)
 	rep.End = time.Now().UTC()
 	// The totals come from the run's own files, whatever phase it reached.
@@ -178,15 +196,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Phase, rep.Error = phase, errText
 	}
 	rep.Status = status
-	werr := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644)
-	if werr == nil {
-		werr = atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644)
-	}
+	werr := WriteReport(dir, rep)
 	if werr != nil && err == nil {
 		err, status, errText, phase = werr, StatusFailed, werr.Error(), "report"
 	}
 	end := rep.End
-	line := LedgerLine{Run: cfg.Run, Status: status, Start: rep.Start, End: &end, Error: errText}
+	line := LedgerLine{Run: cfg.DirName(), Status: status, Start: rep.Start, End: &end, Error: errText}
 	if status != StatusFinished {
 		line.Phase = phase
 	}
@@ -265,9 +280,11 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	if err != nil {
 		return "setup", err
 	}
-	r.plan = NewPlan(r.cfg.Run, shape, r.cfg.Profile, r.cfg.Seed)
+	if r.plan, err = ShardPlan(r.cfg.Run, shape, r.cfg.Profile, r.cfg.Seed, r.cfg.Shard); err != nil {
+		return "setup", err
+	}
 	rep.Users, rep.Devices, rep.Conversations = len(r.plan.Users), r.plan.Devices, len(r.plan.Conversations)
-	info := RunInfo{Run: r.cfg.Run, Profile: r.cfg.Profile.Name, Rate: r.cfg.Rate, Duration: r.cfg.Duration.String(),
+	info := RunInfo{Run: r.cfg.Run, Shard: r.cfg.Shard.String(), Seed: r.cfg.Seed, Profile: r.cfg.Profile.Name, Rate: r.cfg.shardRate(), Duration: r.cfg.Duration.String(),
 		Start: rep.Start, Stack: r.cfg.Stack, Plan: r.plan}
 	if err := atomicfile.WriteJSON(filepath.Join(r.dir, RunFile), info, 0o644); err != nil {
 		return "setup", err

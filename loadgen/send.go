@@ -12,8 +12,8 @@ import (
 // send runs the send phase: the open-loop schedule, membership churn and
 // the per-second count of first sends (and the progress line).
 func (r *runner) send(ctx, devCtx context.Context) {
-	sched := Schedule{Rate: r.cfg.Rate}
-	total := int64(r.cfg.Rate * r.cfg.Duration.Seconds())
+	sched := Schedule{Rate: r.cfg.shardRate()}
+	total := int64(sched.Rate * r.cfg.Duration.Seconds())
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.Duration)
 	defer cancel()
 
@@ -91,7 +91,7 @@ func (r *runner) churn(ctx, devCtx context.Context) {
 	if len(groups) == 0 {
 		return
 	}
-	rng := newRand(r.cfg.Seed + 7)
+	rng := newRand(r.cfg.Seed + 7 + uint64(max(r.cfg.Shard.K, 0))<<32)
 	tick := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Churn))
 	defer tick.Stop()
 	n := 0

@@ -19,6 +19,9 @@ func init() {
 }
 
 func runLoadgen(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "merge" {
+		return runLoadgenMerge(args[1:])
+	}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
@@ -43,6 +46,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	backoffMax := fs.Duration("resend-backoff-max", 30*time.Second, "largest backoff ceiling")
 	drain := fs.Duration("drain", time.Minute, "wait this long at most for answers and deliveries after the send phase")
 	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
+	shard := fs.String("shard", "", "K/N: run part K of N of the plan (its own users and conversations, at rate/N) into the run directory NAME-KofN; then 'chatpipe loadgen merge'")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
@@ -85,11 +89,18 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	sh, err := loadgen.ParseShard(*shard)
+	if err != nil {
+		return err
+	}
 	if *run == "" {
+		if !sh.Whole() {
+			return errors.New("--shard needs --run: every shard must use the same run name")
+		}
 		*run = p.Name + "-" + time.Now().UTC().Format("20060102-150405")
 	}
 	cfg := loadgen.Config{
-		Run: *run, Out: *out, Profile: p, Rate: r, Duration: *duration, Secret: key, Seed: *seed,
+		Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
 		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
 			VShards: ep.VShards, Partitions: ep.Partitions},
 		DupShare: orNone(*dup), Churn: *churn, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
@@ -98,7 +109,11 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if *progress {
 		cfg.Progress = os.Stderr
 	}
-	fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, *run))
+	if sh.Whole() {
+		fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, cfg.DirName()))
+	} else {
+		fmt.Fprintf(os.Stderr, "loadgen %s shard %s: profile %s at %.0f of %.0f msg/s for %v → %s\n", *run, sh, p.Name, r/float64(sh.N), r, *duration, filepath.Join(*out, cfg.DirName()))
+	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if rep != nil {
 		fmt.Print(rep.Markdown())
@@ -118,4 +133,27 @@ func orNone(v float64) float64 {
 		return -1
 	}
 	return v
+}
+
+func runLoadgenMerge(args []string) error {
+	fs := flag.NewFlagSet("loadgen merge", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: chatpipe loadgen merge --out DIR RUN-DIR RUN-DIR…")
+		fs.PrintDefaults()
+	}
+	out := fs.String("out", "", "the merged run directory to write (new or empty; required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *out == "" || fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("merge needs --out and at least one run directory")
+	}
+	rep, err := loadgen.Merge(*out, fs.Args())
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.Markdown())
+	fmt.Fprintf(os.Stderr, "merged %d runs into %s (check it with: chatpipe check --run %s)\n", fs.NArg(), *out, *out)
+	return nil
 }
