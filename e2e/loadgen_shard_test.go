@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/loadgen"
 )
 
@@ -17,19 +18,23 @@ import (
 // `chatpipe dev`, each one half of the same plan (--shard 1/2, 2/2),
 // merges their run directories with `chatpipe loadgen merge` and checks
 // the merged run as one: it passes. After one accepted message is deleted
-// from Postgres the same check fails.
+// from Postgres the same check fails. Shard 2 is given the stack the way a
+// deployed one is (--ws, --jwt-secret-file, --kafka, --database-url, no
+// endpoints.json), and the last check names the world by flags too.
 func TestLoadgenShardsMerged(t *testing.T) {
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
 	ep := filepath.Join(dev.dir, "endpoints.json")
 	res := make([]cmdResult, 2)
 	var wg sync.WaitGroup
+	target := [][]string{{"--endpoints", ep}, {"--ws", dev.ep.WebSocket, "--jwt-secret-file", filepath.Join(dev.dir, auth.SecretFile),
+		"--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", dev.ep.Postgres}}
 	for k := 1; k <= 2; k++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[k-1] = runChatpipe(t, "loadgen", "--endpoints", ep, "--rate", "60", "--duration", "10s", "--shard", []string{"1/2", "2/2"}[k-1],
-				"--out", out, "--run", "sh", "--progress=false", "--drain", "90s")
+			res[k-1] = runChatpipe(t, append(append([]string{"loadgen"}, target[k-1]...), "--rate", "60", "--duration", "10s",
+				"--shard", []string{"1/2", "2/2"}[k-1], "--out", out, "--run", "sh", "--progress=false", "--drain", "90s")...)
 		}()
 	}
 	wg.Wait()
@@ -100,7 +105,7 @@ func TestLoadgenShardsMerged(t *testing.T) {
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("delete %s/%d: %v (%d rows)", victim.Conv, victim.Seq, err, tag.RowsAffected())
 	}
-	gone := runChatpipe(t, "check", "--run", merged)
+	gone := runChatpipe(t, "check", "--run", merged, "--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", dev.ep.Postgres)
 	if gone.err == nil || !strings.Contains(gone.out, "VIOLATION accepted-not-in-postgres") || !strings.Contains(gone.out, victim.MessageID) {
 		t.Fatalf("check of the merged run after deleting an accepted message: %v\n%s", gone.err, gone.out)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 func init() {
@@ -23,8 +24,13 @@ func runLoadgen(ctx context.Context, args []string) error {
 		return runLoadgenMerge(args[1:])
 	}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive")
-	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive (not read with --ws unless given)")
+	wsURL := fs.String("ws", "", "websocket URL of any gateway (e.g. wss://chat.example.com/v1/ws): drive a stack without an endpoints.json")
+	kafka := fs.String("kafka", "", "Kafka brokers of the stack, comma-separated: recorded in run.json for 'check' (with --ws)")
+	topic := fs.String("topic", "", "log topic, recorded for 'check' (default: the endpoints', else "+logrecord.DefaultTopic+")")
+	dbURL := fs.String("database-url", "", "Postgres URL of the stack, recorded for 'check' (with --ws)")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else --jwt-secret-file, else the file in --data-dir)")
+	secretFile := fs.String("jwt-secret-file", "", "file holding the JWT HS256 secret")
 	dataDir := fs.String("data-dir", "", "data dir of 'chatpipe dev' holding the generated secret (default: the endpoints file's dir)")
 	profile := fs.String("profile", "peak", "load profile: "+strings.Join(loadgen.ProfileNames(), ", ")+fmt.Sprintf(" (peak = %.0f msg/s)", loadgen.PeakRate))
 	scale := fs.Float64("scale", 1, "multiply the profile's rate (e.g. 0.01)")
@@ -76,16 +82,37 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if *rate > 0 {
 		r = *rate
 	}
-	ep, err := readEndpoints(*epPath)
-	if err != nil {
-		return err
-	}
+	epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
+	fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
+	ep := &Endpoints{}
 	dir := *dataDir
-	if dir == "" {
-		dir = filepath.Dir(*epPath)
+	if *wsURL == "" || epGiven {
+		if ep, err = readEndpoints(*epPath); err != nil {
+			return err
+		}
+		if dir == "" {
+			dir = filepath.Dir(*epPath)
+		}
 	}
-	dir, _ = filepath.Abs(dir)
-	key, err := auth.LoadSecret(*secret, dir, false)
+	stack := loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+	overrideStack(&stack, *wsURL, *kafka, *topic, *dbURL)
+	if stack.Topic == "" {
+		stack.Topic = logrecord.DefaultTopic
+	}
+	if dir != "" {
+		dir, _ = filepath.Abs(dir)
+	}
+	s := *secret
+	if s == "" && os.Getenv("CHATPIPE_JWT_SECRET") == "" && *secretFile != "" {
+		b, err := os.ReadFile(*secretFile)
+		if err != nil {
+			return fmt.Errorf("--jwt-secret-file: %w", err)
+		}
+		if s = strings.TrimSpace(string(b)); s == "" {
+			return fmt.Errorf("--jwt-secret-file %s is empty", *secretFile)
+		}
+	}
+	key, err := auth.LoadSecret(s, dir, false)
 	if err != nil {
 		return err
 	}
@@ -101,8 +128,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	}
 	cfg := loadgen.Config{
 		Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
-		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
-			VShards: ep.VShards, Partitions: ep.Partitions},
+		Stack:    stack,
 		DupShare: orNone(*dup), Churn: *churn, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
 		Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
 	}
@@ -125,6 +151,22 @@ func runLoadgen(ctx context.Context, args []string) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// overrideStack sets the stack's fields that flags give.
+func overrideStack(st *loadgen.Stack, ws, kafka, topic, db string) {
+	if ws != "" {
+		st.WebSocket = ws
+	}
+	if kafka != "" {
+		st.Kafka = splitList(kafka)
+	}
+	if topic != "" {
+		st.Topic = topic
+	}
+	if db != "" {
+		st.Postgres = db
+	}
 }
 
 // orNone maps a flag's 0 ("none") to the config's negative "none".
