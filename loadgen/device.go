@@ -35,10 +35,12 @@ type op struct {
 	// late final answer to the latest attempt still counts and cancels
 	// it); finished: answered or given up, a scheduled re-send is skipped.
 	// All three are guarded by the device's mu.
-	reqID             string
-	waiting, finished bool
-	dup               bool // the deliberate second copy of a send
-	probe             bool // a send by a user just removed (forbidden expected)
+	// gaveUp: a re-send was refused (budget or attempts); only a late
+	// answer to the latest attempt can still end it.
+	reqID                     string
+	waiting, finished, gaveUp bool
+	dup                       bool // the deliberate second copy of a send
+	probe                     bool // a send by a user just removed (forbidden expected)
 
 	// done, if set, is called once with the final answer.
 	done func(f *frame)
@@ -127,15 +129,22 @@ func (d *device) run(ctx context.Context) {
 		d.r.errors.Add(1)
 		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", readErr)
 		d.mu.Lock()
-		var again []*op
+		var again, lost []*op
 		for id, o := range d.pending {
 			delete(d.pending, id)
-			if !o.waiting { // else its re-send is already scheduled
+			switch {
+			case o.gaveUp && !o.finished: // its late answer cannot come now
+				o.finished = true
+				lost = append(lost, o)
+			case !o.waiting: // else its re-send is already scheduled
 				o.waiting = true
 				again = append(again, o)
 			}
 		}
 		d.mu.Unlock()
+		for _, o := range lost {
+			d.r.abandon(d, o)
+		}
 		for _, o := range again {
 			d.r.resend(ctx, d, o, "connection", 0)
 		}
@@ -305,14 +314,21 @@ func (d *device) read(conn *websocket.Conn) error {
 			d.mu.Lock()
 			o := d.pending[f.ID]
 			delete(d.pending, f.ID)
+			var lost *op
 			if o != nil && o.waiting {
-				if retryable(&f) {
+				switch {
+				case retryable(&f) && o.gaveUp: // no re-send allowed: unknown
+					o.finished, lost, o = true, o, nil
+				case retryable(&f):
 					o = nil // its re-send is already scheduled
-				} else {
+				default:
 					o.finished = true // a late final answer: skip the re-send
 				}
 			}
 			d.mu.Unlock()
+			if lost != nil {
+				d.r.abandon(d, lost)
+			}
 			if o != nil { // nil: an answer to an attempt already superseded
 				d.r.answer(d, o, &f, now)
 			}

@@ -222,7 +222,7 @@ func mergeCounters(parts []part) Counters {
 		c.Reconnects += x.Reconnects
 		c.Unanswered += x.Unanswered
 		c.Retries = addCounts(c.Retries, x.Retries)
-		c.GaveUpWhy = addCounts(c.GaveUpWhy, x.GaveUpWhy)
+		c.Refused = addCounts(c.Refused, x.Refused)
 	}
 	// First sends per second, aligned on the earliest send phase's start.
 	for _, p := range parts {

@@ -106,7 +106,7 @@ type GaveUp struct {
 	ClientMessageID string `json:"k,omitempty"`
 	Sender          string `json:"u"`
 	Attempts        int    `json:"n"`
-	Why             string `json:"why"` // budget or attempts
+	Why             string `json:"why"` // the re-send refused: budget or attempts
 	Probe           bool   `json:"probe,omitempty"`
 	Dup             bool   `json:"dup,omitempty"`
 }
@@ -121,13 +121,16 @@ type Counters struct {
 	// Offered counts messages of the schedule that fell due; Sent those
 	// written at least once (first sends); Resends every later attempt of
 	// any command; GivenUp commands dropped unanswered.
-	Offered    int64            `json:"offered"`
-	Sent       int64            `json:"sent"`
-	Commands   int64            `json:"commands"` // first attempts of every command (sends, creates, churn, syncs)
-	Resends    int64            `json:"resends"`
-	GivenUp    int64            `json:"given_up"`
-	Retries    map[string]int64 `json:"retries,omitempty"` // re-sends by cause
-	GaveUpWhy  map[string]int64 `json:"gave_up_why,omitempty"`
+	Offered  int64            `json:"offered"`
+	Sent     int64            `json:"sent"`
+	Commands int64            `json:"commands"` // first attempts of every command (sends, creates, churn, syncs)
+	Resends  int64            `json:"resends"`
+	GivenUp  int64            `json:"given_up"`
+	Retries  map[string]int64 `json:"retries,omitempty"` // re-sends by cause
+	// Refused counts re-sends the policy refused, by cause (budget,
+	// attempts): the command then waits only for a late answer to its
+	// latest attempt, and is given up if none comes.
+	Refused    map[string]int64 `json:"resends_refused,omitempty"`
 	Membership int64            `json:"membership_changes"`
 	Errors     int64            `json:"errors"`
 	Reconnects int64            `json:"reconnects"`

@@ -42,13 +42,14 @@ type Report struct {
 	Retries    map[string]int64 `json:"retries"` // re-sends by cause
 	// Resends counts every attempt after a command's first (any command),
 	// apart from the offered load; ResendShare is Resends over first
-	// attempts; GivenUp counts commands dropped unanswered when the
-	// re-send budget or the attempt limit ran out.
+	// attempts; GivenUp counts commands that ended without a final answer
+	// after the re-send budget or the attempt limit refused a re-send (a
+	// late answer to the latest attempt still counts while the run lasts).
 	Resends      int64            `json:"resends"`
 	ResendShare  float64          `json:"resend_share"`
 	GivenUp      int64            `json:"given_up"`
-	GaveUpWhy    map[string]int64 `json:"given_up_why,omitempty"`
-	Errors       int64            `json:"errors"` // connection errors and timeouts
+	Refused      map[string]int64 `json:"resends_refused,omitempty"` // re-sends refused by cause (budget, attempts)
+	Errors       int64            `json:"errors"`                    // connection errors and timeouts
 	Unanswered   int64            `json:"unanswered"`
 	Reconnects   int64            `json:"reconnects"`
 	AcceptedLat  Latency          `json:"accepted_latency"`
@@ -82,7 +83,7 @@ func (r *Report) Markdown() string {
 	row("offered rate", fmt.Sprintf("%.0f msg/s for %s", r.Rate, r.Duration))
 	row("users × devices, conversations", fmt.Sprintf("%d × %d, %d", r.Users, r.Devices, r.Conversations))
 	row("offered / sent / accepted", fmt.Sprintf("%d / %d / %d", r.Offered, r.Sent, r.Accepted))
-	row("re-sends (share of first attempts), given up", fmt.Sprintf("%d (%.1f %%), %d%s", r.Resends, 100*r.ResendShare, r.GivenUp, paren(counts(r.GaveUpWhy), r.GivenUp > 0)))
+	row("re-sends (share of first attempts), refused, given up", fmt.Sprintf("%d (%.1f %%), %s, %d", r.Resends, 100*r.ResendShare, counts(r.Refused), r.GivenUp))
 	row("accepted/s (run), best second", fmt.Sprintf("%.0f, %d", r.AcceptedPerSec, r.PeakPerSec))
 	row("accepted latency p50 / p90 / p99 / p99.9 / max", latRow(r.AcceptedLat))
 	row("delivery latency p50 / p90 / p99 / p99.9 / max", latRow(r.DeliveryLat))
@@ -93,13 +94,6 @@ func (r *Report) Markdown() string {
 	row("re-sends by cause", counts(r.Retries))
 	row("errors, reconnects, unanswered", fmt.Sprintf("%d, %d, %d", r.Errors, r.Reconnects, r.Unanswered))
 	return b.String()
-}
-
-func paren(s string, on bool) string {
-	if !on {
-		return ""
-	}
-	return " (" + s + ")"
 }
 
 func phaseNote(r *Report) string {

@@ -125,14 +125,14 @@ type runner struct {
 	sendStart, sendEnd               atomic.Int64 // unix ns
 	delivery                         atomic.Int32 // 0 unknown, 1 served, 2 not served
 
-	cmu       sync.Mutex
-	rejects   map[string]int64
-	retries   map[string]int64 // re-sends by cause
-	gaveUpWhy map[string]int64
-	members   map[string][]string // the run's view of each conversation's members
-	churning  map[string]bool
-	phase     string
-	perSec    []int64 // first sends per second of the send phase
+	cmu      sync.Mutex
+	rejects  map[string]int64
+	retries  map[string]int64    // re-sends by cause
+	refused  map[string]int64    // re-sends refused by cause
+	members  map[string][]string // the run's view of each conversation's members
+	churning map[string]bool
+	phase    string
+	perSec   []int64 // first sends per second of the send phase
 
 	rs *resender
 
@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	r := &runner{cfg: cfg, dir: dir, log: cfg.Log, accLat: newLatency(), delLat: newLatency(),
-		rejects: map[string]int64{}, retries: map[string]int64{}, gaveUpWhy: map[string]int64{}, members: map[string][]string{},
+		rejects: map[string]int64{}, retries: map[string]int64{}, refused: map[string]int64{}, members: map[string][]string{},
 		churning: map[string]bool{}, tokens: map[string]string{}, devices: map[string][]*device{},
 		rng: rand.New(rand.NewPCG(cfg.Seed, 1+uint64(max(cfg.Shard.K, 0))<<32)), rs: newResender(cfg.Resend, rand.Int64N)}
 	rep := &Report{Run: cfg.Run, Shard: cfg.Shard.String(), Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.shardRate(), Duration: cfg.Duration.String()}
@@ -229,7 +229,7 @@ func (r *runner) counters() Counters {
 		Offered: r.offered.Load(), Sent: r.sent.Load(), Commands: r.commands.Load(), Resends: r.resends.Load(),
 		GivenUp: r.givenUp.Load(), Membership: r.membership.Load(), Errors: r.errors.Load(), Reconnects: r.reconnects.Load(),
 		Unanswered: r.unanswered.Load(), SentPerSec: append([]int64(nil), r.perSec...),
-		Retries: copyCounts(r.retries), GaveUpWhy: copyCounts(r.gaveUpWhy)}
+		Retries: copyCounts(r.retries), Refused: copyCounts(r.refused)}
 	return c
 }
 
@@ -317,6 +317,7 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 		stopDevices()
 		devWG.Wait()
 		r.timers.Wait()
+		r.abandonPending()
 	}()
 	phase := "connect"
 	if err := r.setPhase(phase); err != nil {
@@ -401,6 +402,7 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	stopDevices()
 	devWG.Wait()
 	r.timers.Wait()
+	r.abandonPending()
 
 	phase = "report"
 	if err := r.setPhase(phase); err != nil {
@@ -506,34 +508,74 @@ func (r *runner) resend(ctx context.Context, d *device, o *op, cause string, ret
 	d.mu.Unlock()
 	delay, why := r.rs.next(attempts, retryAfter)
 	if why != "" {
-		r.giveUp(d, o, why)
+		r.refuse(d, o, why)
 		return
 	}
 	r.bump(r.retries, cause)
 	r.retryAfter(ctx, d, o, delay)
 }
 
-// giveUp drops o without a final answer: its outcome is unknown, which
-// gaveup.jsonl records.
-func (r *runner) giveUp(d *device, o *op, why string) {
+// refuse notes a re-send the policy refused. The command is sent no more:
+// if its latest attempt is still pending (a timeout), its answer may yet
+// come and counts; otherwise it is given up now.
+func (r *runner) refuse(d *device, o *op, why string) {
+	r.bump(r.refused, why)
 	d.mu.Lock()
 	if o.finished {
 		d.mu.Unlock()
 		return
 	}
-	o.finished = true
-	if o.reqID != "" {
-		delete(d.pending, o.reqID) // a late answer no longer counts
+	o.gaveUp, o.waiting = true, true
+	late := o.reqID != "" && d.pending[o.reqID] == o
+	if !late {
+		o.finished = true
+	}
+	d.mu.Unlock()
+	if !late {
+		r.abandon(d, o)
+	}
+}
+
+// abandon ends o without a final answer (the caller set o.finished): its
+// outcome is unknown, which gaveup.jsonl records.
+func (r *runner) abandon(d *device, o *op) {
+	d.mu.Lock()
+	if o.reqID != "" && d.pending[o.reqID] == o {
+		delete(d.pending, o.reqID)
 	}
 	attempts := o.attempts
 	d.mu.Unlock()
+	why := GaveUpBudget
+	if attempts >= r.rs.p.MaxAttempts {
+		why = GaveUpAttempts
+	}
 	r.givenUp.Add(1)
-	r.bump(r.gaveUpWhy, why)
 	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup})
 	if o.done != nil {
 		o.done(&frame{Op: "given_up"})
 	}
 	r.track(-1)
+}
+
+// abandonPending gives up, once the devices stopped, every command whose
+// re-send was refused and whose late answer never came.
+func (r *runner) abandonPending() {
+	for _, ds := range r.devices {
+		for _, d := range ds {
+			var left []*op
+			d.mu.Lock()
+			for _, o := range d.pending {
+				if o.gaveUp && !o.finished {
+					o.finished = true
+					left = append(left, o)
+				}
+			}
+			d.mu.Unlock()
+			for _, o := range left {
+				r.abandon(d, o)
+			}
+		}
+	}
 }
 
 // answer handles the answer to o's latest attempt.

@@ -107,7 +107,7 @@ func (t *Totals) Apply(rep *Report) {
 	rep.Offered, rep.Sent, rep.Resends, rep.GivenUp = c.Offered, c.Sent, c.Resends, c.GivenUp
 	rep.Accepted, rep.Duplicates, rep.Deliveries = t.Accepted, t.Duplicates, t.Deliveries
 	rep.Membership, rep.Errors, rep.Reconnects, rep.Unanswered = c.Membership, c.Errors, c.Reconnects, c.Unanswered
-	rep.Rejects, rep.Retries, rep.GaveUpWhy = t.Rejects, orEmpty(c.Retries), c.GaveUpWhy
+	rep.Rejects, rep.Retries, rep.Refused = t.Rejects, orEmpty(c.Retries), c.Refused
 	if c.Commands > 0 {
 		rep.ResendShare = float64(c.Resends) / float64(c.Commands)
 	}

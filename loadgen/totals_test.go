@@ -30,7 +30,7 @@ func failedRunDir(t *testing.T) (string, time.Time) {
 	dir := t.TempDir()
 	start := time.Unix(1700000000, 0)
 	c := Counters{Phase: "converge", SendStart: start.UnixNano(), SendEnd: start.Add(3 * time.Second).UnixNano(),
-		Offered: 300, Sent: 290, Commands: 320, Resends: 32, GivenUp: 4, GaveUpWhy: map[string]int64{"budget": 4},
+		Offered: 300, Sent: 290, Commands: 320, Resends: 32, GivenUp: 4, Refused: map[string]int64{"budget": 4},
 		Retries: map[string]int64{"timeout": 30, "rate_limited": 2}, SentPerSec: []int64{100, 100, 90}}
 	if err := atomicfile.WriteJSON(filepath.Join(dir, CountersFile), c, 0o644); err != nil {
 		t.Fatal(err)
