@@ -295,12 +295,16 @@ func mergeReport(out string, info RunInfo, parts []part) (*Report, error) {
 	return rep, nil
 }
 
-// WriteReport writes report.json and report.md into dir, crash-safe.
+// WriteReport writes plot.svg, report.md and report.json into dir, each
+// crash-safe; report.json last, as it marks a run that ended.
 func WriteReport(dir string, rep *Report) error {
-	if err := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, PlotFile), []byte(rep.Plot()), 0o644); err != nil {
 		return err
 	}
-	return atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644)
+	if err := atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644); err != nil {
+		return err
+	}
+	return atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644)
 }
 
 // concatFiles writes the concatenation of srcs (missing ones are empty)

@@ -2,8 +2,11 @@ package loadgen
 
 import (
 	"encoding/json"
+	"encoding/xml"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +89,41 @@ func TestTotalsFromTheFilesOfAFailedRun(t *testing.T) {
 	s1, s3 := rep.Timeline[0], rep.Timeline[2]
 	if s1.Sent != 100 || s1.Accepted != 200 || s1.P99MS > 10.1 || s3.Accepted != 50 || s3.P50MS < 999 || rep.Timeline[1].Accepted != 0 {
 		t.Errorf("timeline %+v", rep.Timeline)
+	}
+}
+
+func TestPlotIsWellFormedSVG(t *testing.T) {
+	dir, _ := failedRunDir(t)
+	tot, err := ReadTotals(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{Run: "r<1>", Status: StatusFailed, Phase: "converge", Rate: 100, Duration: "3s"}
+	tot.Apply(rep)
+	svg := rep.Plot()
+	d := xml.NewDecoder(strings.NewReader(svg))
+	paths := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not XML: %v\n%s", err, svg)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "path" {
+			paths++
+			for _, a := range se.Attr {
+				if a.Name.Local == "d" && !strings.HasPrefix(a.Value, "M") {
+					t.Errorf("path %q", a.Value)
+				}
+			}
+		}
+	}
+	if paths != 4 || !strings.Contains(svg, "failed in converge") || !strings.Contains(svg, "r&lt;1&gt;") {
+		t.Errorf("%d paths:\n%s", paths, svg)
+	}
+	if empty := (&Report{Run: "e"}).Plot(); !strings.Contains(empty, "no timeline") {
+		t.Error("an empty timeline drew something")
 	}
 }
