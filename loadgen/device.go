@@ -2,7 +2,6 @@ package loadgen
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -261,22 +260,9 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	d.pending[id] = o
 	o.reqID = id
 	d.mu.Unlock()
-	req := map[string]any{"op": o.kind, "id": id}
-	switch o.kind {
-	case "create":
-		req["conversation_id"], req["members"] = o.conv, o.members
-	case "send":
-		req["conversation_id"], req["client_message_id"], req["body"] = o.conv, o.cmid, o.body
-	case "join", "kick":
-		req["conversation_id"], req["user_id"] = o.conv, o.target
-	case "leave":
-		req["conversation_id"] = o.conv
-	case "sync":
-		req["cursors"] = o.cursors
-	}
-	b, err := json.Marshal(req)
+	b, err := d.encode(o, id)
 	if err != nil {
-		return fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
+		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -289,6 +275,15 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	return nil
 }
 
+// encode makes the request frame of o's attempt id.
+func (d *device) encode(o *op, id string) ([]byte, error) {
+	b, err := appendRequest(make([]byte, 0, 64+len(o.body)), o, id)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
+	}
+	return b, nil
+}
+
 // read dispatches every frame of conn until it fails.
 func (d *device) read(conn *websocket.Conn) error {
 	for {
@@ -296,42 +291,46 @@ func (d *device) read(conn *websocket.Conn) error {
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		var f frame
-		if err := json.Unmarshal(b, &f); err != nil {
-			d.r.errors.Add(1)
-			continue
+		d.dispatch(b, time.Now())
+	}
+}
+
+// dispatch handles one server frame received at now.
+func (d *device) dispatch(b []byte, now time.Time) {
+	var f frame
+	if err := decodeFrame(b, &f); err != nil {
+		d.r.errors.Add(1)
+		return
+	}
+	switch f.Op {
+	case "event":
+		d.mu.Lock()
+		if f.Seq > d.cursors[f.ConversationID] {
+			d.cursors[f.ConversationID] = f.Seq
 		}
-		switch f.Op {
-		case "event":
-			d.mu.Lock()
-			if f.Seq > d.cursors[f.ConversationID] {
-				d.cursors[f.ConversationID] = f.Seq
+		d.mu.Unlock()
+		d.r.delivered(d, &f, now)
+	case "accepted", "rejected", "synced":
+		d.mu.Lock()
+		o := d.pending[f.ID]
+		delete(d.pending, f.ID)
+		var lost *op
+		if o != nil && o.waiting {
+			switch {
+			case retryable(&f) && o.gaveUp: // no re-send allowed: unknown
+				o.finished, lost, o = true, o, nil
+			case retryable(&f):
+				o = nil // its re-send is already scheduled
+			default:
+				o.finished = true // a late final answer: skip the re-send
 			}
-			d.mu.Unlock()
-			d.r.delivered(d, &f, now)
-		case "accepted", "rejected", "synced":
-			d.mu.Lock()
-			o := d.pending[f.ID]
-			delete(d.pending, f.ID)
-			var lost *op
-			if o != nil && o.waiting {
-				switch {
-				case retryable(&f) && o.gaveUp: // no re-send allowed: unknown
-					o.finished, lost, o = true, o, nil
-				case retryable(&f):
-					o = nil // its re-send is already scheduled
-				default:
-					o.finished = true // a late final answer: skip the re-send
-				}
-			}
-			d.mu.Unlock()
-			if lost != nil {
-				d.r.abandon(d, lost)
-			}
-			if o != nil { // nil: an answer to an attempt already superseded
-				d.r.answer(d, o, &f, now)
-			}
+		}
+		d.mu.Unlock()
+		if lost != nil {
+			d.r.abandon(d, lost)
+		}
+		if o != nil { // nil: an answer to an attempt already superseded
+			d.r.answer(d, o, &f, now)
 		}
 	}
 }

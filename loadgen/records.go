@@ -263,9 +263,10 @@ func countLines(path string) (int64, error) {
 
 // stream is an append-only JSON-lines record file shared by goroutines.
 type stream struct {
-	mu sync.Mutex
-	f  *os.File
-	w  *bufio.Writer
+	mu  sync.Mutex
+	f   *os.File
+	w   *bufio.Writer
+	buf []byte // scratch, under mu
 }
 
 func openStream(path string) (*stream, error) {
@@ -284,6 +285,24 @@ func (s *stream) write(v any) {
 	s.mu.Lock()
 	s.w.Write(b)
 	s.w.WriteByte('\n')
+	s.mu.Unlock()
+}
+
+// writeAccepted and writeDelivered append the hot path's records without
+// reflection (the same JSON as write).
+func (s *stream) writeAccepted(a *Accepted) {
+	s.mu.Lock()
+	s.buf = appendAccepted(s.buf[:0], a)
+	s.buf = append(s.buf, '\n')
+	s.w.Write(s.buf)
+	s.mu.Unlock()
+}
+
+func (s *stream) writeDelivered(x *Delivered) {
+	s.mu.Lock()
+	s.buf = appendDelivered(s.buf[:0], x)
+	s.buf = append(s.buf, '\n')
+	s.w.Write(s.buf)
 	s.mu.Unlock()
 }
 

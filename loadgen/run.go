@@ -597,7 +597,7 @@ func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 				r.accLat.record(now.Sub(o.due))
 			}
 		}
-		r.acc.write(a)
+		r.acc.writeAccepted(&a)
 	case retryable(f):
 		r.resend(r.dctx, d, o, f.Code, time.Duration(f.RetryAfterMS)*time.Millisecond)
 		return
@@ -638,7 +638,7 @@ func (r *runner) syncDone(ctx context.Context, d *device) func(f *frame) {
 // delivered records an event a device got.
 func (r *runner) delivered(d *device, f *frame, now time.Time) {
 	r.deliveries.Add(1)
-	r.del.write(Delivered{Device: d.name, Conv: f.ConversationID, Seq: f.Seq, Kind: f.Kind, MessageID: f.MessageID, Sender: f.Sender, At: now.UnixNano()})
+	r.del.writeDelivered(&Delivered{Device: d.name, Conv: f.ConversationID, Seq: f.Seq, Kind: f.Kind, MessageID: f.MessageID, Sender: f.Sender, At: now.UnixNano()})
 	if f.Kind == "message" {
 		if due, ok := bodyDue(f.Body); ok {
 			r.delLat.record(now.Sub(due))
