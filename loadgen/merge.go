@@ -369,3 +369,48 @@ func appendFile(w io.Writer, src string) error {
 	}
 	return nil
 }
+
+// Rebuild recomputes the report of the run directory dir from its files:
+// for a run that died (killed, no report.json) it is the only report.
+// It writes report.md and plot.svg, and report.json only if the run had
+// one (a died run stays one that check refuses).
+func Rebuild(dir string) (*Report, error) {
+	var info RunInfo
+	if err := readJSON(filepath.Join(dir, RunFile), &info); err != nil {
+		return nil, err
+	}
+	rep := &Report{}
+	had := true
+	if err := readJSON(filepath.Join(dir, ReportJSON), rep); err != nil {
+		if !isNotExist(err) {
+			return nil, err
+		}
+		had = false
+		phase, _ := os.ReadFile(filepath.Join(dir, PhaseFile))
+		*rep = Report{Run: info.Run, Shard: info.Shard, Profile: info.Profile, Status: StatusDied, Phase: strings.TrimSpace(string(phase)),
+			Error: "the run ended without a report", Start: info.Start, Rate: info.Rate, Duration: info.Duration,
+			Users: len(info.Plan.Users), Devices: info.Plan.Devices, Conversations: len(info.Plan.Conversations), DeliveryMode: "unknown"}
+	}
+	tot, err := ReadTotals(dir)
+	if err != nil {
+		return nil, err
+	}
+	delivery := rep.DeliveryLat
+	tot.Apply(rep)
+	rep.DeliveryLat = delivery // not in the files: kept from report.json
+	if !had {
+		rep.End = time.Unix(0, tot.Counters.At).UTC()
+	}
+	if err := atomicfile.Write(filepath.Join(dir, PlotFile), []byte(rep.Plot()), 0o644); err != nil {
+		return nil, err
+	}
+	if err := atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644); err != nil {
+		return nil, err
+	}
+	if had {
+		if err := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return rep, nil
+}

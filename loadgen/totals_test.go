@@ -127,3 +127,26 @@ func TestPlotIsWellFormedSVG(t *testing.T) {
 		t.Error("an empty timeline drew something")
 	}
 }
+
+func TestRebuildADiedRun(t *testing.T) {
+	dir, start := failedRunDir(t)
+	atomicfile.WriteJSON(filepath.Join(dir, RunFile), RunInfo{Run: "r", Rate: 100, Duration: "3s", Start: start, Plan: Plan{Users: []string{"a", "b"}, Devices: 2}}, 0o644)
+	atomicfile.Write(filepath.Join(dir, PhaseFile), []byte("converge\n"), 0o644)
+	rep, err := Rebuild(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Status != StatusDied || rep.Phase != "converge" || rep.Accepted != 250 || rep.Sent != 290 || rep.Users != 2 {
+		t.Fatalf("rebuilt %+v", rep)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, ReportMD))
+	if !strings.Contains(string(md), "| status | died (in phase converge") || !strings.Contains(string(md), "300 / 290 / 250") {
+		t.Errorf("report.md:\n%s", md)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ReportJSON)); !os.IsNotExist(err) {
+		t.Error("a died run got a report.json")
+	}
+	if _, err := os.Stat(filepath.Join(dir, PlotFile)); err != nil {
+		t.Error(err)
+	}
+}

@@ -23,6 +23,9 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "merge" {
 		return runLoadgenMerge(args[1:])
 	}
+	if len(args) > 0 && args[0] == "report" {
+		return runLoadgenReport(args[1:])
+	}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive (not read with --ws unless given)")
 	wsURL := fs.String("ws", "", "websocket URL of any gateway (e.g. wss://chat.example.com/v1/ws): drive a stack without an endpoints.json")
@@ -197,5 +200,22 @@ func runLoadgenMerge(args []string) error {
 	}
 	fmt.Print(rep.Markdown())
 	fmt.Fprintf(os.Stderr, "merged %d runs into %s (check it with: chatpipe check --run %s)\n", fs.NArg(), *out, *out)
+	return nil
+}
+
+func runLoadgenReport(args []string) error {
+	fs := flag.NewFlagSet("loadgen report", flag.ContinueOnError)
+	dir := fs.String("run", "", "run directory whose report to rebuild from its files (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--run is required")
+	}
+	rep, err := loadgen.Rebuild(*dir)
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.Markdown())
 	return nil
 }
