@@ -2,8 +2,9 @@ module github.com/chatpipe/chatpipe
 
 go 1.26.8
 
+require github.com/HdrHistogram/hdrhistogram-go v1.4.0
+
 require (
-	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/coder/websocket v1.8.15
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875

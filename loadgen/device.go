@@ -2,7 +2,6 @@ package loadgen
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -30,8 +29,17 @@ type op struct {
 	// sentAttempt is when the latest attempt was written.
 	sentAttempt time.Time
 	attempts    int
-	dup         bool // the deliberate second copy of a send
-	probe       bool // a send by a user just removed (forbidden expected)
+	// reqID is the request id of the latest attempt (its key in pending
+	// until answered or superseded); waiting: a re-send is scheduled (a
+	// late final answer to the latest attempt still counts and cancels
+	// it); finished: answered or given up, a scheduled re-send is skipped.
+	// All three are guarded by the device's mu.
+	// gaveUp: a re-send was refused (budget or attempts); only a late
+	// answer to the latest attempt can still end it.
+	reqID                     string
+	waiting, finished, gaveUp bool
+	dup                       bool // the deliberate second copy of a send
+	probe                     bool // a send by a user just removed (forbidden expected)
 
 	// done, if set, is called once with the final answer.
 	done func(f *frame)
@@ -126,14 +134,24 @@ func (d *device) run(ctx context.Context) {
 		}
 		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", readErr)
 		d.mu.Lock()
-		var again []*op
+		var again, lost []*op
 		for id, o := range d.pending {
 			delete(d.pending, id)
-			again = append(again, o)
+			switch {
+			case o.gaveUp && !o.finished: // its late answer cannot come now
+				o.finished = true
+				lost = append(lost, o)
+			case !o.waiting: // else its re-send is already scheduled
+				o.waiting = true
+				again = append(again, o)
+			}
 		}
 		d.mu.Unlock()
+		for _, o := range lost {
+			d.r.abandon(d, o)
+		}
 		for _, o := range again {
-			d.r.retryAfter(ctx, d, o, 0)
+			d.r.resend(ctx, d, o, "connection", 0)
 		}
 		sleepCtx(ctx, backoff(0))
 	}
@@ -196,34 +214,43 @@ func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone
 			d.sweep(ctx, now)
 		case o := <-d.out:
 			if err := d.write(ctx, conn, o); err != nil {
-				d.r.retryAfter(ctx, d, o, 0)
+				d.r.resend(ctx, d, o, "connection", 0)
 				return err
 			}
 		}
 	}
 }
 
-// sweep retries, with the same ids, every command unanswered for longer
-// than the answer timeout.
+// sweep schedules a re-send, with the same ids, of every command
+// unanswered for longer than the answer timeout (or gives it up). The
+// late attempt stays pending: its answer, if it comes before the re-send,
+// is the command's answer.
 func (d *device) sweep(ctx context.Context, now time.Time) {
 	var late []*op
 	d.mu.Lock()
-	for id, o := range d.pending {
-		if now.Sub(o.sentAttempt) > d.r.cfg.Timeout {
-			delete(d.pending, id)
+	for _, o := range d.pending {
+		if !o.waiting && now.Sub(o.sentAttempt) > d.r.cfg.Timeout {
+			o.waiting = true
 			late = append(late, o)
 		}
 	}
 	d.mu.Unlock()
 	for _, o := range late {
-		d.r.bump(d.r.retries, "timeout")
 		d.r.errors.Add(1)
-		d.r.retryAfter(ctx, d, o, 0)
+		d.r.resend(ctx, d, o, "timeout", 0)
 	}
 }
 
 func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	d.mu.Lock()
+	if o.finished { // answered late, or given up, while its re-send waited
+		d.mu.Unlock()
+		return nil
+	}
+	if o.reqID != "" {
+		delete(d.pending, o.reqID) // superseded: its answer no longer counts
+	}
+	o.waiting = false
 	d.next++
 	id := "r" + strconv.Itoa(d.next)
 	now := time.Now()
@@ -231,28 +258,20 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	o.sentAttempt = now
 	if o.sent.IsZero() {
 		o.sent = now
+		d.r.commands.Add(1)
+		d.r.rs.first()
 		if o.kind == "send" && !o.dup && !o.probe {
 			d.r.sent.Add(1)
 		}
+	} else {
+		d.r.resends.Add(1)
 	}
 	d.pending[id] = o
+	o.reqID = id
 	d.mu.Unlock()
-	req := map[string]any{"op": o.kind, "id": id}
-	switch o.kind {
-	case "create":
-		req["conversation_id"], req["members"] = o.conv, o.members
-	case "send":
-		req["conversation_id"], req["client_message_id"], req["body"] = o.conv, o.cmid, o.body
-	case "join", "kick":
-		req["conversation_id"], req["user_id"] = o.conv, o.target
-	case "leave":
-		req["conversation_id"] = o.conv
-	case "sync":
-		req["cursors"] = o.cursors
-	}
-	b, err := json.Marshal(req)
+	b, err := d.encode(o, id)
 	if err != nil {
-		return fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
+		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -265,6 +284,15 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	return nil
 }
 
+// encode makes the request frame of o's attempt id.
+func (d *device) encode(o *op, id string) ([]byte, error) {
+	b, err := appendRequest(make([]byte, 0, 64+len(o.body)), o, id)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
+	}
+	return b, nil
+}
+
 // read dispatches every frame of conn until it fails.
 func (d *device) read(conn *websocket.Conn) error {
 	for {
@@ -272,30 +300,53 @@ func (d *device) read(conn *websocket.Conn) error {
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		var f frame
-		if err := json.Unmarshal(b, &f); err != nil {
-			d.r.errors.Add(1)
-			continue
+		d.dispatch(b, time.Now())
+	}
+}
+
+// dispatch handles one server frame received at now.
+func (d *device) dispatch(b []byte, now time.Time) {
+	var f frame
+	if err := decodeFrame(b, &f); err != nil {
+		d.r.errors.Add(1)
+		return
+	}
+	switch f.Op {
+	case "event":
+		d.mu.Lock()
+		if f.Seq > d.cursors[f.ConversationID] {
+			d.cursors[f.ConversationID] = f.Seq
 		}
-		switch f.Op {
-		case "event":
-			d.mu.Lock()
-			if f.Seq > d.cursors[f.ConversationID] {
-				d.cursors[f.ConversationID] = f.Seq
+		d.mu.Unlock()
+		d.r.delivered(d, &f, now)
+	case "accepted", "rejected", "synced":
+		d.mu.Lock()
+		o := d.pending[f.ID]
+		delete(d.pending, f.ID)
+		var lost *op
+		if o != nil && o.waiting {
+			switch {
+			case retryable(&f) && o.gaveUp: // no re-send allowed: unknown
+				o.finished, lost, o = true, o, nil
+			case retryable(&f):
+				o = nil // its re-send is already scheduled
+			default:
+				o.finished = true // a late final answer: skip the re-send
 			}
-			d.mu.Unlock()
-			d.r.delivered(d, &f, now)
-		case "accepted", "rejected", "synced":
-			d.mu.Lock()
-			o := d.pending[f.ID]
-			delete(d.pending, f.ID)
-			d.mu.Unlock()
-			if o != nil { // nil: an answer to an attempt already retried
-				d.r.answer(d, o, &f, now)
-			}
+		}
+		d.mu.Unlock()
+		if lost != nil {
+			d.r.abandon(d, lost)
+		}
+		if o != nil { // nil: an answer to an attempt already superseded
+			d.r.answer(d, o, &f, now)
 		}
 	}
+}
+
+// retryable reports whether f asks for the command to be sent again.
+func retryable(f *frame) bool {
+	return f.Op == "rejected" && (f.Code == "unavailable" || f.Code == "rate_limited")
 }
 
 func (d *device) cursorCopy() map[string]int64 {

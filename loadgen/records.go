@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,6 +22,14 @@ const (
 	ReportMD      = "report.md"
 	PhaseFile     = "phase"
 	LedgerFile    = "runs.ledger"
+	// CountersFile holds the run's live counters (what no record stream
+	// holds: first sends, re-sends, errors, the phases' times), rewritten
+	// crash-safe every second and at every phase change.
+	CountersFile = "counters.json"
+	// GaveUpFile lists the commands given up without a final answer (the
+	// re-send budget or the attempt limit ran out): their outcome is
+	// unknown, so the checker treats them as neither accepted nor rejected.
+	GaveUpFile = "gaveup.jsonl"
 )
 
 // Stack is how to reach the stack a run drove: what `chatpipe dev` writes
@@ -36,7 +45,12 @@ type Stack struct {
 
 // RunInfo is run.json: the run's settings, the stack and the plan.
 type RunInfo struct {
-	Run      string    `json:"run"`
+	Run string `json:"run"`
+	// Shard is "K/N" for part K of N of a plan; a merged run lists its
+	// parts in Parts.
+	Shard    string    `json:"shard,omitempty"`
+	Parts    []string  `json:"parts,omitempty"`
+	Seed     uint64    `json:"seed"`
 	Profile  string    `json:"profile"`
 	Rate     float64   `json:"rate"`
 	Duration string    `json:"duration"`
@@ -60,6 +74,7 @@ type Accepted struct {
 	At              int64  `json:"ta"` // unix ns: answer received
 	Attempts        int    `json:"n"`
 	Dup             bool   `json:"dup,omitempty"` // the deliberate second copy of a send
+	Probe           bool   `json:"probe,omitempty"`
 }
 
 // Rejected is one line of rejected.jsonl: a final (not retried) rejection.
@@ -84,6 +99,46 @@ type Delivered struct {
 	At        int64  `json:"ta"`
 }
 
+// GaveUp is one line of gaveup.jsonl: a command given up unanswered.
+type GaveUp struct {
+	Op              string `json:"op"`
+	Conv            string `json:"c"`
+	ClientMessageID string `json:"k,omitempty"`
+	Sender          string `json:"u"`
+	Attempts        int    `json:"n"`
+	Why             string `json:"why"` // the re-send refused: budget or attempts
+	Probe           bool   `json:"probe,omitempty"`
+	Dup             bool   `json:"dup,omitempty"`
+}
+
+// Counters is counters.json: the run's counters that no record stream
+// holds. Times are unix ns (0: not reached).
+type Counters struct {
+	Phase     string `json:"phase"`
+	At        int64  `json:"at"`
+	SendStart int64  `json:"send_start,omitempty"`
+	SendEnd   int64  `json:"send_end,omitempty"`
+	// Offered counts messages of the schedule that fell due; Sent those
+	// written at least once (first sends); Resends every later attempt of
+	// any command; GivenUp commands dropped unanswered.
+	Offered  int64            `json:"offered"`
+	Sent     int64            `json:"sent"`
+	Commands int64            `json:"commands"` // first attempts of every command (sends, creates, churn, syncs)
+	Resends  int64            `json:"resends"`
+	GivenUp  int64            `json:"given_up"`
+	Retries  map[string]int64 `json:"retries,omitempty"` // re-sends by cause
+	// Refused counts re-sends the policy refused, by cause (budget,
+	// attempts): the command then waits only for a late answer to its
+	// latest attempt, and is given up if none comes.
+	Refused    map[string]int64 `json:"resends_refused,omitempty"`
+	Membership int64            `json:"membership_changes"`
+	Errors     int64            `json:"errors"`
+	Reconnects int64            `json:"reconnects"`
+	Unanswered int64            `json:"unanswered"`
+	// SentPerSec is the first sends of each second of the send phase.
+	SentPerSec []int64 `json:"sent_per_sec,omitempty"`
+}
+
 // RunDir is a run directory read back.
 type RunDir struct {
 	Dir       string
@@ -92,6 +147,7 @@ type RunDir struct {
 	Accepted  []Accepted
 	Rejected  []Rejected
 	Delivered []Delivered
+	GaveUp    []GaveUp
 }
 
 // ReadRun reads a finished run directory. A run without report.json never
@@ -117,6 +173,9 @@ func ReadRun(dir string) (*RunDir, error) {
 	if r.Delivered, err = readLines[Delivered](filepath.Join(dir, DeliveredFile)); err != nil {
 		return nil, err
 	}
+	if r.GaveUp, err = readLines[GaveUp](filepath.Join(dir, GaveUpFile)); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -132,38 +191,82 @@ func readJSON(path string, v any) error {
 }
 
 func readLines[T any](path string) ([]T, error) {
+	var out []T
+	err := eachLine(path, func(v *T) { out = append(out, *v) })
+	return out, err
+}
+
+// eachLine decodes every line of a JSON-lines file (none if it does not
+// exist). A torn last line — a run killed mid-write — is skipped.
+func eachLine[T any](path string, fn func(*T)) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("loadgen: %w", err)
+		return fmt.Errorf("loadgen: %w", err)
 	}
 	defer f.Close()
-	var out []T
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var bad error
 	for n := 1; sc.Scan(); n++ {
 		if len(sc.Bytes()) == 0 {
 			continue
 		}
+		if bad != nil {
+			return bad // a bad line that is not the last one
+		}
 		var v T
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			return nil, fmt.Errorf("loadgen: %s line %d: %w", path, n, err)
+			bad = fmt.Errorf("loadgen: %s line %d: %w", path, n, err)
+			continue
 		}
-		out = append(out, v)
+		fn(&v)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("loadgen: read %s: %w", path, err)
+		return fmt.Errorf("loadgen: read %s: %w", path, err)
 	}
-	return out, nil
+	return nil
+}
+
+// countLines counts the non-empty lines of a file (0 if it does not exist).
+func countLines(path string) (int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("loadgen: %w", err)
+	}
+	defer f.Close()
+	var n int64
+	buf := make([]byte, 256<<10)
+	last := byte('\n')
+	for {
+		k, err := f.Read(buf)
+		for _, c := range buf[:k] {
+			if c == '\n' && last != '\n' {
+				n++
+			}
+			last = c
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("loadgen: read %s: %w", path, err)
+		}
+	}
+	return n, nil // a torn last line (no newline yet) is not counted
 }
 
 // stream is an append-only JSON-lines record file shared by goroutines.
 type stream struct {
-	mu sync.Mutex
-	f  *os.File
-	w  *bufio.Writer
+	mu  sync.Mutex
+	f   *os.File
+	w   *bufio.Writer
+	buf []byte // scratch, under mu
 }
 
 func openStream(path string) (*stream, error) {
@@ -183,6 +286,32 @@ func (s *stream) write(v any) {
 	s.w.Write(b)
 	s.w.WriteByte('\n')
 	s.mu.Unlock()
+}
+
+// writeAccepted and writeDelivered append the hot path's records without
+// reflection (the same JSON as write).
+func (s *stream) writeAccepted(a *Accepted) {
+	s.mu.Lock()
+	s.buf = appendAccepted(s.buf[:0], a)
+	s.buf = append(s.buf, '\n')
+	s.w.Write(s.buf)
+	s.mu.Unlock()
+}
+
+func (s *stream) writeDelivered(x *Delivered) {
+	s.mu.Lock()
+	s.buf = appendDelivered(s.buf[:0], x)
+	s.buf = append(s.buf, '\n')
+	s.w.Write(s.buf)
+	s.mu.Unlock()
+}
+
+// flush writes what is buffered to the file (not synced): a run killed
+// later loses at most what came after.
+func (s *stream) flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Flush()
 }
 
 // close flushes, syncs and closes the file.

@@ -19,10 +19,13 @@ import (
 
 // Config configures a run. Zero fields get the defaults of validate.
 type Config struct {
-	Run      string // run name: the run directory's name and the prefix of its ids
-	Out      string // directory holding run directories and runs.ledger
-	Profile  Profile
-	Rate     float64       // offered messages/s (default: the profile's)
+	Run     string // run name: the run directory's name and the prefix of its ids
+	Out     string // directory holding run directories and runs.ledger
+	Profile Profile
+	Rate    float64 // offered messages/s of the whole plan (default: the profile's)
+	// Shard, when N > 1, runs part K of N of the plan: its users and
+	// conversations only (shared with no other part), at Rate/N.
+	Shard    Shard
 	Duration time.Duration // send phase (default 60 s)
 	Stack    Stack
 	Secret   []byte // JWT secret to mint the users' tokens
@@ -39,7 +42,8 @@ type Config struct {
 	// and syncing from its cursors (default 0: none).
 	Reconnects float64
 	BodyBytes  int           // message body size (default 100: log records of about 350 bytes)
-	Timeout    time.Duration // an unanswered command is sent again after this (default 10 s)
+	Timeout    time.Duration // an unanswered command is sent again after this (default 10 s), within Resend
+	Resend     ResendPolicy  // backoff, budget and attempt limit of re-sends
 	Drain      time.Duration // wait for answers and deliveries after the send phase (default 60 s)
 	Settle     time.Duration // deliveries are done once none arrived for this long (default 2 s)
 	Progress   io.Writer     // the live progress line (nil: none)
@@ -62,8 +66,11 @@ func (c *Config) validate() error {
 	if c.DupShare == 0 {
 		c.DupShare = 0.01
 	}
+	if c.Shard.N > 1 && (c.Shard.K < 1 || c.Shard.K > c.Shard.N) {
+		return fmt.Errorf("loadgen: shard %d/%d", c.Shard.K, c.Shard.N)
+	}
 	if c.Churn == 0 {
-		c.Churn = max(c.Rate/500, 0.5)
+		c.Churn = max(c.shardRate()/500, 0.5)
 	}
 	if c.BodyBytes <= 0 {
 		c.BodyBytes = 100
@@ -86,6 +93,18 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// shardRate is the rate this process offers: its part of the plan's.
+func (c *Config) shardRate() float64 { return c.Rate / float64(max(c.Shard.N, 1)) }
+
+// DirName is the run's directory name under Out and its name in the
+// ledger: the run name, with "-KofN" for a shard.
+func (c *Config) DirName() string {
+	if c.Shard.Whole() {
+		return c.Run
+	}
+	return fmt.Sprintf("%s-%dof%d", c.Run, c.Shard.K, c.Shard.N)
+}
+
 // runner is one run in progress.
 type runner struct {
 	cfg  Config
@@ -98,19 +117,28 @@ type runner struct {
 	acc     *stream
 	rej     *stream
 	del     *stream
+	gup     *stream
 	accLat  *latency
 	delLat  *latency
 
 	sent, accepted, dups, membership atomic.Int64
 	errors, reconnects, deliveries   atomic.Int64
 	inflight                         atomic.Int64
+	offered, commands, resends       atomic.Int64
+	givenUp, unanswered              atomic.Int64
+	sendStart, sendEnd               atomic.Int64 // unix ns
 	delivery                         atomic.Int32 // 0 unknown, 1 served, 2 not served
 
 	cmu      sync.Mutex
 	rejects  map[string]int64
-	retries  map[string]int64
+	retries  map[string]int64    // re-sends by cause
+	refused  map[string]int64    // re-sends refused by cause
 	members  map[string][]string // the run's view of each conversation's members
 	churning map[string]bool
+	phase    string
+	perSec   []int64 // first sends per second of the send phase
+
+	rs *resender
 
 	tmu    sync.Mutex
 	tokens map[string]string
@@ -129,10 +157,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
-	dir := filepath.Join(cfg.Out, cfg.Run)
+	dir := filepath.Join(cfg.Out, cfg.DirName())
 	ledger := filepath.Join(cfg.Out, LedgerFile)
 	start := time.Now()
-	if err := BeginRun(ledger, cfg.Run, dir, start); err != nil {
+	if err := BeginRun(ledger, cfg.DirName(), dir, start); err != nil {
 		return nil, err
 	}
 	// A died or failed attempt of this name left records: start afresh.
@@ -143,13 +171,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	r := &runner{cfg: cfg, dir: dir, log: cfg.Log, accLat: newLatency(), delLat: newLatency(),
-		rejects: map[string]int64{}, retries: map[string]int64{}, members: map[string][]string{},
+		rejects: map[string]int64{}, retries: map[string]int64{}, refused: map[string]int64{}, members: map[string][]string{},
 		churning: map[string]bool{}, tokens: map[string]string{}, devices: map[string][]*device{},
-		rng: rand.New(rand.NewPCG(cfg.Seed, 1))}
-	rep := &Report{Run: cfg.Run, Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.Rate, Duration: cfg.Duration.String(),
-		Rejects: r.rejects, Retries: r.retries}
+		rng: rand.New(rand.NewPCG(cfg.Seed, 1+uint64(max(cfg.Shard.K, 0))<<32)), rs: newResender(cfg.Resend, rand.Int64N)}
+	rep := &Report{Run: cfg.Run, Shard: cfg.Shard.String(), Profile: cfg.Profile.Name, Start: start.UTC(), Rate: cfg.shardRate(), Duration: cfg.Duration.String()}
 	phase, err := r.run(ctx, rep)
 	rep.End = time.Now().UTC()
+	// The totals come from the run's own files, whatever phase it reached.
+	if werr := r.writeCounters(); werr != nil && err == nil {
+		err, phase = werr, "report"
+	}
+	if tot, terr := ReadTotals(dir); terr != nil {
+		if err == nil {
+			err, phase = terr, "report"
+		}
+	} else {
+		tot.Apply(rep)
+	}
+	rep.DeliveryLat = r.delLat.summary()
+	rep.DeliveryMode = "served"
+	if !r.deliveryServed() {
+		rep.DeliveryMode = "not served"
+	}
 	status := StatusFinished
 	var errText string
 	if err != nil {
@@ -157,17 +200,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Phase, rep.Error = phase, errText
 	}
 	rep.Status = status
-	r.cmu.Lock()
-	werr := atomicfile.WriteJSON(filepath.Join(dir, ReportJSON), rep, 0o644)
-	r.cmu.Unlock()
-	if werr == nil {
-		werr = atomicfile.Write(filepath.Join(dir, ReportMD), []byte(rep.Markdown()), 0o644)
-	}
+	werr := WriteReport(dir, rep)
 	if werr != nil && err == nil {
 		err, status, errText, phase = werr, StatusFailed, werr.Error(), "report"
 	}
 	end := rep.End
-	line := LedgerLine{Run: cfg.Run, Status: status, Start: rep.Start, End: &end, Error: errText}
+	line := LedgerLine{Run: cfg.DirName(), Status: status, Start: rep.Start, End: &end, Error: errText}
 	if status != StatusFinished {
 		line.Phase = phase
 	}
@@ -178,7 +216,63 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func (r *runner) setPhase(p string) error {
-	return atomicfile.Write(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"), 0o644)
+	r.cmu.Lock()
+	r.phase = p
+	r.cmu.Unlock()
+	if err := atomicfile.Write(filepath.Join(r.dir, PhaseFile), []byte(p+"\n"), 0o644); err != nil {
+		return err
+	}
+	return r.writeCounters()
+}
+
+// counters is a snapshot of what no record stream holds.
+func (r *runner) counters() Counters {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	c := Counters{Phase: r.phase, At: time.Now().UnixNano(), SendStart: r.sendStart.Load(), SendEnd: r.sendEnd.Load(),
+		Offered: r.offered.Load(), Sent: r.sent.Load(), Commands: r.commands.Load(), Resends: r.resends.Load(),
+		GivenUp: r.givenUp.Load(), Membership: r.membership.Load(), Errors: r.errors.Load(), Reconnects: r.reconnects.Load(),
+		Unanswered: r.unanswered.Load(), SentPerSec: append([]int64(nil), r.perSec...),
+		Retries: copyCounts(r.retries), Refused: copyCounts(r.refused)}
+	return c
+}
+
+func copyCounts(m map[string]int64) map[string]int64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// writeCounters rewrites counters.json crash-safe.
+func (r *runner) writeCounters() error {
+	return atomicfile.WriteJSON(filepath.Join(r.dir, CountersFile), r.counters(), 0o644)
+}
+
+// keepRecords flushes the record streams and rewrites counters.json once a
+// second until stop is closed, so a run killed mid-way leaves its totals.
+func (r *runner) keepRecords(stop <-chan struct{}) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		for _, s := range []*stream{r.acc, r.rej, r.del, r.gup} {
+			if err := s.flush(); err != nil {
+				r.log.Warn("flush records", "err", err)
+			}
+		}
+		if err := r.writeCounters(); err != nil {
+			r.log.Warn("write counters", "err", err)
+		}
+	}
 }
 
 // run runs the phases; on error it returns the phase that failed.
@@ -190,9 +284,11 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	if err != nil {
 		return "setup", err
 	}
-	r.plan = NewPlan(r.cfg.Run, shape, r.cfg.Profile, r.cfg.Seed)
+	if r.plan, err = ShardPlan(r.cfg.Run, shape, r.cfg.Profile, r.cfg.Seed, r.cfg.Shard); err != nil {
+		return "setup", err
+	}
 	rep.Users, rep.Devices, rep.Conversations = len(r.plan.Users), r.plan.Devices, len(r.plan.Conversations)
-	info := RunInfo{Run: r.cfg.Run, Profile: r.cfg.Profile.Name, Rate: r.cfg.Rate, Duration: r.cfg.Duration.String(),
+	info := RunInfo{Run: r.cfg.Run, Shard: r.cfg.Shard.String(), Seed: r.cfg.Seed, Profile: r.cfg.Profile.Name, Rate: r.cfg.shardRate(), Duration: r.cfg.Duration.String(),
 		Start: rep.Start, Stack: r.cfg.Stack, Plan: r.plan}
 	if err := atomicfile.WriteJSON(filepath.Join(r.dir, RunFile), info, 0o644); err != nil {
 		return "setup", err
@@ -200,18 +296,22 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	for _, s := range []struct {
 		p    **stream
 		name string
-	}{{&r.acc, AcceptedFile}, {&r.rej, RejectedFile}, {&r.del, DeliveredFile}} {
+	}{{&r.acc, AcceptedFile}, {&r.rej, RejectedFile}, {&r.del, DeliveredFile}, {&r.gup, GaveUpFile}} {
 		if *s.p, err = openStream(filepath.Join(r.dir, s.name)); err != nil {
 			return "setup", err
 		}
 	}
 	defer func() {
-		for _, s := range []*stream{r.acc, r.rej, r.del} {
+		for _, s := range []*stream{r.acc, r.rej, r.del, r.gup} {
 			if cerr := s.close(); cerr != nil && err == nil {
 				err = fmt.Errorf("loadgen: close records: %w", cerr)
 			}
 		}
 	}()
+	stopKeeping := make(chan struct{})
+	keeperDone := make(chan struct{})
+	go func() { defer close(keeperDone); r.keepRecords(stopKeeping) }()
+	defer func() { close(stopKeeping); <-keeperDone }()
 
 	// Devices run until devCtx ends, after every answer and delivery.
 	devCtx, stopDevices := context.WithCancel(ctx)
@@ -221,6 +321,7 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 		stopDevices()
 		devWG.Wait()
 		r.timers.Wait()
+		r.abandonPending()
 	}()
 	phase := "connect"
 	if err := r.setPhase(phase); err != nil {
@@ -270,8 +371,8 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	if err := r.setPhase(phase); err != nil {
 		return phase, err
 	}
-	rep.Timeline = r.send(ctx, devCtx)
-	sendEnd := time.Now()
+	r.send(ctx, devCtx)
+	r.sendEnd.Store(time.Now().UnixNano())
 	if ctx.Err() != nil {
 		return phase, ctx.Err()
 	}
@@ -281,11 +382,9 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 		return phase, err
 	}
 	if err := r.waitIdle(ctx, r.cfg.Drain); err != nil {
-		rep.Unanswered = r.inflight.Load()
-		r.log.Warn("commands still unanswered after the drain", "n", rep.Unanswered)
+		r.unanswered.Store(r.inflight.Load())
+		r.log.Warn("commands still unanswered after the drain", "n", r.inflight.Load())
 	}
-	lastAnswer := time.Now()
-	sendSecs := lastAnswer.Sub(sendEnd).Seconds() + r.cfg.Duration.Seconds()
 
 	phase = "converge"
 	if err := r.setPhase(phase); err != nil {
@@ -307,22 +406,11 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	stopDevices()
 	devWG.Wait()
 	r.timers.Wait()
+	r.abandonPending()
 
 	phase = "report"
 	if err := r.setPhase(phase); err != nil {
 		return phase, err
-	}
-	rep.Sent, rep.Accepted = r.sent.Load(), r.accepted.Load()
-	rep.AcceptedPerSec = float64(rep.Accepted) / sendSecs
-	for _, s := range rep.Timeline {
-		rep.PeakPerSec = max(rep.PeakPerSec, s.Accepted)
-	}
-	rep.Duplicates, rep.Membership = r.dups.Load(), r.membership.Load()
-	rep.Errors, rep.Reconnects, rep.Deliveries = r.errors.Load(), r.reconnects.Load(), r.deliveries.Load()
-	rep.AcceptedLat, rep.DeliveryLat = r.accLat.summary(), r.delLat.summary()
-	rep.DeliveryMode = "served"
-	if !r.deliveryServed() {
-		rep.DeliveryMode = "not served"
 	}
 	if ctx.Err() != nil {
 		return phase, ctx.Err()
@@ -415,6 +503,85 @@ func (r *runner) retryAfter(ctx context.Context, d *device, o *op, delay time.Du
 	})
 }
 
+// resend sends o again (same ids) after the policy's backoff, or gives it
+// up when its attempts or the run's re-send budget are spent. It never
+// blocks.
+func (r *runner) resend(ctx context.Context, d *device, o *op, cause string, retryAfter time.Duration) {
+	d.mu.Lock()
+	attempts := o.attempts
+	d.mu.Unlock()
+	delay, why := r.rs.next(attempts, retryAfter)
+	if why != "" {
+		r.refuse(d, o, why)
+		return
+	}
+	r.bump(r.retries, cause)
+	r.retryAfter(ctx, d, o, delay)
+}
+
+// refuse notes a re-send the policy refused. The command is sent no more:
+// if its latest attempt is still pending (a timeout), its answer may yet
+// come and counts; otherwise it is given up now.
+func (r *runner) refuse(d *device, o *op, why string) {
+	r.bump(r.refused, why)
+	d.mu.Lock()
+	if o.finished {
+		d.mu.Unlock()
+		return
+	}
+	o.gaveUp, o.waiting = true, true
+	late := o.reqID != "" && d.pending[o.reqID] == o
+	if !late {
+		o.finished = true
+	}
+	d.mu.Unlock()
+	if !late {
+		r.abandon(d, o)
+	}
+}
+
+// abandon ends o without a final answer (the caller set o.finished): its
+// outcome is unknown, which gaveup.jsonl records.
+func (r *runner) abandon(d *device, o *op) {
+	d.mu.Lock()
+	if o.reqID != "" && d.pending[o.reqID] == o {
+		delete(d.pending, o.reqID)
+	}
+	attempts := o.attempts
+	d.mu.Unlock()
+	why := GaveUpBudget
+	if attempts >= r.rs.p.MaxAttempts {
+		why = GaveUpAttempts
+	}
+	r.givenUp.Add(1)
+	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup})
+	if o.done != nil {
+		o.done(&frame{Op: "given_up"})
+	}
+	r.track(-1)
+}
+
+// abandonPending gives up, once the devices stopped, every command whose
+// re-send was refused and whose late answer never came.
+func (r *runner) abandonPending() {
+	for _, ds := range r.devices {
+		for _, d := range ds {
+			var left []*op
+			d.mu.Lock()
+			for _, o := range d.pending {
+				if o.gaveUp && !o.finished {
+					o.finished = true
+					left = append(left, o)
+				}
+			}
+			d.mu.Unlock()
+			for _, o := range left {
+				r.abandon(d, o)
+			}
+		}
+	}
+}
+
 // answer handles the answer to o's latest attempt.
 func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 	switch {
@@ -423,7 +590,7 @@ func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 		return
 	case f.Op == "accepted":
 		a := Accepted{Op: o.kind, Conv: f.ConversationID, Seq: f.Seq, MessageID: f.MessageID, ClientMessageID: f.ClientMessageID,
-			Sender: d.user, UserID: o.target, Device: d.name, Sent: o.sent.UnixNano(), At: now.UnixNano(), Attempts: o.attempts, Dup: o.dup}
+			Sender: d.user, UserID: o.target, Device: d.name, Sent: o.sent.UnixNano(), At: now.UnixNano(), Attempts: o.attempts, Dup: o.dup, Probe: o.probe}
 		if o.kind == "send" {
 			a.Due = o.due.UnixNano()
 			switch {
@@ -434,11 +601,9 @@ func (r *runner) answer(d *device, o *op, f *frame, now time.Time) {
 				r.accLat.record(now.Sub(o.due))
 			}
 		}
-		r.acc.write(a)
-	case f.Code == "unavailable" || f.Code == "rate_limited":
-		r.bump(r.retries, f.Code)
-		delay := time.Duration(max(f.RetryAfterMS, 1))*time.Millisecond + time.Duration(rand.Int64N(int64(20*time.Millisecond)))
-		r.retryAfter(r.dctx, d, o, delay)
+		r.acc.writeAccepted(&a)
+	case retryable(f):
+		r.resend(r.dctx, d, o, f.Code, time.Duration(f.RetryAfterMS)*time.Millisecond)
 		return
 	case o.kind == "sync" && f.Code == "bad_request":
 		r.delivery.CompareAndSwap(0, 2)
@@ -477,7 +642,7 @@ func (r *runner) syncDone(ctx context.Context, d *device) func(f *frame) {
 // delivered records an event a device got.
 func (r *runner) delivered(d *device, f *frame, now time.Time) {
 	r.deliveries.Add(1)
-	r.del.write(Delivered{Device: d.name, Conv: f.ConversationID, Seq: f.Seq, Kind: f.Kind, MessageID: f.MessageID, Sender: f.Sender, At: now.UnixNano()})
+	r.del.writeDelivered(&Delivered{Device: d.name, Conv: f.ConversationID, Seq: f.Seq, Kind: f.Kind, MessageID: f.MessageID, Sender: f.Sender, At: now.UnixNano()})
 	if f.Kind == "message" {
 		if due, ok := bodyDue(f.Body); ok {
 			r.delLat.record(now.Sub(due))

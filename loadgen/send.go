@@ -10,10 +10,10 @@ import (
 )
 
 // send runs the send phase: the open-loop schedule, membership churn and
-// the per-second timeline (and progress line). It returns the timeline.
-func (r *runner) send(ctx, devCtx context.Context) []Second {
-	sched := Schedule{Rate: r.cfg.Rate}
-	total := int64(r.cfg.Rate * r.cfg.Duration.Seconds())
+// the per-second count of first sends (and the progress line).
+func (r *runner) send(ctx, devCtx context.Context) {
+	sched := Schedule{Rate: r.cfg.shardRate()}
+	total := int64(sched.Rate * r.cfg.Duration.Seconds())
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.Duration)
 	defer cancel()
 
@@ -21,14 +21,15 @@ func (r *runner) send(ctx, devCtx context.Context) []Second {
 	go func() { defer close(churnDone); r.churn(sctx, devCtx) }()
 	dropDone := make(chan struct{})
 	go func() { defer close(dropDone); r.reconnectChurn(sctx) }()
-	var timeline []Second
-	tlDone := make(chan struct{})
-	go func() { defer close(tlDone); timeline = r.timeline(sctx, total) }()
-
 	start := time.Now()
+	r.sendStart.Store(start.UnixNano())
+	tlDone := make(chan struct{})
+	go func() { defer close(tlDone); r.timeline(sctx, total) }()
+
 	var k int64
 	for k < total {
 		due := sched.DueBy(time.Since(start).Seconds())
+		r.offered.Store(min(due, total))
 		for ; k < due && k < total; k++ {
 			r.sendOne(devCtx, k, start.Add(time.Duration(sched.Due(k)*float64(time.Second))))
 		}
@@ -48,7 +49,6 @@ func (r *runner) send(ctx, devCtx context.Context) []Second {
 	<-churnDone
 	<-dropDone
 	<-tlDone
-	return timeline
 }
 
 // sendOne sends message k of the schedule (and, sometimes, a duplicate of
@@ -94,7 +94,7 @@ func (r *runner) churn(ctx, devCtx context.Context) {
 	if len(groups) == 0 {
 		return
 	}
-	rng := newRand(r.cfg.Seed + 7)
+	rng := newRand(r.cfg.Seed + 7 + uint64(max(r.cfg.Shard.K, 0))<<32)
 	tick := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Churn))
 	defer tick.Stop()
 	n := 0
@@ -196,9 +196,10 @@ func without(ms []string, u string) []string {
 	return out
 }
 
-// timeline samples the send phase once a second and drives the progress
-// line: sent, accepted/s, p99 of the last second, rejections, errors.
-func (r *runner) timeline(ctx context.Context, total int64) []Second {
+// timeline samples the send phase once a second — first sends per second
+// for counters.json — and drives the progress line: sent, accepted/s, p99
+// of the last second, rejections, errors.
+func (r *runner) timeline(ctx context.Context, total int64) {
 	var bar *progressbar.ProgressBar
 	if r.cfg.Progress != nil {
 		bar = progressbar.NewOptions64(total,
@@ -213,19 +214,20 @@ func (r *runner) timeline(ctx context.Context, total int64) []Second {
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var out []Second
 	var lastSent, lastAcc int64
 	for t := 1; ; t++ {
 		select {
 		case <-ctx.Done():
-			return out
+			return
 		case <-tick.C:
 		}
 		sent, acc := r.sent.Load(), r.accepted.Load()
 		p99, _ := r.accLat.takeInterval()
 		s := Second{T: t, Sent: sent - lastSent, Accepted: acc - lastAcc, P99MS: float64(p99.Microseconds()) / 1000}
 		lastSent, lastAcc = sent, acc
-		out = append(out, s)
+		r.cmu.Lock()
+		r.perSec = append(r.perSec, s.Sent)
+		r.cmu.Unlock()
 		if bar != nil {
 			r.cmu.Lock()
 			var rejects int64

@@ -111,6 +111,10 @@ func Check(run *loadgen.RunDir, w *World) *Result {
 	res.Checked["accepted answers"] = len(run.Accepted)
 	res.Checked["final rejections"] = len(run.Rejected)
 	res.Checked["deliveries"] = len(run.Delivered)
+	if len(run.GaveUp) > 0 {
+		// Given up unanswered: stored or not, both are right.
+		res.Checked["given up (unknown)"] = len(run.GaveUp)
+	}
 
 	// No seq used twice, in the world or in the answers.
 	for _, k := range sortedKeys(logBy) {

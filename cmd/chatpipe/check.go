@@ -23,6 +23,9 @@ func runCheck(ctx context.Context, args []string) error {
 	runDir := fs.String("run", "", "run directory written by 'chatpipe loadgen' (required)")
 	epPath := fs.String("endpoints", "", "endpoints.json of the stack (default: the stack recorded in the run)")
 	wait := fs.Duration("persist-wait", time.Minute, "wait this long at most for persist to copy the log into Postgres")
+	kafka := fs.String("kafka", "", "Kafka brokers, comma-separated (default: the run's stack)")
+	topic := fs.String("topic", "", "log topic (default: the run's stack)")
+	dbURL := fs.String("database-url", "", "Postgres URL (default: the run's stack)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -40,6 +43,10 @@ func runCheck(ctx context.Context, args []string) error {
 			return err
 		}
 		stack = loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+	}
+	overrideStack(&stack, "", *kafka, *topic, *dbURL)
+	if len(stack.Kafka) == 0 || stack.Postgres == "" || stack.Topic == "" {
+		return fmt.Errorf("run %s records no Kafka, topic or Postgres of its stack: give --kafka, --topic, --database-url (or --endpoints)", *runDir)
 	}
 	var convs []string
 	for _, c := range run.Info.Plan.Conversations {

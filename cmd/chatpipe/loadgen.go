@@ -12,6 +12,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 func init() {
@@ -19,9 +20,20 @@ func init() {
 }
 
 func runLoadgen(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "merge" {
+		return runLoadgenMerge(args[1:])
+	}
+	if len(args) > 0 && args[0] == "report" {
+		return runLoadgenReport(args[1:])
+	}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive")
-	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive (not read with --ws unless given)")
+	wsURL := fs.String("ws", "", "websocket URL of any gateway (e.g. wss://chat.example.com/v1/ws): drive a stack without an endpoints.json")
+	kafka := fs.String("kafka", "", "Kafka brokers of the stack, comma-separated: recorded in run.json for 'check' (with --ws)")
+	topic := fs.String("topic", "", "log topic, recorded for 'check' (default: the endpoints', else "+logrecord.DefaultTopic+")")
+	dbURL := fs.String("database-url", "", "Postgres URL of the stack, recorded for 'check' (with --ws)")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else --jwt-secret-file, else the file in --data-dir)")
+	secretFile := fs.String("jwt-secret-file", "", "file holding the JWT HS256 secret")
 	dataDir := fs.String("data-dir", "", "data dir of 'chatpipe dev' holding the generated secret (default: the endpoints file's dir)")
 	profile := fs.String("profile", "peak", "load profile: "+strings.Join(loadgen.ProfileNames(), ", ")+fmt.Sprintf(" (peak = %.0f msg/s)", loadgen.PeakRate))
 	scale := fs.Float64("scale", 1, "multiply the profile's rate (e.g. 0.01)")
@@ -37,9 +49,14 @@ func runLoadgen(ctx context.Context, args []string) error {
 	churn := fs.Float64("churn", 0, "membership changes per second (default: rate/500, at least 0.5; negative: none)")
 	reconnects := fs.Float64("reconnects", 0, "deliberate reconnects per second: a random device closes its websocket and dials again (0: none)")
 	body := fs.Int("body-bytes", 100, "message body size")
-	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long")
+	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long (within the re-send budget)")
+	budget := fs.Float64("resend-budget", 0.1, "re-sends allowed per first attempt of a command, on top of a reserve of 100 (0: never re-send)")
+	attempts := fs.Int("max-attempts", 6, "attempts per command, the first included; then it is given up")
+	backoffBase := fs.Duration("resend-backoff", 250*time.Millisecond, "backoff ceiling before the first re-send (full jitter, doubling per attempt, after retry_after_ms)")
+	backoffMax := fs.Duration("resend-backoff-max", 30*time.Second, "largest backoff ceiling")
 	drain := fs.Duration("drain", time.Minute, "wait this long at most for answers and deliveries after the send phase")
 	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
+	shard := fs.String("shard", "", "K/N: run part K of N of the plan (its own users and conversations, at rate/N) into the run directory NAME-KofN; then 'chatpipe loadgen merge'")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
@@ -69,32 +86,64 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if *rate > 0 {
 		r = *rate
 	}
-	ep, err := readEndpoints(*epPath)
+	epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
+	fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
+	ep := &Endpoints{}
+	dir := *dataDir
+	if *wsURL == "" || epGiven {
+		if ep, err = readEndpoints(*epPath); err != nil {
+			return err
+		}
+		if dir == "" {
+			dir = filepath.Dir(*epPath)
+		}
+	}
+	stack := loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+	overrideStack(&stack, *wsURL, *kafka, *topic, *dbURL)
+	if stack.Topic == "" {
+		stack.Topic = logrecord.DefaultTopic
+	}
+	if dir != "" {
+		dir, _ = filepath.Abs(dir)
+	}
+	s := *secret
+	if s == "" && os.Getenv("CHATPIPE_JWT_SECRET") == "" && *secretFile != "" {
+		b, err := os.ReadFile(*secretFile)
+		if err != nil {
+			return fmt.Errorf("--jwt-secret-file: %w", err)
+		}
+		if s = strings.TrimSpace(string(b)); s == "" {
+			return fmt.Errorf("--jwt-secret-file %s is empty", *secretFile)
+		}
+	}
+	key, err := auth.LoadSecret(s, dir, false)
 	if err != nil {
 		return err
 	}
-	dir := *dataDir
-	if dir == "" {
-		dir = filepath.Dir(*epPath)
-	}
-	dir, _ = filepath.Abs(dir)
-	key, err := auth.LoadSecret(*secret, dir, false)
+	sh, err := loadgen.ParseShard(*shard)
 	if err != nil {
 		return err
 	}
 	if *run == "" {
+		if !sh.Whole() {
+			return errors.New("--shard needs --run: every shard must use the same run name")
+		}
 		*run = p.Name + "-" + time.Now().UTC().Format("20060102-150405")
 	}
 	cfg := loadgen.Config{
-		Run: *run, Out: *out, Profile: p, Rate: r, Duration: *duration, Secret: key, Seed: *seed,
-		Stack: loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
-			VShards: ep.VShards, Partitions: ep.Partitions},
+		Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
+		Stack:    stack,
 		DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+		Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
 	}
 	if *progress {
 		cfg.Progress = os.Stderr
 	}
-	fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, *run))
+	if sh.Whole() {
+		fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, cfg.DirName()))
+	} else {
+		fmt.Fprintf(os.Stderr, "loadgen %s shard %s: profile %s at %.0f of %.0f msg/s for %v → %s\n", *run, sh, p.Name, r/float64(sh.N), r, *duration, filepath.Join(*out, cfg.DirName()))
+	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if rep != nil {
 		fmt.Print(rep.Markdown())
@@ -108,10 +157,66 @@ func runLoadgen(ctx context.Context, args []string) error {
 	return nil
 }
 
+// overrideStack sets the stack's fields that flags give.
+func overrideStack(st *loadgen.Stack, ws, kafka, topic, db string) {
+	if ws != "" {
+		st.WebSocket = ws
+	}
+	if kafka != "" {
+		st.Kafka = splitList(kafka)
+	}
+	if topic != "" {
+		st.Topic = topic
+	}
+	if db != "" {
+		st.Postgres = db
+	}
+}
+
 // orNone maps a flag's 0 ("none") to the config's negative "none".
 func orNone(v float64) float64 {
 	if v == 0 {
 		return -1
 	}
 	return v
+}
+
+func runLoadgenMerge(args []string) error {
+	fs := flag.NewFlagSet("loadgen merge", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: chatpipe loadgen merge --out DIR RUN-DIR RUN-DIR…")
+		fs.PrintDefaults()
+	}
+	out := fs.String("out", "", "the merged run directory to write (new or empty; required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *out == "" || fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("merge needs --out and at least one run directory")
+	}
+	rep, err := loadgen.Merge(*out, fs.Args())
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.Markdown())
+	fmt.Fprintf(os.Stderr, "merged %d runs into %s (check it with: chatpipe check --run %s)\n", fs.NArg(), *out, *out)
+	return nil
+}
+
+func runLoadgenReport(args []string) error {
+	fs := flag.NewFlagSet("loadgen report", flag.ContinueOnError)
+	dir := fs.String("run", "", "run directory whose report to rebuild from its files (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--run is required")
+	}
+	rep, err := loadgen.Rebuild(*dir)
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.Markdown())
+	return nil
 }
