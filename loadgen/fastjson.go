@@ -263,6 +263,9 @@ func appendRequest(b []byte, o *op, id string) ([]byte, error) {
 		b = append(b, `,"cursors":`...)
 		b = append(b, c...)
 	}
+	if o.kind != "send" && o.cmid != "" { // the idempotency key of a membership command
+		b = appendField(b, "client_message_id", o.cmid)
+	}
 	return append(b, '}'), nil
 }
 

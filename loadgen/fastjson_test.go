@@ -59,6 +59,7 @@ func TestAppendedJSONMatchesEncodingJSON(t *testing.T) {
 		{kind: "create", conv: "c", members: []string{"a", "b"}},
 		{kind: "create", conv: "c"},
 		{kind: "kick", conv: "c", target: "u"},
+		{kind: "join", conv: "c", target: "u", cmid: "j3"},
 		{kind: "leave", conv: "c"},
 		{kind: "sync", cursors: map[string]int64{"c": 3}},
 	} {
@@ -69,6 +70,9 @@ func TestAppendedJSONMatchesEncodingJSON(t *testing.T) {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil || m["op"] != o.kind || m["id"] != "r7" {
 			t.Errorf("%s: %s %v", o.kind, b, err)
+		}
+		if o.cmid != "" && m["client_message_id"] != o.cmid {
+			t.Errorf("%s: client_message_id %v, want %s", o.kind, m["client_message_id"], o.cmid)
 		}
 		if o.kind == "send" && m["body"] != o.body {
 			t.Errorf("body %q", m["body"])

@@ -122,6 +122,7 @@ type runner struct {
 	delLat  *latency
 
 	sent, accepted, dups, membership atomic.Int64
+	keys                             atomic.Int64 // idempotency keys of membership commands
 	errors, reconnects, deliveries   atomic.Int64
 	inflight                         atomic.Int64
 	offered, commands, resends       atomic.Int64
@@ -354,7 +355,7 @@ func (r *runner) run(ctx context.Context, rep *Report) (string, error) {
 	for _, c := range r.plan.Conversations {
 		r.members[c.ID] = append([]string(nil), c.Members...)
 		r.track(1)
-		r.dev(c.Owner).enqueue(devCtx, &op{kind: "create", conv: c.ID, members: c.Members[1:], done: func(f *frame) {
+		r.dev(c.Owner).enqueue(devCtx, &op{kind: "create", conv: c.ID, cmid: "create", members: c.Members[1:], done: func(f *frame) {
 			if f.Op == "accepted" || f.Code == "conflict" {
 				created.Add(1)
 			}

@@ -136,7 +136,7 @@ func (r *runner) churn(ctx, devCtx context.Context) {
 			r.track(1)
 			r.retryAfter(devCtx, r.dev(victim), &op{kind: "send", conv: c.ID, cmid: probe, body: messageBody(probe, time.Now(), 20), due: time.Now(), probe: true}, 0)
 			r.track(1)
-			r.retryAfter(devCtx, r.dev(c.Owner), &op{kind: "join", conv: c.ID, target: victim, done: func(f *frame) {
+			r.retryAfter(devCtx, r.dev(c.Owner), &op{kind: "join", conv: c.ID, target: victim, cmid: r.key("j"), done: func(f *frame) {
 				r.cmu.Lock()
 				defer r.cmu.Unlock()
 				if f.Op == "accepted" {
@@ -148,9 +148,9 @@ func (r *runner) churn(ctx, devCtx context.Context) {
 		}
 		r.track(1)
 		if rng.IntN(2) == 0 {
-			r.dev(victim).enqueue(devCtx, &op{kind: "leave", conv: c.ID, done: removed})
+			r.dev(victim).enqueue(devCtx, &op{kind: "leave", conv: c.ID, cmid: r.key("l"), done: removed})
 		} else {
-			r.dev(c.Owner).enqueue(devCtx, &op{kind: "kick", conv: c.ID, target: victim, done: removed})
+			r.dev(c.Owner).enqueue(devCtx, &op{kind: "kick", conv: c.ID, target: victim, cmid: r.key("k"), done: removed})
 		}
 	}
 }
@@ -240,4 +240,10 @@ func (r *runner) timeline(ctx context.Context, total int64) {
 			_ = bar.Set64(sent)
 		}
 	}
+}
+
+// key returns a fresh idempotency key for a membership command: its
+// re-sends (after a timeout or unavailable) then take effect once.
+func (r *runner) key(prefix string) string {
+	return prefix + strconv.FormatInt(r.keys.Add(1), 10)
 }
