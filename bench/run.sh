@@ -144,4 +144,9 @@ for v in $SWEEP_VSHARDS; do
 done
 
 go run ./bench/report -dir "$R" -out "$OUT"
+# The soak (bench/soak.sh, 30 minutes) is not run here: its last result is
+# kept in bench/soak/soak.md and appended as it stands.
+if [ -f bench/soak/soak.md ]; then
+  { echo; cat bench/soak/soak.md; } >> "$OUT"
+fi
 log "wrote $OUT"

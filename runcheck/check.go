@@ -288,11 +288,28 @@ func checkRegression(c *checker, run *loadgen.RunDir, w *World) {
 		}
 		last[e.Conv] = e
 	}
-	byConv := map[string][]loadgen.Accepted{}
+	// One entry per message: a message is sent when its first copy is (a
+	// duplicate from another device, or a re-send, may go out after other
+	// messages were accepted and rightly get the first copy's seq) and
+	// accepted when its first answer comes.
+	type key struct{ conv, cmid string }
+	first := map[key]loadgen.Accepted{}
 	for _, a := range run.Accepted {
-		if a.Op == "send" {
-			byConv[a.Conv] = append(byConv[a.Conv], a)
+		if a.Op != "send" {
+			continue
 		}
+		k := key{a.Conv, a.ClientMessageID}
+		f, ok := first[k]
+		if !ok {
+			first[k] = a
+			continue
+		}
+		f.Sent, f.At = min(f.Sent, a.Sent), min(f.At, a.At)
+		first[k] = f
+	}
+	byConv := map[string][]loadgen.Accepted{}
+	for _, a := range first {
+		byConv[a.Conv] = append(byConv[a.Conv], a)
 	}
 	for conv, as := range byConv {
 		byAt := append([]loadgen.Accepted(nil), as...)
