@@ -252,7 +252,8 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 	g.cmu.Unlock()
 	defer g.connWG.Done()
 
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.cfg.OriginPatterns})
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.cfg.OriginPatterns,
+		Subprotocols: []string{protocol.SubprotocolBatch}})
 	if err != nil {
 		return
 	}
@@ -284,12 +285,43 @@ type session struct {
 	limits *userState // the user's rate limiter, shared by their connections
 	out    chan []byte
 	sem    chan struct{}
+	// batch: the client asked for protocol.SubprotocolBatch, so the writer
+	// sends everything queued when it wakes as one message of
+	// newline-separated frames.
+	batch bool
+	wbuf  []byte // the writer's reused batch buffer
 
 	closing atomic.Bool
 }
 
 func newSession(g *Gateway, c *websocket.Conn, user string) *session {
-	return &session{g: g, c: c, user: user, out: make(chan []byte, g.cfg.SendBuffer), sem: make(chan struct{}, g.cfg.MaxInFlight)}
+	return &session{g: g, c: c, user: user, out: make(chan []byte, g.cfg.SendBuffer), sem: make(chan struct{}, g.cfg.MaxInFlight),
+		batch: c.Subprotocol() == protocol.SubprotocolBatch}
+}
+
+// maxBatchBytes bounds one message of a batching connection (frames past
+// it go in the next message).
+const maxBatchBytes = 64 << 10
+
+// writeBatch writes first and every frame queued behind it as messages of
+// newline-separated frames, each at most maxBatchBytes unless one frame
+// alone is larger: one write (and one flush) for many events.
+func (s *session) writeBatch(ctx context.Context, first []byte) error {
+	buf := append(s.wbuf[:0], first...)
+	for n := len(s.out); n > 0; n-- {
+		b := <-s.out
+		if len(buf)+1+len(b) > maxBatchBytes {
+			if err := s.c.Write(ctx, websocket.MessageText, buf); err != nil {
+				return err
+			}
+			buf = buf[:0]
+		} else {
+			buf = append(buf, '\n')
+		}
+		buf = append(buf, b...)
+	}
+	s.wbuf = buf
+	return s.c.Write(ctx, websocket.MessageText, buf)
 }
 
 func (s *session) run(parent context.Context) {
@@ -305,9 +337,14 @@ func (s *session) run(parent context.Context) {
 				// One deadline for what is queued now (at most a buffer's
 				// worth), not a context per frame.
 				wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-				err := s.c.Write(wctx, websocket.MessageText, b)
-				for n := len(s.out); err == nil && n > 0; n-- {
-					err = s.c.Write(wctx, websocket.MessageText, <-s.out)
+				var err error
+				if s.batch {
+					err = s.writeBatch(wctx, b)
+				} else {
+					err = s.c.Write(wctx, websocket.MessageText, b)
+					for n := len(s.out); err == nil && n > 0; n-- {
+						err = s.c.Write(wctx, websocket.MessageText, <-s.out)
+					}
 				}
 				wcancel()
 				if err != nil {

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // op is one command of the run, with everything needed to retry it with
@@ -179,7 +182,11 @@ func (d *device) dial(ctx context.Context) (*websocket.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, _, err := websocket.Dial(dctx, d.r.cfg.Stack.WebSocket+"?token="+tok, nil)
+	var opts *websocket.DialOptions
+	if !d.r.cfg.PlainFrames {
+		opts = &websocket.DialOptions{Subprotocols: []string{protocol.SubprotocolBatch}}
+	}
+	conn, _, err := websocket.Dial(dctx, d.r.cfg.Stack.WebSocket+"?token="+tok, opts)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: dial as %s: %w", d.user, err)
 	}
@@ -300,7 +307,18 @@ func (d *device) read(conn *websocket.Conn) error {
 		if err != nil {
 			return err
 		}
-		d.dispatch(b, time.Now())
+		now := time.Now()
+		// A batching connection's message holds frames separated by '\n'
+		// (docs/protocol.md); a plain one holds exactly one.
+		for len(b) > 0 {
+			i := bytes.IndexByte(b, '\n')
+			if i < 0 {
+				d.dispatch(b, now)
+				break
+			}
+			d.dispatch(b[:i], now)
+			b = b[i+1:]
+		}
 	}
 }
 

@@ -41,13 +41,16 @@ type Config struct {
 	// closes its websocket and dials again, resending what was in flight
 	// and syncing from its cursors (default 0: none).
 	Reconnects float64
-	BodyBytes  int           // message body size (default 100: log records of about 350 bytes)
-	Timeout    time.Duration // an unanswered command is sent again after this (default 10 s), within Resend
-	Resend     ResendPolicy  // backoff, budget and attempt limit of re-sends
-	Drain      time.Duration // wait for answers and deliveries after the send phase (default 60 s)
-	Settle     time.Duration // deliveries are done once none arrived for this long (default 2 s)
-	Progress   io.Writer     // the live progress line (nil: none)
-	Log        *slog.Logger
+	// PlainFrames asks the gateway for one frame per websocket message
+	// instead of the batching subprotocol (protocol.SubprotocolBatch).
+	PlainFrames bool
+	BodyBytes   int           // message body size (default 100: log records of about 350 bytes)
+	Timeout     time.Duration // an unanswered command is sent again after this (default 10 s), within Resend
+	Resend      ResendPolicy  // backoff, budget and attempt limit of re-sends
+	Drain       time.Duration // wait for answers and deliveries after the send phase (default 60 s)
+	Settle      time.Duration // deliveries are done once none arrived for this long (default 2 s)
+	Progress    io.Writer     // the live progress line (nil: none)
+	Log         *slog.Logger
 }
 
 func (c *Config) validate() error {

@@ -28,6 +28,13 @@ const (
 	OpConversations = "conversations"
 )
 
+// SubprotocolBatch is the websocket subprotocol a client may ask for at the
+// upgrade (Sec-WebSocket-Protocol): the server then sends several server
+// frames in one message, separated by a newline ("\n"; a frame never
+// contains one). A client that asks for nothing gets one frame per
+// message. Client → server messages are one frame each either way.
+const SubprotocolBatch = "chatpipe.v1.batch"
+
 // Server ops.
 const (
 	OpAccepted = "accepted"

@@ -47,6 +47,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	groups := fs.Float64("groups", -1, "share of conversations that are groups of 3-100 (default: the profile's)")
 	dup := fs.Float64("dup", 0.01, "share of sends sent twice with the same ids from a second device")
 	churn := fs.Float64("churn", 0, "membership changes per second (default: rate/500, at least 0.5; negative: none)")
+	plain := fs.Bool("plain-frames", false, "one server frame per websocket message (default: ask for the batching subprotocol, several frames per message)")
 	reconnects := fs.Float64("reconnects", 0, "deliberate reconnects per second: a random device closes its websocket and dials again (0: none)")
 	body := fs.Int("body-bytes", 100, "message body size")
 	timeout := fs.Duration("timeout", 10*time.Second, "send a command again, same ids, when unanswered this long (within the re-send budget)")
@@ -133,7 +134,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	cfg := loadgen.Config{
 		Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
 		Stack:    stack,
-		DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+		DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, PlainFrames: *plain, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
 		Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
 	}
 	if *progress {
