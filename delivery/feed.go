@@ -20,9 +20,11 @@ import (
 type Sink interface {
 	// Local reports whether the user has a device connected here.
 	Local(user string) bool
-	// Deliver queues an event frame (already encoded) to every connected
-	// device of the user, without blocking.
-	Deliver(user string, frame []byte)
+	// Deliver queues event frames (already encoded, in seq order per
+	// conversation) to every connected device of the user, without
+	// blocking. One call carries all of a batch's frames for the user, so
+	// a device that takes several frames per message gets them together.
+	Deliver(user string, frames [][]byte)
 	// Lost is called when delivery rows were trimmed before this gateway
 	// read them: every device here must reconnect and sync.
 	Lost(reason string)
@@ -273,6 +275,8 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 		return fmt.Errorf("read events: %w", err)
 	}
 	now := time.Now()
+	byUser := map[string][][]byte{}
+	var users []string
 	for i, e := range events {
 		frame, err := json.Marshal(e) // once, for every device
 		if err != nil {
@@ -280,9 +284,15 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 		}
 		f.latency.Observe(now.Sub(created[i]).Seconds())
 		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
-			f.Sink.Deliver(user, frame)
+			if _, ok := byUser[user]; !ok {
+				users = append(users, user)
+			}
+			byUser[user] = append(byUser[user], frame)
 			f.delivered.Add(1)
 		}
+	}
+	for _, user := range users {
+		f.Sink.Deliver(user, byUser[user])
 	}
 	return nil
 }

@@ -18,11 +18,47 @@ var _ delivery.Sink = (*Gateway)(nil)
 // Local reports whether user has a device connected to this gateway.
 func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 
-// Deliver queues an event frame to every device of user on this gateway. A
+// Deliver queues event frames to every device of user on this gateway. A
 // device whose send buffer is full is closed with 1008; it catches up with
-// sync.
-func (g *Gateway) Deliver(user string, frame []byte) {
-	g.users.each(user, func(s *session) { s.sendRaw(frame) })
+// sync. A batching device gets up to batchFrames frames per queued message.
+func (g *Gateway) Deliver(user string, frames [][]byte) {
+	g.users.each(user, func(s *session) {
+		if !s.batch {
+			for _, f := range frames {
+				s.sendRaw(f)
+			}
+			return
+		}
+		for len(frames) > 0 {
+			n := min(len(frames), batchFrames)
+			s.sendRaw(joinFrames(frames[:n]))
+			frames = frames[n:]
+		}
+	})
+}
+
+// batchFrames is how many event frames one queued message of a batching
+// device holds at most: its send buffer then bounds it to SendBuffer ×
+// batchFrames frames.
+const batchFrames = 16
+
+// joinFrames is frames separated by newlines (one frame: itself).
+func joinFrames(frames [][]byte) []byte {
+	if len(frames) == 1 {
+		return frames[0]
+	}
+	n := len(frames) - 1
+	for _, f := range frames {
+		n += len(f)
+	}
+	b := make([]byte, 0, n)
+	for i, f := range frames {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, f...)
+	}
+	return b
 }
 
 // Lost closes every connection so each device reconnects and syncs:
