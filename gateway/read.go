@@ -29,10 +29,10 @@ func (g *Gateway) Deliver(user string, frames [][]byte) {
 			}
 			return
 		}
-		for len(frames) > 0 {
-			n := min(len(frames), batchFrames)
-			s.sendRaw(joinFrames(frames[:n]))
-			frames = frames[n:]
+		for rest := frames; len(rest) > 0; {
+			n := min(len(rest), batchFrames)
+			s.sendRaw(joinFrames(rest[:n]))
+			rest = rest[n:]
 		}
 	})
 }
