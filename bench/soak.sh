@@ -17,6 +17,7 @@
 #   SOAK_RATE=800          offered msg/s (peak profile mix)
 #   SOAK_CHURN=2           membership changes/s (leave/kick, probe, re-add)
 #   SOAK_RECONNECTS=1      deliberate reconnects/s (a device drops and redials)
+#   SOAK_LOADGEN_ARGS=     more loadgen flags, e.g. --plain-frames
 #   SOAK_POISON=0          1: hostile frames over a websocket every SOAK_POISON_EVERY
 #   SOAK_POISON_EVERY=60s
 #   SOAK_DIR               work dir (default: a new /tmp/chatpipe-soak.XXXXXX)
@@ -181,6 +182,9 @@ printf 'minute\tprocess\trss_kib\tgoroutines\n' > "$RESULTS/samples.tsv"
 
 LG_ARGS=(loadgen --endpoints "$SEP" --data-dir "$W/dev" --out "$RESULTS/runs" --run soak --progress=false
   --profile peak --rate "$SOAK_RATE" --duration "${SOAK_SECS}s" --churn "$SOAK_CHURN" --reconnects "$SOAK_RECONNECTS")
+# SOAK_LOADGEN_ARGS: more loadgen flags (e.g. --plain-frames).
+read -r -a extra <<< "${SOAK_LOADGEN_ARGS:-}"
+LG_ARGS+=("${extra[@]}")
 echo "chatpipe ${LG_ARGS[*]}" > "$RESULTS/commands.txt"
 log "load: ${SOAK_RATE} msg/s for ${SOAK_SECS}s, churn ${SOAK_CHURN}/s, reconnects ${SOAK_RECONNECTS}/s, sample every ${SOAK_SAMPLE}s (results in $RESULTS)"
 "$BIN" "${LG_ARGS[@]}" > "$RESULTS/loadgen.out" 2> "$L/loadgen.log" &
