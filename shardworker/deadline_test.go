@@ -99,7 +99,7 @@ func TestCommandExpiredBeforeDecideIsNotDecided(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	w := &Worker{cfg: Config{VShards: 1, MaxBatch: 100, MaxConvs: 10}, log: log}
 	s := &shard{w: w, log: log, convs: map[string]*shardcore.Conv{"c1": {Exists: true, Owner: "u1",
-		Members: map[string]int64{"u1": 1, "u2": 1}, Dedupe: map[string]shardcore.First{}}}, lastOff: map[string]int64{"c1": -1}}
+		Members: map[string]int64{"u1": 1, "u2": 1}, Dedupe: map[string]shardcore.First{}}}}
 	var got *protocol.Reply
 	c := &call{reqID: "k1", deadline: time.Now().Add(-time.Millisecond),
 		cmd:  shardcore.Command{Op: protocol.OpKick, ConversationID: "c1", Sender: "u1", UserID: "u2"},

@@ -54,11 +54,6 @@ type shard struct {
 	ready  atomic.Bool
 
 	convs map[string]*shardcore.Conv
-	// lastOff is the log offset of the newest event of each cached
-	// conversation that may not be in Postgres yet (-1: none). Only a
-	// conversation whose lastOff is below persist's offset may be evicted:
-	// otherwise reloading it from Postgres would miss its newest events.
-	lastOff map[string]int64
 	// unstored lists, in log order, events this writer committed (and, at
 	// takeover, each replayed conversation up to the marker) that persist
 	// may not have stored yet; stored tracks per conversation with entries
@@ -215,10 +210,8 @@ func (s *shard) session() error {
 		return err
 	}
 	s.convs = convs
-	s.lastOff = make(map[string]int64, len(convs))
 	s.unstored, s.stored = s.unstored[:0], map[string]*storedSeq{}
 	for cid, conv := range convs {
-		s.lastOff[cid] = markerOff
 		// Replayed from the log tail: nothing of it is known stored until
 		// persist passes the marker.
 		s.stored[cid] = &storedSeq{}
@@ -512,7 +505,6 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		}
 		for cid, conv := range loaded {
 			s.convs[cid] = conv
-			s.lastOff[cid] = -1
 		}
 		for k, f := range found {
 			shardcore.Remember(s.convs[k.conv], k.cmid, f)
@@ -583,7 +575,6 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		s.w.stats.Commits.Add(1)
 		s.w.stats.Events.Add(int64(events))
 		for i, r := range recs[:events] {
-			s.lastOff[string(r.Key)] = r.Offset
 			s.markUnstored(string(r.Key), seqs[i], r.Offset)
 		}
 	}
@@ -667,24 +658,25 @@ func (s *shard) housekeep(ctx context.Context, now time.Time) {
 	s.w.stats.DedupeTrimmed.Add(int64(trimmed))
 	s.dedupeHeld.Store(int64(held))
 	if len(s.convs) > s.w.cfg.MaxConvs {
-		s.evict(persisted)
+		s.evict()
 	}
 }
 
-// evict drops cached conversations whose events are all in Postgres until
-// the cache is at 3/4 of MaxConvs; they are reloaded on their next command.
-// Conversations persist has not caught up with stay: the cache is bounded
-// by MaxConvs plus persist's lag.
-func (s *shard) evict(persisted int64) {
+// evict drops cached conversations whose events are all in Postgres (none
+// listed unstored, as of housekeep's read of persist's offset) until the
+// cache is at 3/4 of MaxConvs; they are reloaded on their next command.
+// Conversations persist has not caught up with stay: reloading them would
+// miss their newest events, so the cache is bounded by MaxConvs plus
+// persist's lag.
+func (s *shard) evict() {
 	target := s.w.cfg.MaxConvs * 3 / 4
 	n := 0
-	for cid, off := range s.lastOff {
+	for cid := range s.convs {
 		if len(s.convs) <= target {
 			break
 		}
-		if off < persisted && s.stored[cid] == nil {
+		if s.stored[cid] == nil {
 			delete(s.convs, cid)
-			delete(s.lastOff, cid)
 			delete(s.rates, cid)
 			n++
 		}
