@@ -22,6 +22,7 @@ func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 // device whose send buffer is full is closed with 1008; it catches up with
 // sync. A batching device gets up to batchFrames frames per queued message.
 func (g *Gateway) Deliver(user string, frames [][]byte) {
+	var chunks [][]byte // the batched messages, made once for all the user's batching devices
 	g.users.each(user, func(s *session) {
 		if !s.batch {
 			for _, f := range frames {
@@ -29,10 +30,15 @@ func (g *Gateway) Deliver(user string, frames [][]byte) {
 			}
 			return
 		}
-		for rest := frames; len(rest) > 0; {
-			n := min(len(rest), batchFrames)
-			s.sendRaw(joinFrames(rest[:n]))
-			rest = rest[n:]
+		if chunks == nil {
+			for rest := frames; len(rest) > 0; {
+				n := min(len(rest), batchFrames)
+				chunks = append(chunks, joinFrames(rest[:n]))
+				rest = rest[n:]
+			}
+		}
+		for _, c := range chunks {
+			s.sendRaw(c)
 		}
 	})
 }
