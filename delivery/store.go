@@ -234,3 +234,22 @@ func (s *Store) OpenMemberships(ctx context.Context, users []string, except stri
 	}
 	return out, nil
 }
+
+// Covered returns, for each of convs the read model knows, the seq up to
+// which the projection has applied it. The projection writes a
+// conversation's last_seq in the transaction that applies its events, and
+// only after persist stored them, so history, sync and conversations
+// answer everything up to that seq.
+func (s *Store) Covered(ctx context.Context, convs []string) (map[string]int64, error) {
+	rows, err := s.DB.Query(ctx, `SELECT conversation_id, last_seq FROM conversations WHERE conversation_id = ANY($1)`, convs)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: read model position: %w", err)
+	}
+	out := make(map[string]int64, len(convs))
+	var c string
+	var seq int64
+	if _, err := pgx.ForEachRow(rows, []any{&c, &seq}, func() error { out[c] = seq; return nil }); err != nil {
+		return nil, fmt.Errorf("delivery: read model position: %w", err)
+	}
+	return out, nil
+}

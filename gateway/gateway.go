@@ -50,6 +50,11 @@ type Config struct {
 	// them unavailable.
 	Reads   *delivery.Store
 	SyncMax int // events in one sync reply before it says more (default 500)
+	// ReadYourWrites is how long a session's history, sync or
+	// conversations waits for the read model to include that session's own
+	// accepted writes before answering unavailable (default 2 s; negative:
+	// no wait). See ryw.go.
+	ReadYourWrites time.Duration
 	// MaxConvsPerUser caps the conversations a user may be in: a create or
 	// join that would add someone beyond it answers too_large (default
 	// 5000; negative: no cap). Counted from the read model, so it is a soft
@@ -92,6 +97,9 @@ func (c *Config) validate() error {
 	if c.PingInterval <= 0 {
 		c.PingInterval = 30 * time.Second
 	}
+	if c.ReadYourWrites == 0 {
+		c.ReadYourWrites = 2 * time.Second
+	}
 	if c.SyncMax <= 0 {
 		c.SyncMax = 500
 	}
@@ -120,9 +128,10 @@ type Gateway struct {
 	users    *users
 	rejected *prometheus.CounterVec
 
-	slowClosed atomic.Int64 // connections closed with 1008 for a full send buffer
-	syncs      atomic.Int64
-	histories  atomic.Int64
+	slowClosed  atomic.Int64 // connections closed with 1008 for a full send buffer
+	rywTimeouts atomic.Int64 // reads answered unavailable: the read model lacked the session's write
+	syncs       atomic.Int64
+	histories   atomic.Int64
 
 	pmu  sync.Mutex
 	pool map[string]*wire.Client
@@ -161,6 +170,7 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
 		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
 		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer was full.", &g.slowClosed),
+		counter("chatpipe_gateway_read_your_writes_timeouts_total", "Reads answered unavailable because the read model did not include the session's own write in time.", &g.rywTimeouts),
 		counter("chatpipe_gateway_syncs_total", "sync requests served.", &g.syncs),
 		counter("chatpipe_gateway_histories_total", "history requests served.", &g.histories),
 		g.rejected,
@@ -291,6 +301,8 @@ type session struct {
 	batch bool
 	wbuf  []byte // the writer's reused batch buffer
 
+	pending pendingWrites // accepted writes the read model may lack (ryw.go)
+
 	closing atomic.Bool
 }
 
@@ -415,7 +427,9 @@ func (s *session) run(parent context.Context) {
 			case protocol.OpConversations:
 				s.conversations(ctx, req)
 			default:
-				s.send(s.g.handle(ctx, s.user, req))
+				rep := s.g.handle(ctx, s.user, req)
+				s.wrote(ctx, rep) // before the client can see it: its next read waits for it
+				s.send(rep)
 			}
 		}()
 	}

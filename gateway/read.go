@@ -100,6 +100,10 @@ func (s *session) sync(ctx context.Context, req *protocol.Request) {
 		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
 		return
 	}
+	if rep := s.awaitWrites(ctx, req.ID, ""); rep != nil {
+		s.send(rep)
+		return
+	}
 	res, err := s.g.cfg.Reads.Sync(ctx, s.user, req.Cursors, s.g.cfg.SyncMax)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -122,6 +126,10 @@ func (s *session) history(ctx context.Context, req *protocol.Request) {
 	s.g.histories.Add(1)
 	if s.g.cfg.Reads == nil {
 		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
+		return
+	}
+	if rep := s.awaitWrites(ctx, req.ID, req.ConversationID); rep != nil {
+		s.send(rep)
 		return
 	}
 	limit := s.g.pageSize(req.Limit)
@@ -169,6 +177,10 @@ func (g *Gateway) checkConvCap(ctx context.Context, user string, req *protocol.R
 func (s *session) conversations(ctx context.Context, req *protocol.Request) {
 	if s.g.cfg.Reads == nil {
 		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
+		return
+	}
+	if rep := s.awaitWrites(ctx, req.ID, ""); rep != nil {
+		s.send(rep)
 		return
 	}
 	limit := s.g.pageSize(req.Limit)

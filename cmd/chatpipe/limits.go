@@ -17,7 +17,7 @@ type limitFlags struct {
 	frame, body, idBytes, members, sbuf *int
 	syncMax, maxConvs                   *int
 	origins                             *string
-	ping, dedupeMemory                  *time.Duration
+	ping, dedupeMemory, ryw             *time.Duration
 	dedupeKeep                          *int
 	commit                              commitFlags
 	wire                                wireFlags
@@ -40,6 +40,8 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		syncMax:   fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
 		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
 		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
+		ryw: fs.Duration("read-your-writes", 2*time.Second,
+			"how long a session's history/sync/conversations waits for the read model to include that session's own accepted writes before answering unavailable (negative: no wait)"),
 		dedupeKeep: fs.Int("dedupe-keep", shardworker.DefaultDedupeKeep,
 			"stored send results a writer keeps in memory per conversation; older retries are answered from Postgres"),
 		dedupeMemory: fs.Duration("dedupe-memory", shardworker.DefaultDedupeMemory,
@@ -61,6 +63,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.OriginPatterns = splitList(*l.origins)
 	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
 	c.Wire, c.CallTimeout = l.wire.config(), *l.wire.call
+	c.ReadYourWrites = *l.ryw
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {
