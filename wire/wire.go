@@ -265,8 +265,18 @@ type Client struct {
 	conn net.Conn
 	cfg  Config
 
-	wmu sync.Mutex
-	bw  *bufio.Writer
+	// Writes are combined: a caller appends its line to wbuf and, unless a
+	// write is under way, writes everything queued until wbuf stays empty;
+	// callers that arrive meanwhile wait for the write that carries their
+	// line. Under load, many requests share one write(2).
+	wmu      sync.Mutex
+	wcond    *sync.Cond
+	wbuf     []byte // lines waiting for the next write
+	wspare   []byte // the buffer being written (reused)
+	writing  bool
+	wstarted uint64 // writes started
+	wdone    uint64 // writes finished without error
+	werr     error
 
 	// slots holds a token per request written and not answered yet.
 	slots chan struct{}
@@ -287,8 +297,9 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
 	}
 	dc := deadlineConn{Conn: conn, read: cfg.ReadTimeout, write: cfg.WriteTimeout}
-	cl := &Client{conn: dc, cfg: cfg, bw: bufio.NewWriterSize(dc, 64<<10), pending: map[uint64]chan *Response{}, closed: make(chan struct{}),
+	cl := &Client{conn: dc, cfg: cfg, pending: map[uint64]chan *Response{}, closed: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight)}
+	cl.wcond = sync.NewCond(&cl.wmu)
 	go cl.readLoop()
 	go cl.pingLoop()
 	return cl, nil
@@ -348,13 +359,46 @@ func (cl *Client) pingLoop() {
 	}
 }
 
+// write sends line, combined with the lines of concurrent callers into as
+// few writes as possible; it returns once the write carrying line is done.
 func (cl *Client) write(line []byte) error {
 	cl.wmu.Lock()
 	defer cl.wmu.Unlock()
-	if _, err := cl.bw.Write(line); err != nil {
-		return err
+	if cl.werr != nil {
+		return cl.werr
 	}
-	return cl.bw.Flush()
+	cl.wbuf = append(cl.wbuf, line...)
+	mine := cl.wstarted + 1 // the next write to start carries line
+	if cl.writing {
+		for cl.wdone < mine && cl.werr == nil {
+			cl.wcond.Wait()
+		}
+		if cl.wdone >= mine {
+			return nil
+		}
+		return cl.werr
+	}
+	cl.writing = true
+	for len(cl.wbuf) > 0 && cl.werr == nil {
+		b := cl.wbuf
+		cl.wbuf, cl.wspare = cl.wspare[:0], nil
+		cl.wstarted++
+		cl.wmu.Unlock()
+		_, err := cl.conn.Write(b)
+		cl.wmu.Lock()
+		cl.wspare = b
+		if err != nil {
+			cl.werr = err
+		} else {
+			cl.wdone = cl.wstarted
+		}
+		cl.wcond.Broadcast()
+	}
+	cl.writing = false
+	if cl.wdone >= mine {
+		return nil
+	}
+	return cl.werr
 }
 
 // Do sends req and waits for its response. An error wrapping ErrNotSent
