@@ -311,6 +311,10 @@ func newSession(g *Gateway, c *websocket.Conn, user string) *session {
 		batch: c.Subprotocol() == protocol.SubprotocolBatch}
 }
 
+// writeTimeout bounds the writes of one wake-up of a connection's writer:
+// a peer that takes longer to read them is closed.
+const writeTimeout = 10 * time.Second
+
 // maxBatchBytes bounds one message of a batching connection (frames past
 // it go in the next message).
 const maxBatchBytes = 64 << 10
@@ -343,12 +347,19 @@ func (s *session) run(parent context.Context) {
 	wg.Add(1)
 	go func() { // writer
 		defer wg.Done()
+		// One deadline for what is queued at each wake-up (at most a
+		// buffer's worth): a timer re-armed per wake-up, not a context per
+		// write. When it fires the connection is done for, so one
+		// cancellable context serves the session's whole life.
+		wctx, wcancel := context.WithCancel(ctx)
+		defer wcancel()
+		deadline := time.AfterFunc(time.Hour, wcancel)
+		deadline.Stop()
+		defer deadline.Stop()
 		for {
 			select {
 			case b := <-s.out:
-				// One deadline for what is queued now (at most a buffer's
-				// worth), not a context per frame.
-				wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+				deadline.Reset(writeTimeout)
 				var err error
 				if s.batch {
 					err = s.writeBatch(wctx, b)
@@ -358,7 +369,7 @@ func (s *session) run(parent context.Context) {
 						err = s.c.Write(wctx, websocket.MessageText, <-s.out)
 					}
 				}
-				wcancel()
+				deadline.Stop()
 				if err != nil {
 					cancel()
 					return
