@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -455,4 +458,51 @@ func TestClientSurvivesWorkerKill(t *testing.T) {
 		}
 	}
 	log.check(t)
+}
+
+// runCLI runs `chatpipe client` with script on its standard input and
+// returns what it printed.
+func runCLI(t *testing.T, dev *devProc, user, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "client", "--user", user, "--endpoints", filepath.Join(dev.dir, "endpoints.json"))
+	cmd.Stdin = strings.NewReader(script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chatpipe client as %s: %v\n%s", user, err, out.String())
+	}
+	return out.String()
+}
+
+// `chatpipe client` finds the dev stack from endpoints.json, mints its
+// token, runs the commands and prints the events as they arrive.
+func TestClientCommandLine(t *testing.T) {
+	dev := startDev(t, t.TempDir())
+	out := runCLI(t, dev, "alice", "create cli-1 bob\nwait 2s\nsend cli-1   hello   there \nbogus\nwait 2s\nhistory cli-1\nquit\n")
+	t.Logf("alice:\n%s", out)
+	for _, want := range []string{
+		"accepted create cli-1 seq 1",
+		"accepted send to cli-1 seq 2",
+		"[cli-1 #1] alice created it with ",
+		"[cli-1 #2] alice: hello   there\n",
+		`error: unknown command "bogus"`,
+		"history cli-1: 2 events",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("alice's output lacks %q", want)
+		}
+	}
+	out = runCLI(t, dev, "bob", "wait 1s\nsend cli-1 hi alice\nwait 1s\nconvs\n")
+	t.Logf("bob:\n%s", out)
+	for _, want := range []string{
+		"[cli-1 #2] alice: hello   there\n", // from the sync at connect
+		"accepted send to cli-1 seq 3",
+		"cli-1 last_seq 3",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bob's output lacks %q", want)
+		}
+	}
 }
