@@ -9,7 +9,9 @@
 //   - after each (re)connect the client syncs from the cursors of its last
 //     complete `synced` reply, paging while the server says `more`;
 //   - `unavailable`, `rate_limited` and unanswered commands are retried,
-//     honouring `retry_after_ms`;
+//     honouring `retry_after_ms`; `unauthorized` (a token that expired on
+//     an open connection) makes the client dial again with a fresh token
+//     from its TokenSource and retry;
 //   - events are de-duplicated by (conversation_id, seq) and kept ordered
 //     by seq per conversation.
 //
@@ -317,10 +319,11 @@ func (c *Client) dial(ctx context.Context) (*websocket.Conn, error) {
 // Backoff is the full-jitter wait before reconnect attempt n:
 // random(0, min(max, base × 2^n)).
 func Backoff(n int, base, max time.Duration) time.Duration {
-	ceiling := max
-	if n < 40 && base<<n > 0 && base<<n < max {
-		ceiling = base << n
+	ceiling := base
+	for i := 0; i < n && ceiling < max; i++ {
+		ceiling *= 2
 	}
+	ceiling = min(ceiling, max)
 	if ceiling <= 0 {
 		return 0
 	}
@@ -598,11 +601,28 @@ func (c *Client) roundTrip(ctx context.Context, req protocol.Request, resend boo
 
 var errTimeout = errors.New("client: no answer in time")
 
+// maxRefreshes is how many times one command answered unauthorized makes
+// the client dial again with a fresh token before it gives up.
+const maxRefreshes = 2
+
+// redial drops the current connection so that the next one is dialled
+// with a token fresh from the TokenSource (the gateway answers
+// unauthorized once the connection's token has expired).
+func (c *Client) redial() {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn != nil {
+		conn.CloseNow()
+	}
+}
+
 // writeCmd is the retry loop of every write: the request is sent until
 // it gets an answer other than unavailable or rate_limited, with the same
 // client_message_id each time, waiting retry_after_ms (at least a jittered
 // backoff) between tries.
 func (c *Client) writeCmd(ctx context.Context, req protocol.Request) (*protocol.Reply, error) {
+	refreshes := 0
 	for attempt := 0; ; attempt++ {
 		f, err := c.roundTrip(ctx, req, true)
 		if errors.Is(err, errTimeout) {
@@ -618,6 +638,11 @@ func (c *Client) writeCmd(ctx context.Context, req protocol.Request) (*protocol.
 		}
 		if r.Op != protocol.OpRejected {
 			return nil, fmt.Errorf("client: %s answered with %q", req.Op, r.Op)
+		}
+		if r.Code == protocol.CodeUnauthorized && refreshes < maxRefreshes {
+			refreshes++
+			c.redial()
+			continue
 		}
 		if r.Code != protocol.CodeUnavailable && r.Code != protocol.CodeRateLimited {
 			return nil, fmt.Errorf("client: %s %s: %w", req.Op, req.ConversationID, &protocol.Error{Code: r.Code, Message: r.Message, RetryAfterMS: r.RetryAfterMS})
@@ -669,6 +694,7 @@ func (c *Client) Leave(ctx context.Context, conv string) (*protocol.Reply, error
 // read sends a read request (sync, history, conversations) until it gets
 // an answer other than unavailable or rate_limited.
 func (c *Client) read(ctx context.Context, req protocol.Request) (*frame, error) {
+	refreshes := 0
 	for attempt := 0; ; attempt++ {
 		f, err := c.roundTrip(ctx, req, true)
 		if errors.Is(err, errTimeout) {
@@ -679,6 +705,11 @@ func (c *Client) read(ctx context.Context, req protocol.Request) (*frame, error)
 		}
 		if f.Op != protocol.OpRejected {
 			return f, nil
+		}
+		if f.Code == protocol.CodeUnauthorized && refreshes < maxRefreshes {
+			refreshes++
+			c.redial()
+			continue
 		}
 		if f.Code != protocol.CodeUnavailable && f.Code != protocol.CodeRateLimited {
 			return nil, fmt.Errorf("client: %s: %w", req.Op, &protocol.Error{Code: f.Code, Message: f.Message, RetryAfterMS: f.RetryAfterMS})

@@ -337,6 +337,38 @@ func TestCloseEndsCalls(t *testing.T) {
 	}
 }
 
+// unauthorized on an open connection (its token expired) dials again with
+// a fresh token and sends the command again.
+func TestUnauthorizedRedials(t *testing.T) {
+	f := newFake(t)
+	f.hook = func(conn int, req *protocol.Request) string {
+		if conn == 0 && req.Op == protocol.OpSend {
+			return `{"op":"rejected","id":"` + req.ID + `","code":"unauthorized","message":"token expired"}`
+		}
+		return ""
+	}
+	var mu sync.Mutex
+	tokens := 0
+	ts := func(context.Context) (string, error) { mu.Lock(); tokens++; mu.Unlock(); return "tok-u1", nil }
+	c, err := Dial(testCtx(t), f.url(), ts, Options{BaseBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := testCtx(t)
+	if _, err := c.Create(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Send(ctx, "c1", "x"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if tokens < 2 || len(f.messages("c1")) != 1 {
+		t.Fatalf("%d tokens asked, %d messages stored", tokens, len(f.messages("c1")))
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	base, maxB := 250*time.Millisecond, 30*time.Second
 	for n := range 100 {
