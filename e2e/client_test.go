@@ -168,6 +168,9 @@ func (l *frameLog) check(t *testing.T) {
 		if err == nil {
 			if m, ok := v.(map[string]any); ok {
 				op, _ := m["op"].(string)
+				if code, ok := m["code"].(string); ok {
+					op += ":" + code
+				}
 				ops[op]++
 			}
 			err = sch.Validate(v)
@@ -295,6 +298,10 @@ func TestClientSendSurvivesDisconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "alice's view to hold the message", func() bool { return len(alice.Messages("cl-1")) == 2 })
+	list, err := alice.ListConversations(ctx, 10)
+	if err != nil || len(list) != 1 || list[0].ConversationID != "cl-1" || list[0].LastSeq != 2 {
+		t.Fatalf("conversations: %+v, %v", list, err)
+	}
 	log.check(t)
 }
 
@@ -432,6 +439,9 @@ func TestClientSurvivesWorkerKill(t *testing.T) {
 		}()
 	}
 	waitFor(t, 60*time.Second, "sends to flow", func() bool { mu.Lock(); defer mu.Unlock(); return sent > convs*perConv/4 })
+	mu.Lock()
+	t.Logf("killing wa after %d of %d sends", sent, convs*perConv)
+	mu.Unlock()
 	wa.kill9()
 	wg.Wait()
 	close(errs)
