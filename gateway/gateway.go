@@ -1,4 +1,4 @@
-// Package gateway serves the public websocket protocol (spec/websocket.md).
+// Package gateway serves the public websocket protocol (docs/protocol.md).
 // It authenticates the upgrade, validates every frame, and routes each write
 // command to the worker that owns the conversation's vshard — watching the
 // owner rows in etcd — over one persistent, pipelined connection per worker.

@@ -48,7 +48,7 @@ func ProfileNames() []string {
 	return out
 }
 
-// Default rate limits of the stack (spec/websocket.md): the sizing keeps
+// Default rate limits of the stack (docs/protocol.md): the sizing keeps
 // every user and conversation well under them.
 const (
 	DefaultUserRate = 20.0  // commands/s per user

@@ -1,4 +1,4 @@
-// Package protocol is the public websocket contract (spec/websocket.md): the
+// Package protocol is the public websocket contract (docs/protocol.md): the
 // client's requests, their validation, and the server's replies. It is pure:
 // decoding and validation only, no I/O.
 package protocol
@@ -46,7 +46,7 @@ const (
 // Code is a client-facing rejection code.
 type Code string
 
-// Rejection codes of spec/websocket.md.
+// Rejection codes of docs/protocol.md.
 const (
 	CodeBadRequest   Code = "bad_request"
 	CodeUnauthorized Code = "unauthorized"
@@ -82,7 +82,7 @@ type Limits struct {
 	MaxHistory    int // history page size clamp
 }
 
-// DefaultLimits are the limits of spec/websocket.md.
+// DefaultLimits are the limits of docs/protocol.md.
 func DefaultLimits() Limits {
 	return Limits{MaxFrameBytes: 64 << 10, MaxBodyBytes: 4 << 10, MaxIDBytes: 128, MaxMembers: 100, MaxHistory: 200}
 }
