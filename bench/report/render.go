@@ -357,12 +357,17 @@ func render(dir string) (string, error) {
 	b.WriteString("\n")
 
 	// Latency and throughput of every run.
-	b.WriteString("## Runs\n\n| run | load | sent / accepted | accepted/s (best second) | accepted p50 / p99 | delivery p50 / p99 | deliveries (loadgen) | status |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("## Runs\n\n| run | load | sent / accepted | accepted/s (best second) | accepted p50 / p99 | delivery p50 / p99 | deliveries (loadgen) | re-sends | status |\n|---|---|---|---|---|---|---|---|---|\n")
 	loads := map[string]string{"lat1000": "peak mix", "r3000": "peak mix", "saturation": "peak mix, above capacity", "one1": "1:1, one device", "hot": "one hot conversation"}
 	for _, r := range []runFig{lat, mid, sat, one, hot} {
-		fmt.Fprintf(&b, "| %s | %s, %.0f msg/s for %s, %d users × %d devices | %d / %d | %s (%d) | %.1f / %.1f ms | %.1f / %.1f ms | %d | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s, %.0f msg/s for %s, %d users × %d devices | %d / %d | %s (%d) | %.1f / %.1f ms | %.1f / %.1f ms | %d | %d | %s |\n",
 			r.name, loads[r.name], r.rep.Rate, r.rep.Duration, r.rep.Users, r.rep.Devices, r.rep.Sent, r.rep.Accepted, num(r.rep.AcceptedPerSec), r.rep.PeakPerSec,
-			r.rep.AcceptedLat.P50MS, r.rep.AcceptedLat.P99MS, r.rep.DeliveryLat.P50MS, r.rep.DeliveryLat.P99MS, r.rep.Deliveries, r.rep.Status)
+			r.rep.AcceptedLat.P50MS, r.rep.AcceptedLat.P99MS, r.rep.DeliveryLat.P50MS, r.rep.DeliveryLat.P99MS, r.rep.Deliveries, r.rep.Resends, r.rep.Status)
+	}
+	if sat.rep.Rate > 0 && sat.rep.AcceptedPerSec >= 0.95*sat.rep.Rate {
+		fmt.Fprintf(&b, "\n**The saturation run did not saturate**: %s accepted/s of %.0f offered, so its figure is a floor of the capacity, not the capacity; run again with a higher BENCH_SAT_RATE.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
+	} else if sat.rep.Rate > 0 {
+		fmt.Fprintf(&b, "\nThe saturation run saturated: %s accepted/s of %.0f offered.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	}
 	b.WriteString("\n")
 
