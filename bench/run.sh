@@ -344,6 +344,7 @@ if [ "$SWEEP" = 1 ]; then
       d=$W/$name
       rm -rf "$d"; mkdir -p "$d"
       NAMES=() PPIDS=() ADMINS=() PM=
+      echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 8 --admin 127.0.0.1:0" >> "$R/commands.txt"
       "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 8 --admin 127.0.0.1:0 --log-level info > "$d/kafka.out" 2> "$d/kafka.log" &
       PIDS+=($!); kpid=$!
       KAFKA=$(wait_for "$d/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')

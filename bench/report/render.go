@@ -238,7 +238,7 @@ func render(dir string) (string, error) {
 	profRunName := strings.Fields(string(profRun) + " r3000")[0]
 
 	fmt.Fprintf(&b, "# chatpipe benchmarks\n\nProduced by `bench/run.sh` on one machine in one run; do not edit by hand: run the script again. The roles run as separate processes — `chatpipe gateway`, `chatpipe worker` ×2 (w1, w2), `chatpipe persist`, `chatpipe projection` — beside the broker (`chatpipe kafka`), `chatpipe dev` hosting etcd and Postgres (its own roles off), and `chatpipe loadgen`, all sharing the machine's cores. The stack is warmed up (5 s at 300 msg/s) and ANALYZEd before it is measured.\n\n")
-	fmt.Fprintf(&b, "CPU is read per process from /proc (utime + stime) over each run's send window: from the start of loadgen's send phase until its last answer is in (send + drain; connect, conversation setup and the final device sync are not counted). **chatpipe** is gateway + w1 + w2 + persist + projection; it does not include dev (etcd), the broker or Postgres, which are shown apart. µs per message are over `accepted` messages; the gateway's µs per delivered event are over the event frames it queued to devices in the same window (`chatpipe_delivery_frames_total`), its whole CPU (accepting included) divided by them.\n\n")
+	fmt.Fprintf(&b, "CPU is read per process from /proc (utime + stime) over each run's send window: from the start of loadgen's send phase until its last answer is in (send + drain; connect, conversation setup and the final device sync are not counted). **chatpipe** is gateway + w1 + w2 + persist + projection; it does not include dev (etcd, and the delivery feed of dev's own idle gateway), the broker or Postgres, which are shown apart. µs per message are over `accepted` messages; the gateway's µs per delivered event are over the event frames it queued to devices in the same window (`chatpipe_delivery_frames_total`), its whole CPU (accepting included) divided by them.\n\n")
 	fmt.Fprintf(&b, "## Machine\n\n```\n%s```\n\n", machine)
 
 	// The goal (issue 17).
@@ -414,14 +414,19 @@ func render(dir string) (string, error) {
 	b.WriteString("## Other figures\n\n")
 	hotD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "hot.send"), filepath.Join(dir, "metrics", "hot.end"))
 	satD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "saturation.send"), filepath.Join(dir, "metrics", "saturation.end"))
-	oneProducer := bench["TxnProduce/producers=1/batch=100/partitions=one"]["records/s"]
-	oneTxn := bench["TxnProduce/producers=1/batch=1/partitions=one"]["txn/s"]
+	oneProducer, oneTxnMS := math.NaN(), math.NaN()
+	if v, ok := bench["TxnProduce/producers=1/batch=100/partitions=one"]["records/s"]; ok {
+		oneProducer = v
+	}
+	if v, ok := bench["TxnProduce/producers=1/batch=1/partitions=one"]["txn/s"]; ok && v > 0 {
+		oneTxnMS = 1000 / v
+	}
 	fmt.Fprintf(&b, "- Saturation: %.1f events per Kafka transaction.\n", satD.eventsPerTxn())
 	fmt.Fprintf(&b, "- One hot conversation (20 members, offered %.0f msg/s): %s msg/s (best second %d), p99 %.1f ms, %.1f events per transaction; one transactional producer at 100 records per transaction: %s records/s.\n",
 		hot.rep.Rate, num(hot.rep.AcceptedPerSec), hot.rep.PeakPerSec, hot.rep.AcceptedLat.P99MS, hotD.eventsPerTxn(), num(oneProducer))
 	if tk := takeovers(filepath.Join(dir, "takeover.log")); len(tk) > 0 {
 		fmt.Fprintf(&b, "- Takeover, claim → accepting, a joining worker taking %d vshards by hand-off: p50 %v, max %v (one bare transaction: %s ms).\n",
-			len(tk), tk[len(tk)/2].Round(time.Millisecond), tk[len(tk)-1].Round(time.Millisecond), num(1000/oneTxn))
+			len(tk), tk[len(tk)/2].Round(time.Millisecond), tk[len(tk)-1].Round(time.Millisecond), num(oneTxnMS))
 	} else {
 		b.WriteString("- Takeover: not measured (no takeover in the worker's log).\n")
 	}
@@ -463,7 +468,15 @@ func render(dir string) (string, error) {
 
 	b.WriteString("## `chatpipe check` of every run\n\n| run | result |\n|---|---|\n")
 	var failed []string
-	for _, run := range []string{"lat1000", "r3000", "saturation", "one1", "hot"} {
+	checked := []string{"lat1000", "r3000", "saturation", "one1", "hot"}
+	if sweep, err := os.ReadFile(filepath.Join(dir, "sweep.txt")); err == nil {
+		for _, line := range strings.Split(strings.TrimSpace(string(sweep)), "\n") {
+			if f := strings.Fields(line); len(f) == 3 {
+				checked = append(checked, f[2])
+			}
+		}
+	}
+	for _, run := range checked {
 		rc, err := os.ReadFile(filepath.Join(dir, "check-"+run+".rc"))
 		res := "not run"
 		if err == nil {
