@@ -368,6 +368,7 @@ if [ "$SWEEP" = 1 ]; then
   done
 fi
 
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$R/machine.txt"
 go run ./bench/report -dir "$R" -out "$OUT"
 # The soak (bench/soak.sh, 30 minutes) is not run here: its last result is
 # kept in bench/soak/soak.md and appended as it stands.

@@ -280,7 +280,7 @@ func render(dir string) (string, error) {
 			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs (loadgen is not profiled here)", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen")))},
 		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
 			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
-			why:    fmt.Sprintf("CPU-bound: every process together kept %s of %.0f cores busy; at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
+			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
 		{figure: "`accepted` latency p99 at 1,000 msg/s", measured: lat.rep.AcceptedLat.P99MS, unit: "ms", target: 10, atMost: true,
 			why: fmt.Sprintf("p50 %.1f ms; every process together kept %s of %.0f cores busy, chatpipe %s", lat.rep.AcceptedLat.P50MS, num(lat.cores()), nproc, num(lat.cores(chatpipeRoles...)))},
 		{figure: "delivery latency p99 at 1,000 msg/s (send due → `event` at a member's device)", measured: lat.rep.DeliveryLat.P99MS, unit: "ms", target: 50, atMost: true,
