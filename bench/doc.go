@@ -1,9 +1,13 @@
 // Package bench measures the ceilings of chatpipe's bare parts on this
 // machine, for BENCHMARKS.md: transactional produce into the broker
 // (BenchmarkTxnProduce) and bulk insert into the events schema through
-// persist's own write path (BenchmarkPersistWrite). bench/run.sh runs them
-// beside chatpipe end to end in one go, against the same broker and the
-// same Postgres, and bench/report writes BENCHMARKS.md.
+// persist's own write path (BenchmarkPersistWrite). bench/ceiling measures
+// the bare pipeline end to end (transactional producers → broker →
+// persist's read_committed consumer → Postgres). bench/run.sh runs them
+// beside chatpipe end to end in one go — its roles as separate processes,
+// CPU per message per process and a CPU profile of every role — against
+// the same broker and the same Postgres, and bench/report writes
+// BENCHMARKS.md with the goal table of issue 17.
 //
 // Without BENCH_KAFKA the produce benchmarks start an in-process kfake
 // broker; without BENCH_PG the Postgres benchmark is skipped. Nothing here
