@@ -59,9 +59,9 @@ func exportedMetrics(t *testing.T, url string) map[string]bool {
 var (
 	promqlString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 	promqlMatchers = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]`)
-	// The metric families the kit refers to: chatpipe's own and the Go and
-	// process collectors every role registers.
-	promqlMetric = regexp.MustCompile(`\b(?:chatpipe|go|process)_[a-zA-Z0-9_]*`)
+	// The metric families the kit refers to: chatpipe's own, the Go and
+	// process collectors every role registers, and Prometheus' own `up`.
+	promqlMetric = regexp.MustCompile(`\b(?:(?:chatpipe|go|process)_[a-zA-Z0-9_]*|up)\b`)
 )
 
 // metricNames returns the metric names an expression refers to (leaving
@@ -145,6 +145,7 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	if !have["chatpipe_worker_owned_shards"] || !have["go_goroutines"] {
 		t.Fatalf("the dev stack's /metrics lacks the worker's or Go's metrics: %v", have)
 	}
+	have["up"] = true // written by Prometheus for every target it scrapes
 
 	check := func(where, expr string) {
 		t.Helper()
