@@ -94,6 +94,15 @@ func TestComposeSmoke(t *testing.T) {
 		t.Fatalf("compose file: etcd services %v, chatpipe services %v", etcds, chatpipes)
 	}
 
+	// Every variable given to a chatpipe service must be read, before
+	// anything starts.
+	for _, name := range append([]string{"init"}, chatpipes...) {
+		s.checkEnv(name, c.Services[name])
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	// etcd members, all at once (each waits for the others' peers).
 	for _, name := range etcds {
 		svc := c.Services[name]
@@ -126,13 +135,11 @@ func TestComposeSmoke(t *testing.T) {
 	if !ok {
 		t.Fatal("compose file has no init service")
 	}
-	s.checkEnv("init", initSvc)
 	if out, err := s.runToCompletion("init", s.rewriteAll("init", initSvc.Command, initSvc.Volumes), s.env("init", initSvc.Environment), 2*time.Minute); err != nil {
 		t.Fatalf("init: %v\n%s", err, out)
 	}
 	for _, name := range chatpipes {
 		svc := c.Services[name]
-		s.checkEnv(name, svc)
 		for r := 0; r < svc.replicas(); r++ {
 			inst := s.instance(name, r)
 			s.start(inst, binary, s.rewriteAll(inst, svc.Command, svc.Volumes), s.env(inst, svc.Environment), nil)
