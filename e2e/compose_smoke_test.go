@@ -3,11 +3,13 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -229,6 +231,203 @@ func TestComposeSmoke(t *testing.T) {
 		t.Fatalf("check: %v\n%s", err, out)
 	}
 	t.Logf("chatpipe check:\n%s", out)
+
+	// The compose file's Prometheus, on this stack.
+	if prom, err := exec.LookPath("prometheus"); err != nil {
+		t.Log("prometheus is not installed (Debian: prometheus): its part of the smoke test skipped")
+	} else {
+		s.checkPrometheus(prom, vshards)
+	}
+}
+
+// checkPrometheus runs Prometheus with the compose service's flags and
+// deploy/prometheus/prometheus.yml — its targets mapped like everything
+// else, the worker replicas (found through DNS in compose) listed, and a
+// 1 s scrape interval to be quick — and checks that it scrapes every
+// target, that no alert is pending or firing on a healthy stack, and that
+// every query of the dashboard returns data.
+func (s *smokeStack) checkPrometheus(bin, vshards string) {
+	t := s.t
+	svc, ok := s.c.Services["prometheus"]
+	if !ok {
+		t.Fatal("compose file has no prometheus service")
+	}
+	var cfg map[string]any
+	readYAML(t, promConfigPath, &cfg)
+	cfg["global"] = map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"}
+	var rules []any
+	for _, r := range cfg["rule_files"].([]any) {
+		abs, err := filepath.Abs(filepath.Join(filepath.Dir(promConfigPath), fmt.Sprint(r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules = append(rules, abs)
+	}
+	cfg["rule_files"] = rules
+	jobs := map[string]bool{}
+	for _, sc := range cfg["scrape_configs"].([]any) {
+		sc := sc.(map[string]any)
+		jobs[fmt.Sprint(sc["job_name"])] = true
+		var targets []any
+		if st, ok := sc["static_configs"].([]any); ok {
+			for _, g := range st {
+				for _, tg := range g.(map[string]any)["targets"].([]any) {
+					targets = append(targets, s.rewrite("prometheus", fmt.Sprint(tg)))
+				}
+			}
+		}
+		if dns, ok := sc["dns_sd_configs"].([]any); ok {
+			for _, d := range dns {
+				d := d.(map[string]any)
+				for _, n := range d["names"].([]any) {
+					name := fmt.Sprint(n)
+					if _, ok := s.c.Services[name]; !ok {
+						t.Fatalf("prometheus.yml: dns_sd name %q is not a service", name)
+					}
+					for r := 0; r < s.c.Services[name].replicas(); r++ {
+						targets = append(targets, fmt.Sprintf("%s:%v", s.ips[s.instance(name, r)], d["port"]))
+					}
+				}
+			}
+			delete(sc, "dns_sd_configs")
+		}
+		sc["static_configs"] = []any{map[string]any{"targets": targets}}
+	}
+	dir := filepath.Join(s.root, "prometheus")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen := s.ips["prometheus"] + ":9090"
+	var args []string
+	for _, a := range svc.Command {
+		k, _, _ := strings.Cut(a, "=")
+		switch k {
+		case "--config.file":
+			a = k + "=" + cfgPath
+		case "--storage.tsdb.path":
+			a = k + "=" + filepath.Join(dir, "data")
+		case "--web.listen-address":
+			t.Fatalf("prometheus: the compose file sets %s; the test sets it", a)
+		}
+		args = append(args, a)
+	}
+	s.start("prometheus", bin, append(args, "--web.listen-address="+listen), nil, nil)
+	api := "http://" + listen
+	s.waitHealthy("prometheus", func() error { return httpOK(api + "/-/ready") })
+
+	query := func(path string, into any) error {
+		resp, err := http.Get(api + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s %s", path, resp.Status, b)
+		}
+		return json.Unmarshal(b, into)
+	}
+	var down []string
+	waitFor(t, time.Minute, "Prometheus to scrape every target", func() bool {
+		var r struct {
+			Data struct {
+				ActiveTargets []struct {
+					ScrapeURL string `json:"scrapeUrl"`
+					Health    string `json:"health"`
+					LastError string `json:"lastError"`
+					Labels    struct {
+						Job string `json:"job"`
+					} `json:"labels"`
+				} `json:"activeTargets"`
+			} `json:"data"`
+		}
+		if err := query("/api/v1/targets", &r); err != nil {
+			t.Fatal(err)
+		}
+		down = nil
+		seen := map[string]bool{}
+		for _, tg := range r.Data.ActiveTargets {
+			seen[tg.Labels.Job] = true
+			if tg.Health != "up" {
+				down = append(down, fmt.Sprintf("%s %s: %s %s", tg.Labels.Job, tg.ScrapeURL, tg.Health, tg.LastError))
+			}
+		}
+		return len(down) == 0 && len(seen) == len(jobs)
+	})
+	// A few evaluations of the rules on a full set of samples.
+	time.Sleep(5 * time.Second)
+	var alerts struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := query("/api/v1/alerts", &alerts); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range alerts.Data.Alerts {
+		t.Errorf("healthy stack, yet alert %s is %s: %v", a.Labels["alertname"], a.State, a.Labels)
+	}
+	var rulesResp struct {
+		Data struct {
+			Groups []struct {
+				Rules []struct {
+					Name      string `json:"name"`
+					Health    string `json:"health"`
+					LastError string `json:"lastError"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	if err := query("/api/v1/rules", &rulesResp); err != nil {
+		t.Fatal(err)
+	}
+	nrules := 0
+	for _, g := range rulesResp.Data.Groups {
+		for _, r := range g.Rules {
+			nrules++
+			if r.Health != "ok" {
+				t.Errorf("rule %s: %s %s", r.Name, r.Health, r.LastError)
+			}
+		}
+	}
+	if nrules == 0 {
+		t.Error("Prometheus loaded no rules")
+	}
+
+	// Every dashboard query, with Grafana's variables filled in.
+	d := readDashboard(t)
+	var walk func([]dashPanel)
+	walk = func(ps []dashPanel) {
+		for _, pn := range ps {
+			walk(pn.Panels)
+			for _, tg := range pn.Targets {
+				e := strings.NewReplacer("$__rate_interval", "1m", "$__range", "5m", "$vshards", vshards).Replace(tg.Expr)
+				var r struct {
+					Data struct {
+						Result []json.RawMessage `json:"result"`
+					} `json:"data"`
+				}
+				if err := query("/api/v1/query?query="+url.QueryEscape(e), &r); err != nil {
+					t.Errorf("dashboard panel %q: %v", pn.Title, err)
+				} else if len(r.Data.Result) == 0 {
+					t.Errorf("dashboard panel %q: no data on the compose stack for %s", pn.Title, e)
+				}
+			}
+		}
+	}
+	walk(d.Panels)
+	t.Logf("Prometheus scraped %d jobs, %d rules loaded, no alert active", len(jobs), nrules)
 }
 
 // interpolate does compose's variable substitution: ${NAME}, ${NAME:-default}
