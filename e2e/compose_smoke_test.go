@@ -336,7 +336,7 @@ func (s *smokeStack) checkPrometheus(bin, vshards string) {
 		return json.Unmarshal(b, into)
 	}
 	var down []string
-	waitFor(t, time.Minute, "Prometheus to scrape every target", func() bool {
+	scrapedAll := func() bool {
 		var r struct {
 			Data struct {
 				ActiveTargets []struct {
@@ -360,8 +360,16 @@ func (s *smokeStack) checkPrometheus(bin, vshards string) {
 				down = append(down, fmt.Sprintf("%s %s: %s %s", tg.Labels.Job, tg.ScrapeURL, tg.Health, tg.LastError))
 			}
 		}
-		return len(down) == 0 && len(seen) == len(jobs)
-	})
+		if len(seen) != len(jobs) {
+			down = append(down, fmt.Sprintf("jobs with targets %v of %v", seen, jobs))
+		}
+		return len(down) == 0
+	}
+	for deadline := time.Now().Add(time.Minute); !scrapedAll(); time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Prometheus does not scrape every target after a minute: %v", down)
+		}
+	}
 	// A few evaluations of the rules on a full set of samples.
 	time.Sleep(5 * time.Second)
 	var alerts struct {
