@@ -1,0 +1,358 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// The operator's kit under deploy/: the Grafana dashboard, the Prometheus
+// alert rules and scrape config, and the compose file that runs them.
+const (
+	dashboardPath   = "../deploy/grafana/chatpipe.json"
+	datasourcePath  = "../deploy/grafana/provisioning/datasources/prometheus.yml"
+	alertsPath      = "../deploy/prometheus/alerts.yml"
+	promConfigPath  = "../deploy/prometheus/prometheus.yml"
+	composeFilePath = "../deploy/docker-compose/docker-compose.yml"
+)
+
+// exportedMetrics returns the names a /metrics page offers, with a
+// histogram's _bucket, _sum and _count series and a summary's _sum and
+// _count.
+func exportedMetrics(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("metrics %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	names := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" {
+			continue
+		}
+		names[f[2]] = true
+		switch f[3] {
+		case "histogram":
+			names[f[2]+"_bucket"], names[f[2]+"_sum"], names[f[2]+"_count"] = true, true, true
+		case "summary":
+			names[f[2]+"_sum"], names[f[2]+"_count"] = true, true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+var (
+	promqlString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	promqlMatchers = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]`)
+	// The metric families the kit refers to: chatpipe's own, the Go and
+	// process collectors every role registers, and Prometheus' own `up`.
+	promqlMetric = regexp.MustCompile(`\b(?:(?:chatpipe|go|process)_[a-zA-Z0-9_]*|up)\b`)
+)
+
+// metricNames returns the metric names an expression refers to (leaving
+// out label values, label matchers and ranges).
+func metricNames(expr string) []string {
+	e := promqlString.ReplaceAllString(expr, `""`)
+	e = promqlMatchers.ReplaceAllString(e, "")
+	return promqlMetric.FindAllString(e, -1)
+}
+
+type dashPanel struct {
+	ID         int         `json:"id"`
+	Type       string      `json:"type"`
+	Title      string      `json:"title"`
+	Datasource *dashSource `json:"datasource"`
+	Targets    []struct {
+		Expr       string      `json:"expr"`
+		Datasource *dashSource `json:"datasource"`
+	} `json:"targets"`
+	Panels []dashPanel `json:"panels"`
+}
+
+type dashSource struct {
+	Type string `json:"type"`
+	UID  string `json:"uid"`
+}
+
+type dashboard struct {
+	UID        string      `json:"uid"`
+	Panels     []dashPanel `json:"panels"`
+	Templating struct {
+		List []struct {
+			Name  string `json:"name"`
+			Query string `json:"query"`
+		} `json:"list"`
+	} `json:"templating"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	b, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", dashboardPath, err)
+	}
+	return d
+}
+
+type alertRules struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Alert string `json:"alert"`
+			Expr  string `json:"expr"`
+		} `json:"rules"`
+	} `json:"groups"`
+}
+
+func readYAML(t *testing.T, path string, into any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, into); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// TestDashboardAndAlertsUseExportedMetrics: every metric name in the
+// dashboard's queries and the alert rules is one the code exports, read
+// off a running stack's /metrics (all roles in one process), so a renamed
+// or invented metric fails here instead of showing an empty panel or an
+// alert that can never fire.
+func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
+	p := startDev(t, t.TempDir())
+	have := exportedMetrics(t, p.ep.Admin+"/metrics")
+	if !have["chatpipe_worker_owned_shards"] || !have["go_goroutines"] {
+		t.Fatalf("the dev stack's /metrics lacks the worker's or Go's metrics: %v", have)
+	}
+	have["up"] = true // written by Prometheus for every target it scrapes
+
+	check := func(where, expr string) {
+		t.Helper()
+		names := metricNames(expr)
+		if len(names) == 0 {
+			t.Errorf("%s: no metric name in %q", where, expr)
+		}
+		for _, n := range names {
+			if !have[n] {
+				t.Errorf("%s: %s is not exported by chatpipe (expr %q)", where, n, expr)
+			}
+		}
+	}
+
+	d := readDashboard(t)
+	var ds struct {
+		Datasources []struct {
+			UID string `json:"uid"`
+		} `json:"datasources"`
+	}
+	readYAML(t, datasourcePath, &ds)
+	if len(ds.Datasources) != 1 {
+		t.Fatalf("%s: want one data source, have %d", datasourcePath, len(ds.Datasources))
+	}
+	uid := ds.Datasources[0].UID
+	ids := map[int]bool{}
+	queries := 0
+	var walk func([]dashPanel)
+	walk = func(ps []dashPanel) {
+		for _, pn := range ps {
+			if ids[pn.ID] {
+				t.Errorf("dashboard: panel id %d used twice", pn.ID)
+			}
+			ids[pn.ID] = true
+			walk(pn.Panels)
+			if pn.Type == "row" {
+				continue
+			}
+			if pn.Datasource == nil || pn.Datasource.UID != uid {
+				t.Errorf("dashboard panel %q: data source %+v, want uid %q (provisioned)", pn.Title, pn.Datasource, uid)
+			}
+			if len(pn.Targets) == 0 {
+				t.Errorf("dashboard panel %q has no query", pn.Title)
+			}
+			for _, tg := range pn.Targets {
+				queries++
+				if tg.Datasource != nil && tg.Datasource.UID != uid {
+					t.Errorf("dashboard panel %q: query data source %q, want %q", pn.Title, tg.Datasource.UID, uid)
+				}
+				check(fmt.Sprintf("dashboard panel %q", pn.Title), tg.Expr)
+			}
+		}
+	}
+	walk(d.Panels)
+	if queries < 10 {
+		t.Errorf("dashboard: only %d queries", queries)
+	}
+
+	var rules alertRules
+	readYAML(t, alertsPath, &rules)
+	alerts := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			alerts++
+			check("alert "+r.Alert, r.Expr)
+		}
+	}
+	if alerts == 0 {
+		t.Fatalf("%s: no rules", alertsPath)
+	}
+}
+
+// composeFile is the part of the compose file the kit's checks read.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string         `json:"image"`
+		Command     []string       `json:"command"`
+		Environment map[string]any `json:"environment"`
+		Healthcheck *struct {
+			Test []string `json:"test"`
+		} `json:"healthcheck"`
+		Volumes []string `json:"volumes"`
+	} `json:"services"`
+}
+
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	readYAML(t, composeFilePath, &c)
+	if len(c.Services) == 0 {
+		t.Fatalf("%s: no services", composeFilePath)
+	}
+	return c
+}
+
+// flagValue returns the value of --name in args ("--name v" or
+// "--name=v"), and whether it is there.
+func flagValue(args []string, name string) (string, bool) {
+	for i, a := range args {
+		switch {
+		case a == "--"+name || a == "-"+name:
+			if i+1 < len(args) {
+				return args[i+1], true
+			}
+		case strings.HasPrefix(a, "--"+name+"="):
+			return strings.TrimPrefix(a, "--"+name+"="), true
+		}
+	}
+	return "", false
+}
+
+// TestComposePrometheusScrapesEveryRole: every chatpipe role of the
+// compose file has an --admin address, and the compose file's Prometheus
+// scrapes exactly that service and port; the vshard count the alert and
+// the dashboard compare with is the one the compose file's init writes.
+func TestComposePrometheusScrapesEveryRole(t *testing.T) {
+	c := readCompose(t)
+	var prom struct {
+		ScrapeConfigs []struct {
+			JobName       string `json:"job_name"`
+			StaticConfigs []struct {
+				Targets []string `json:"targets"`
+			} `json:"static_configs"`
+			DNSSDConfigs []struct {
+				Names []string `json:"names"`
+				Type  string   `json:"type"`
+				Port  int      `json:"port"`
+			} `json:"dns_sd_configs"`
+		} `json:"scrape_configs"`
+	}
+	readYAML(t, promConfigPath, &prom)
+	scraped := map[string]string{} // host:port -> job
+	for _, sc := range prom.ScrapeConfigs {
+		for _, s := range sc.StaticConfigs {
+			for _, tg := range s.Targets {
+				scraped[tg] = sc.JobName
+			}
+		}
+		for _, d := range sc.DNSSDConfigs {
+			for _, n := range d.Names {
+				scraped[fmt.Sprintf("%s:%d", n, d.Port)] = sc.JobName
+			}
+		}
+	}
+	roles := map[string]bool{"gateway": true, "worker": true, "persist": true, "projection": true}
+	seen := 0
+	for name, s := range c.Services {
+		if len(s.Command) == 0 || !roles[s.Command[0]] {
+			continue
+		}
+		seen++
+		admin, ok := flagValue(s.Command, "admin")
+		if !ok {
+			t.Errorf("compose service %s (%s) has no --admin address: its metrics are on a random loopback port", name, s.Command[0])
+			continue
+		}
+		port := admin[strings.LastIndex(admin, ":")+1:]
+		target := name + ":" + port
+		if job, ok := scraped[target]; !ok {
+			t.Errorf("compose service %s serves /metrics on %s, which prometheus.yml does not scrape (it scrapes %v)", name, admin, scraped)
+		} else if job != s.Command[0] {
+			t.Errorf("prometheus.yml scrapes %s as job %q; the dashboard groups by the role name %q", target, job, s.Command[0])
+		}
+	}
+	if seen != len(roles) {
+		t.Errorf("compose file runs %d of the %d roles", seen, len(roles))
+	}
+
+	// The vshard count.
+	vshards, ok := flagValue(c.Services["init"].Command, "vshards")
+	if !ok {
+		t.Fatal("compose init has no --vshards")
+	}
+	var rules alertRules
+	readYAML(t, alertsPath, &rules)
+	found := false
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "ChatpipeVShardWithoutLiveOwner" {
+				found = true
+				if !strings.Contains(r.Expr, "< "+vshards+" ") {
+					t.Errorf("ChatpipeVShardWithoutLiveOwner compares with another count than the compose init's --vshards %s: %q", vshards, r.Expr)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no ChatpipeVShardWithoutLiveOwner alert")
+	}
+	d := readDashboard(t)
+	for _, v := range d.Templating.List {
+		if v.Name == "vshards" && v.Query != vshards {
+			t.Errorf("dashboard variable vshards is %s, the compose init's --vshards %s", v.Query, vshards)
+		}
+	}
+
+	// Every long-running service has a healthcheck, except chatpipe's
+	// distroless image, which has nothing to run one with.
+	var missing []string
+	for name, s := range c.Services {
+		if s.Healthcheck != nil || name == "topic" || name == "init" || s.Image == "chatpipe:local" {
+			continue
+		}
+		missing = append(missing, name)
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("compose services without a healthcheck: %v", missing)
+	}
+}
