@@ -213,13 +213,10 @@ func TestComposeSmoke(t *testing.T) {
 		t.Fatalf("init has no %s", k)
 		return ""
 	}
-	// `chatpipe check` opens a single connection (pgx.Connect), which would
-	// send the pool's pool_max_conns to the server as a runtime parameter
-	// and be refused: it gets the URL without the pool's settings.
-	dbURL := regexp.MustCompile(`[?&]pool_[a-z_]+=[^&]*`).ReplaceAllString(getEnv("CHATPIPE_DATABASE_URL"), "")
-	if !strings.Contains(dbURL, "?") {
-		dbURL = strings.Replace(dbURL, "&", "?", 1)
-	}
+	// The compose URL as it is, pool settings included: `chatpipe check`
+	// opens one connection from it and must not send pool_max_conns to
+	// the server.
+	dbURL := getEnv("CHATPIPE_DATABASE_URL")
 	runs := filepath.Join(root, "runs")
 	if out, err := s.runToCompletion("loadgen", []string{"loadgen", "--ws", gatewayWS, "--jwt-secret", secret,
 		"--kafka", getEnv("CHATPIPE_KAFKA"), "--database-url", dbURL,

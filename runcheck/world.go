@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -52,7 +53,13 @@ func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, cfg.Stack.Postgres)
+	// A pool's URL (pool_max_conns=…) is accepted: pgxpool reads its own
+	// settings and leaves the connection's, which one connection uses.
+	pcfg, err := pgxpool.ParseConfig(cfg.Stack.Postgres)
+	if err != nil {
+		return nil, fmt.Errorf("runcheck: postgres url: %w", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 	if err != nil {
 		return nil, fmt.Errorf("runcheck: connect postgres: %w", err)
 	}
