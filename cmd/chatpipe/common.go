@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -54,8 +55,17 @@ func splitList(s string) []string {
 	return out
 }
 
-func dialEtcd(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx)})
+// dialEtcd connects to etcd, with the TLS of sec's --etcd-tls-* flags (sec
+// may be nil: plaintext).
+func dialEtcd(ctx context.Context, endpoints []string, sec *secFlags) (*clientv3.Client, error) {
+	var tc *tls.Config
+	if sec != nil {
+		var err error
+		if tc, err = sec.etcdTLS(); err != nil {
+			return nil, err
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx), TLS: tc})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
@@ -86,8 +96,8 @@ func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // etcdConfig dials etcd and returns the deployment's config: want is
 // written if etcd has none (a complete one only) and must agree otherwise;
 // a zero want adopts etcd's.
-func etcdConfig(ctx context.Context, endpoints string, want lease.Config) (*clientv3.Client, lease.Config, error) {
-	cli, err := dialEtcd(ctx, splitList(endpoints))
+func etcdConfig(ctx context.Context, endpoints string, sec *secFlags, want lease.Config) (*clientv3.Client, lease.Config, error) {
+	cli, err := dialEtcd(ctx, splitList(endpoints), sec)
 	if err != nil {
 		return nil, lease.Config{}, err
 	}
