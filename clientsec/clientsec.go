@@ -284,3 +284,40 @@ func IsAuthError(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "tls:") || strings.Contains(s, "x509:") || strings.Contains(s, "SASL")
 }
+
+// ProbeTLS makes one TLS connection to addr (host:port) with c and reads
+// briefly, so that a server that refuses the client's certificate (TLS 1.3
+// says so only after the handshake) is seen. It returns an error for a
+// refused or failed handshake; an address that cannot be dialed, or a
+// server that just waits for the client to speak, is no error.
+func ProbeTLS(ctx context.Context, addr string, c *tls.Config) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("tls probe: %w", err)
+	}
+	c = c.Clone()
+	if c.ServerName == "" {
+		c.ServerName = host
+	}
+	d := net.Dialer{Timeout: 5 * time.Second}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil
+	}
+	defer raw.Close()
+	conn := tls.Client(raw, c)
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := conn.HandshakeContext(ctx); err != nil {
+		return fmt.Errorf("tls handshake with %s: %w", addr, err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	_, err = conn.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		return nil
+	}
+	if IsAuthError(err) {
+		return fmt.Errorf("tls with %s: %w", addr, err)
+	}
+	return nil
+}

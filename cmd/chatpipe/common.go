@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/clientsec"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/schema"
 )
@@ -69,7 +72,33 @@ func dialEtcd(ctx context.Context, endpoints []string, sec *secFlags) (*clientv3
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
+	if tc != nil {
+		if err := probeEtcd(ctx, tc, endpoints); err != nil {
+			cli.Close()
+			return nil, err
+		}
+	}
 	return cli, nil
+}
+
+// probeEtcd makes one TLS connection to each etcd member. It fails when
+// every member refuses the handshake (an untrusted certificate, or no
+// client certificate where one is wanted); members that cannot be reached
+// at all are waited for later, as without TLS.
+func probeEtcd(ctx context.Context, tc *tls.Config, endpoints []string) error {
+	var errs []error
+	for _, ep := range endpoints {
+		addr := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			addr = u.Host
+		}
+		err := clientsec.ProbeTLS(ctx, addr, tc)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("etcd refused this client's TLS (check --etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key): %w", errors.Join(errs...))
 }
 
 func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
