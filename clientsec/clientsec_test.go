@@ -46,9 +46,6 @@ func broker(t *testing.T) (addr string, certs devstack.Certs, dir string) {
 	admin := kafkaOpts(t, certs, dir, "admin")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, topic, 2, admin...); err != nil {
-		t.Fatal(err)
-	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(k.Addr())}, admin...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +67,10 @@ func broker(t *testing.T) (addr string, certs devstack.Certs, dir string) {
 				}
 			}
 		}
+	}
+	// init creates the topic with its own user.
+	if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, topic, 2, kafkaOpts(t, certs, dir, clientsec.RoleInit)...); err != nil {
+		t.Fatalf("init creates the topic: %v", err)
 	}
 	return k.Addr(), certs, dir
 }
@@ -158,6 +159,23 @@ func TestRoleACLs(t *testing.T) {
 		t.Cleanup(cl.Close)
 		return cl
 	}
+	// init may check the topic as admin check-config does; the gateway may
+	// read its end offsets for the ops page.
+	if _, err := devstack.DescribeTopic(ctx, []string{addr}, topic, kafkaOpts(t, certs, dir, clientsec.RoleInit)...); err != nil {
+		t.Fatalf("init describes the topic: %v", err)
+	}
+	ends, err := kadm.NewClient(client(clientsec.RoleGateway)).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("gateway lists end offsets: %v", err)
+	}
+	// The gateway cannot create topics.
+	if err := devstack.EnsureTopic(ctx, []string{addr}, "other", 1, kafkaOpts(t, certs, dir, clientsec.RoleGateway)...); !errors.Is(err, kerr.TopicAuthorizationFailed) &&
+		!errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		t.Fatalf("gateway creates a topic: %v, want an authorization failure", err)
+	}
 	// The worker commits a transaction with its transactional id.
 	w := client(clientsec.RoleWorker, kgo.TransactionalID(clientsec.TransactionalIDPrefix+"0"), kgo.DefaultProduceTopic(topic))
 	if err := w.BeginTransaction(); err != nil {
@@ -202,6 +220,24 @@ func TestRoleACLs(t *testing.T) {
 	}
 	if !errors.Is(err, kerr.GroupAuthorizationFailed) {
 		t.Fatalf("worker commits persist's offsets: %v, want GROUP_AUTHORIZATION_FAILED", err)
+	}
+}
+
+// TestDocumentedACLs: docs/operations.md lists every role's kafka-acls.sh
+// commands as clientsec.ACLs has them (chatpipe admin kafka-acls prints the
+// same).
+func TestDocumentedACLs(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range clientsec.Roles {
+		acls, _ := clientsec.ACLs(r, topic)
+		for _, a := range acls {
+			if c := a.Command("User:chatpipe-"+r, "$BROKERS", "admin.properties"); !strings.Contains(string(doc), c) {
+				t.Errorf("docs/operations.md lacks: %s", c)
+			}
+		}
 	}
 }
 

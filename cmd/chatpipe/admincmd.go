@@ -28,6 +28,7 @@ Commands:
   rebuild       rebuild an empty Postgres from the committed log alone and report the counts
   handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
   dead-letters  records persist or the projection could never write (dead_letters), oldest first
+  kafka-acls    print the kafka-acls.sh commands granting each role its least-privilege ACLs
 `
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -46,6 +47,8 @@ func runAdmin(ctx context.Context, args []string) error {
 		return adminHandoff(ctx, args[1:])
 	case "dead-letters":
 		return adminDeadLetters(ctx, args[1:])
+	case "kafka-acls":
+		return adminKafkaACLs(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])
