@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,19 +237,18 @@ func CountDeadLetters(ctx context.Context, q Querier, consumer string) (int64, e
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.
 func (c *Consumer) Run(ctx context.Context) error {
-	opts := []kgo.Opt{
+	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.KafkaOpts),
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		// A crashed member's partitions move after 10 s, not the default 45 s.
-		kgo.SessionTimeout(10 * time.Second),
+		kgo.SessionTimeout(10*time.Second),
 		kgo.ConsumeTopics(c.cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.AdjustFetchOffsetsFn(c.startOffsets),
-	}
-	cl, err := kgo.NewClient(append(opts, c.cfg.KafkaOpts...)...)
+	)...)
 	if err != nil {
 		return fmt.Errorf("%s: consumer: %w", c.cfg.Consumer, err)
 	}

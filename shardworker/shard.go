@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -176,7 +177,7 @@ func unavailable(id, format string, args ...any) *protocol.Reply {
 // session runs one takeover → replay → accept cycle until an error or stop.
 func (s *shard) session() error {
 	start := time.Now()
-	opts := []kgo.Opt{
+	cl, err := kgo.NewClient(append(slices.Clip(s.w.cfg.KafkaOpts),
 		kgo.SeedBrokers(s.w.cfg.Brokers...),
 		kgo.TransactionalID(logrecord.TransactionalID(s.v)),
 		kgo.TransactionTimeout(s.w.cfg.TxnTimeout),
@@ -184,9 +185,8 @@ func (s *shard) session() error {
 		kgo.DefaultProduceTopic(s.w.cfg.Topic),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(s.w.cfg.CommitTimeout),
-		kgo.MaxBufferedRecords(s.w.cfg.MaxBatch * 2),
-	}
-	cl, err := kgo.NewClient(append(opts, s.w.cfg.KafkaOpts...)...)
+		kgo.MaxBufferedRecords(s.w.cfg.MaxBatch*2),
+	)...)
 	if err != nil {
 		return fmt.Errorf("shardworker: producer: %w", err)
 	}
@@ -319,13 +319,12 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 // untilIdle (only for the broken order of the fault tests, which has no
 // marker to wait for) stops at the first empty fetch instead.
 func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int, untilIdle bool, extra ...kgo.Opt) ([]*logrecord.Event, error) {
-	opts := []kgo.Opt{
+	cl, err := kgo.NewClient(append(slices.Clip(extra),
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: start}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(200 * time.Millisecond),
-	}
-	cl, err := kgo.NewClient(append(opts, extra...)...)
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("shardworker: replay consumer: %w", err)
 	}
