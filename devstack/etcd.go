@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
 	"go.uber.org/zap"
@@ -68,6 +69,20 @@ func newEtcd(ee *embed.Etcd, lock *os.File, cport, peerPort int, log *slog.Logge
 	return &Etcd{e: ee, lock: lock, endpoints: []string{clientURL(cport).String()}, peerPort: peerPort, log: log, quiet: quiet}
 }
 
+// EtcdTLS is the server side of client TLS for StartEtcdTLS: the member's
+// certificate and key, and the CA whose client certificates it accepts
+// (every client must present one).
+type EtcdTLS struct {
+	CertFile, KeyFile, CAFile string
+}
+
+// StartEtcdTLS is StartEtcd with the client port serving TLS and requiring
+// client certificates signed by t.CAFile; Endpoints then returns https URLs.
+// Peers still talk plaintext (a single member has none).
+func StartEtcdTLS(ctx context.Context, dir string, clientPort int, log *slog.Logger, t EtcdTLS) (*Etcd, error) {
+	return startEtcd(ctx, dir, clientPort, log, &t)
+}
+
 // StartEtcd starts (or restarts, keeping data) an embedded etcd member whose
 // data lives in dir.
 //
@@ -84,6 +99,11 @@ func newEtcd(ee *embed.Etcd, lock *os.File, cport, peerPort int, log *slog.Logge
 // members cannot run on the same dir at once: the second StartEtcd fails
 // immediately.
 func StartEtcd(ctx context.Context, dir string, clientPort int, log *slog.Logger) (*Etcd, error) {
+	return startEtcd(ctx, dir, clientPort, log, nil)
+}
+
+// startEtcd is StartEtcd, with client TLS if t is set.
+func startEtcd(ctx context.Context, dir string, clientPort int, log *slog.Logger, t *EtcdTLS) (*Etcd, error) {
 	log = orDefault(log).With("component", "etcd")
 	if dir == "" {
 		return nil, errors.New("devstack: start etcd: empty data dir")
@@ -121,9 +141,12 @@ func StartEtcd(ctx context.Context, dir string, clientPort int, log *slog.Logger
 			}
 		}
 		quiet := new(atomic.Bool)
-		ee, err := startEmbedEtcd(ctx, dir, cport, peerPort, log, quiet)
+		ee, err := startEmbedEtcd(ctx, dir, cport, peerPort, log, quiet, t)
 		if err == nil {
 			e := newEtcd(ee, lock, cport, peerPort, log, quiet)
+			if t != nil {
+				e.endpoints = []string{clientTLSURL(cport).String()}
+			}
 			log.Debug("etcd ready", "dir", dir, "endpoints", e.endpoints, "peer_port", peerPort)
 			return e, nil
 		}
@@ -169,13 +192,25 @@ func clientURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(port)}
 }
 
+// clientTLSURL is clientURL for a member serving client TLS.
+func clientTLSURL(port int) *url.URL {
+	u := clientURL(port)
+	u.Scheme = "https"
+	return u
+}
+
 // startEmbedEtcd starts the embedded server and waits for it to be ready.
-// On error nothing is left running.
-func startEmbedEtcd(ctx context.Context, dir string, clientPort, peerPort int, log *slog.Logger, quiet *atomic.Bool) (*embed.Etcd, error) {
+// With t set its client port serves TLS and wants client certificates. On
+// error nothing is left running.
+func startEmbedEtcd(ctx context.Context, dir string, clientPort, peerPort int, log *slog.Logger, quiet *atomic.Bool, t *EtcdTLS) (*embed.Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = etcdMemberName
 	cfg.Dir = dir
 	curl, purl := clientURL(clientPort), clientURL(peerPort)
+	if t != nil {
+		curl = clientTLSURL(clientPort)
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.CAFile, ClientCertAuth: true}
+	}
 	cfg.ListenClientUrls = []url.URL{*curl}
 	cfg.AdvertiseClientUrls = []url.URL{*curl}
 	cfg.ListenPeerUrls = []url.URL{*purl}

@@ -39,8 +39,9 @@ type Kafka struct {
 // previous cluster on dir (topics, records, committed offsets, producer IDs
 // and transactions) is reloaded; the port may differ between runs. kfake's
 // warnings and errors go to log; its info and debug output goes to log at
-// debug level.
-func StartKafka(dir string, port int, log *slog.Logger) (*Kafka, error) {
+// debug level. opts are more kfake options, e.g. kfake.TLS, EnableSASL,
+// Superuser and EnableACLs for a secured broker.
+func StartKafka(dir string, port int, log *slog.Logger, opts ...kfake.Opt) (*Kafka, error) {
 	log = orDefault(log).With("component", "kafka")
 	if dir == "" {
 		return nil, errors.New("devstack: start kafka: empty data dir")
@@ -56,12 +57,12 @@ func StartKafka(dir string, port int, log *slog.Logger) (*Kafka, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := kfake.NewCluster(
+	c, err := kfake.NewCluster(append([]kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.Ports(port),
 		kfake.DataDir(dir),
 		kfake.WithLogger(kfakeSlog{log}),
-	)
+	}, opts...)...)
 	if err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("devstack: start kafka in %s on port %d: %w", dir, port, err)
@@ -114,15 +115,16 @@ func KeptForever() map[string]string {
 // EnsureTopic creates topic with the given number of partitions, kept
 // forever, with the broker's default replication, if it does not exist yet.
 // If the topic exists with a different partition count, it returns an
-// error saying so.
-func EnsureTopic(ctx context.Context, addrs []string, topic string, partitions int) error {
-	return EnsureTopicSpec(ctx, addrs, topic, TopicSpec{Partitions: partitions, Configs: KeptForever()})
+// error saying so. opts are appended to the client's options (TLS, SASL).
+func EnsureTopic(ctx context.Context, addrs []string, topic string, partitions int, opts ...kgo.Opt) error {
+	return EnsureTopicSpec(ctx, addrs, topic, TopicSpec{Partitions: partitions, Configs: KeptForever()}, opts...)
 }
 
 // EnsureTopicSpec creates topic as spec says if it does not exist yet,
 // talking to the brokers at addrs. An existing topic is left as it is,
-// except that a different partition count is an error.
-func EnsureTopicSpec(ctx context.Context, addrs []string, topic string, spec TopicSpec) error {
+// except that a different partition count is an error. opts are appended
+// to the client's options (TLS, SASL).
+func EnsureTopicSpec(ctx context.Context, addrs []string, topic string, spec TopicSpec, opts ...kgo.Opt) error {
 	partitions := spec.Partitions
 	if topic == "" {
 		return errors.New("devstack: ensure topic: empty topic name")
@@ -133,7 +135,7 @@ func EnsureTopicSpec(ctx context.Context, addrs []string, topic string, spec Top
 	if len(addrs) == 0 {
 		return fmt.Errorf("devstack: ensure topic %q: no broker addresses", topic)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, opts...)...)
 	if err != nil {
 		return fmt.Errorf("devstack: ensure topic %q: new client: %w", topic, err)
 	}
@@ -199,10 +201,11 @@ type TopicState struct {
 	Configs map[string]string
 }
 
-// DescribeTopic reads a topic's partitions, replication and configs.
-func DescribeTopic(ctx context.Context, addrs []string, topic string) (TopicState, error) {
+// DescribeTopic reads a topic's partitions, replication and configs. opts
+// are appended to the client's options (TLS, SASL).
+func DescribeTopic(ctx context.Context, addrs []string, topic string, opts ...kgo.Opt) (TopicState, error) {
 	var st TopicState
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, opts...)...)
 	if err != nil {
 		return st, fmt.Errorf("devstack: describe topic %q: new client: %w", topic, err)
 	}

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,9 @@ type Config struct {
 	// writer or schema bug, not one bad record): the consumer stops at the
 	// record, as for a newer version, rather than set the log aside.
 	MaxDeadLetters int
+
+	// KafkaOpts are appended to the consumer's options (TLS, SASL).
+	KafkaOpts []kgo.Opt
 }
 
 // Consumer runs Config.Handle over the log and tracks its lag.
@@ -233,7 +237,7 @@ func CountDeadLetters(ctx context.Context, q Querier, consumer string) (int64, e
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.
 func (c *Consumer) Run(ctx context.Context) error {
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.KafkaOpts),
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		// A crashed member's partitions move after 10 s, not the default 45 s.
@@ -244,7 +248,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.AdjustFetchOffsetsFn(c.startOffsets),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("%s: consumer: %w", c.cfg.Consumer, err)
 	}

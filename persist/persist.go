@@ -45,6 +45,8 @@ type Config struct {
 	DB       *pgxpool.Pool
 	MaxBatch int // records per Postgres transaction (default 5000)
 	Log      *slog.Logger
+
+	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
 }
 
 func (c *Config) validate() error {
@@ -98,7 +100,7 @@ func New(cfg Config) (*Persister, error) {
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
-	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
+	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle},
 		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p, nil

@@ -46,6 +46,8 @@ type Config struct {
 	MaxBatch int           // records per transaction (default 5000)
 	Retain   time.Duration // how long delivery rows are kept (default 1 h)
 	Log      *slog.Logger
+
+	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
 }
 
 func (c *Config) validate() error {
@@ -98,7 +100,7 @@ func New(cfg Config) (*Projector, error) {
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
 			Help: "Time a batch waited for persist to store its records.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
-	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
+	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim},
 		"chatpipe_projection", "Records of a partition not yet projected, as of the last fetch.")
 	return p, nil

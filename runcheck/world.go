@@ -29,6 +29,8 @@ type WorldConfig struct {
 	Idle time.Duration
 	// PersistConsumer is persist's name in consumer_offsets (default persist).
 	PersistConsumer string
+	// KafkaOpts are appended to the log reader's options (TLS, SASL).
+	KafkaOpts []kgo.Opt
 }
 
 // ReadWorld reads the committed log (read_committed) from the start, waits
@@ -95,8 +97,8 @@ func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 // record before the last commit marker); otherwise the read ends after
 // cfg.Idle without records (a log ending in an aborted transaction).
 func readLog(ctx context.Context, cfg WorldConfig, want map[string]bool, w *World) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Stack.Kafka...), kgo.ConsumeTopics(cfg.Stack.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Stack.Kafka...), kgo.ConsumeTopics(cfg.Stack.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, cfg.KafkaOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("runcheck: kafka client: %w", err)
 	}

@@ -49,7 +49,7 @@ func envDuration(name string) time.Duration {
 func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.w.cfg.ReplayTimeout)
 	defer cancel()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(s.w.cfg.Brokers...))
+	adm, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.w.cfg.Brokers...)}, s.w.cfg.KafkaOpts...)...)
 	if err != nil {
 		return nil, 0, 0, err
 	}

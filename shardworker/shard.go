@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -176,7 +177,7 @@ func unavailable(id, format string, args ...any) *protocol.Reply {
 // session runs one takeover → replay → accept cycle until an error or stop.
 func (s *shard) session() error {
 	start := time.Now()
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(slices.Clip(s.w.cfg.KafkaOpts),
 		kgo.SeedBrokers(s.w.cfg.Brokers...),
 		kgo.TransactionalID(logrecord.TransactionalID(s.v)),
 		kgo.TransactionTimeout(s.w.cfg.TxnTimeout),
@@ -185,7 +186,7 @@ func (s *shard) session() error {
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(s.w.cfg.CommitTimeout),
 		kgo.MaxBufferedRecords(s.w.cfg.MaxBatch*2),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("shardworker: producer: %w", err)
 	}
@@ -290,7 +291,7 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 		if ok {
 			start = kgo.NewOffset().At(from)
 		}
-		tail, err = readTail(ctx, s.w.cfg.Brokers, s.w.cfg.Topic, s.part, start, markerOff, s.v, faultAcceptBeforeMarker)
+		tail, err = readTail(ctx, s.w.cfg.Brokers, s.w.cfg.Topic, s.part, start, markerOff, s.v, faultAcceptBeforeMarker, s.w.cfg.KafkaOpts...)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -317,13 +318,13 @@ func (s *shard) replay(markerOff int64) (map[string]*shardcore.Conv, int, error)
 // marker at end, read_committed, and returns the events of vshard v.
 // untilIdle (only for the broken order of the fault tests, which has no
 // marker to wait for) stops at the first empty fetch instead.
-func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int, untilIdle bool) ([]*logrecord.Event, error) {
-	cl, err := kgo.NewClient(
+func readTail(ctx context.Context, brokers []string, topic string, part int32, start kgo.Offset, end int64, v int, untilIdle bool, extra ...kgo.Opt) ([]*logrecord.Event, error) {
+	cl, err := kgo.NewClient(append(slices.Clip(extra),
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: start}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("shardworker: replay consumer: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/lease"
@@ -31,6 +32,7 @@ type Config struct {
 	Etcd       *clientv3.Client
 	Prefix     string
 	Brokers    []string
+	KafkaOpts  []kgo.Opt // appended to every Kafka client's options (TLS, SASL)
 	Topic      string
 	VShards    int
 	Partitions int

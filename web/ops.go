@@ -33,6 +33,8 @@ type OpsConfig struct {
 	// Brokers, if set, are asked for the topic's end offsets (the consumers'
 	// lag needs both).
 	Brokers []string
+	// KafkaOpts are appended to the Kafka client's options (TLS, SASL).
+	KafkaOpts []kgo.Opt
 	// LocalMetrics, if set, returns this process's /metrics page; in
 	// `chatpipe dev` it holds the in-process workers' and persist's metrics.
 	LocalMetrics func(ctx context.Context) ([]byte, error)
@@ -488,7 +490,7 @@ func addMissingPartitions(c *ConsumerState, ends map[int32]int64) {
 // endOffsets returns the last stable offset of every partition of the
 // topic: the end a read_committed consumer can reach.
 func (o *Ops) endOffsets(ctx context.Context) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.cfg.Brokers...))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(o.cfg.Brokers...)}, o.cfg.KafkaOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}

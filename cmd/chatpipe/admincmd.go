@@ -28,6 +28,7 @@ Commands:
   rebuild       rebuild an empty Postgres from the committed log alone and report the counts
   handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
   dead-letters  records persist or the projection could never write (dead_letters), oldest first
+  kafka-acls    print the kafka-acls.sh commands granting each role its least-privilege ACLs
 `
 
 func runAdmin(ctx context.Context, args []string) error {
@@ -46,6 +47,8 @@ func runAdmin(ctx context.Context, args []string) error {
 		return adminHandoff(ctx, args[1:])
 	case "dead-letters":
 		return adminDeadLetters(ctx, args[1:])
+	case "kafka-acls":
+		return adminKafkaACLs(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])
@@ -63,7 +66,7 @@ func adminShards(ctx context.Context, args []string) error {
 	if *inf.etcd == "" {
 		return errors.New("need --endpoints or --etcd")
 	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 	if err != nil {
 		return err
 	}
@@ -162,7 +165,7 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 	var cfg lease.Config
 	if *inf.etcd == "" {
 		problems = append(problems, "no etcd endpoints (--etcd or --endpoints)")
-	} else if cli, err := dialEtcd(ctx, splitList(*inf.etcd)); err != nil {
+	} else if cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec); err != nil {
 		problems = append(problems, err.Error())
 	} else {
 		defer cli.Close()
@@ -176,7 +179,9 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 	}
 	if *inf.kafka == "" {
 		problems = append(problems, "no Kafka brokers (--kafka or --endpoints)")
-	} else if cl, err := kgo.NewClient(kgo.SeedBrokers(splitList(*inf.kafka)...)); err != nil {
+	} else if kopts, err := inf.kafkaOpts(ctx); err != nil {
+		problems = append(problems, err.Error())
+	} else if cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(splitList(*inf.kafka)...)}, kopts...)...); err != nil {
 		problems = append(problems, err.Error())
 	} else {
 		defer cl.Close()
@@ -189,7 +194,7 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Partitions:
 			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Partitions))
 		default:
-			problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF)...)
+			problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF, kopts...)...)
 		}
 	}
 	if *inf.dbURL == "" {
@@ -228,7 +233,7 @@ func adminHandoff(ctx context.Context, args []string) error {
 	if *inf.etcd == "" || *v < 0 || *to == "" {
 		return errors.New("need --etcd (or --endpoints), --vshard and --to")
 	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd))
+	cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec)
 	if err != nil {
 		return err
 	}
@@ -258,8 +263,8 @@ func adminHandoff(ctx context.Context, args []string) error {
 // topicProblems checks that the log topic is kept: no retention by time or
 // size (a replay or rebuild from a deleted offset would silently start at
 // the new log start) and replicated at least minRF ways.
-func topicProblems(ctx context.Context, brokers []string, topic string, minRF int) []string {
-	st, err := devstack.DescribeTopic(ctx, brokers, topic)
+func topicProblems(ctx context.Context, brokers []string, topic string, minRF int, kopts ...kgo.Opt) []string {
+	st, err := devstack.DescribeTopic(ctx, brokers, topic, kopts...)
 	if err != nil {
 		return []string{err.Error()}
 	}

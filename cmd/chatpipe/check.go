@@ -26,6 +26,7 @@ func runCheck(ctx context.Context, args []string) error {
 	kafka := fs.String("kafka", "", "Kafka brokers, comma-separated (default: the run's stack)")
 	topic := fs.String("topic", "", "log topic (default: the run's stack)")
 	dbURL := fs.String("database-url", "", "Postgres URL (default: the run's stack)")
+	sec := addSecFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -48,11 +49,15 @@ func runCheck(ctx context.Context, args []string) error {
 	if len(stack.Kafka) == 0 || stack.Postgres == "" || stack.Topic == "" {
 		return fmt.Errorf("run %s records no Kafka, topic or Postgres of its stack: give --kafka, --topic, --database-url (or --endpoints)", *runDir)
 	}
+	kopts, err := sec.kafkaOpts(ctx, stack.Kafka)
+	if err != nil {
+		return err
+	}
 	var convs []string
 	for _, c := range run.Info.Plan.Conversations {
 		convs = append(convs, c.ID)
 	}
-	world, err := runcheck.ReadWorld(ctx, runcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait})
+	world, err := runcheck.ReadWorld(ctx, runcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
 	if err != nil {
 		return err
 	}

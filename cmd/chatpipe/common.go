@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/clientsec"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/schema"
 )
@@ -54,12 +58,47 @@ func splitList(s string) []string {
 	return out
 }
 
-func dialEtcd(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx)})
+// dialEtcd connects to etcd, with the TLS of sec's --etcd-tls-* flags (sec
+// may be nil: plaintext).
+func dialEtcd(ctx context.Context, endpoints []string, sec *secFlags) (*clientv3.Client, error) {
+	var tc *tls.Config
+	if sec != nil {
+		var err error
+		if tc, err = sec.etcdTLS(); err != nil {
+			return nil, err
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx), TLS: tc})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
+	if tc != nil {
+		if err := probeEtcd(ctx, tc, endpoints); err != nil {
+			cli.Close()
+			return nil, err
+		}
+	}
 	return cli, nil
+}
+
+// probeEtcd makes one TLS connection to each etcd member. It fails when
+// every member refuses the handshake (an untrusted certificate, or no
+// client certificate where one is wanted); members that cannot be reached
+// at all are waited for later, as without TLS.
+func probeEtcd(ctx context.Context, tc *tls.Config, endpoints []string) error {
+	var errs []error
+	for _, ep := range endpoints {
+		addr := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			addr = u.Host
+		}
+		err := clientsec.ProbeTLS(ctx, addr, tc)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("etcd refused this client's TLS (check --etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key): %w", errors.Join(errs...))
 }
 
 func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -86,8 +125,8 @@ func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // etcdConfig dials etcd and returns the deployment's config: want is
 // written if etcd has none (a complete one only) and must agree otherwise;
 // a zero want adopts etcd's.
-func etcdConfig(ctx context.Context, endpoints string, want lease.Config) (*clientv3.Client, lease.Config, error) {
-	cli, err := dialEtcd(ctx, splitList(endpoints))
+func etcdConfig(ctx context.Context, endpoints string, sec *secFlags, want lease.Config) (*clientv3.Client, lease.Config, error) {
+	cli, err := dialEtcd(ctx, splitList(endpoints), sec)
 	if err != nil {
 		return nil, lease.Config{}, err
 	}

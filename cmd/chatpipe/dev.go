@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/atomicfile"
@@ -50,9 +51,13 @@ func runDev(ctx context.Context, args []string) error {
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ of the whole process (empty: none; in endpoints.json as admin)")
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
+	sec := addSecFlags(fs)
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *kafkaAddrs == "" && sec.kafka.On() {
+		return errEmbeddedSecured
 	}
 	log, err := newLogger(*level, *format)
 	if err != nil {
@@ -95,6 +100,10 @@ func runDev(ctx context.Context, args []string) error {
 		closers = append(closers, kafka.Close)
 		brokers = []string{kafka.Addr()}
 	}
+	kopts, err := sec.kafkaOpts(ctx, brokers)
+	if err != nil {
+		return err
+	}
 	pgURL := *dbURL
 	if pgURL == "" {
 		pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
@@ -104,7 +113,7 @@ func runDev(ctx context.Context, args []string) error {
 		closers = append(closers, func() { pg.Close() })
 		pgURL = pg.URL()
 	}
-	cli, err := dialEtcd(ctx, etcdEndpoints)
+	cli, err := dialEtcd(ctx, etcdEndpoints, sec)
 	if err != nil {
 		return err
 	}
@@ -113,7 +122,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := devstack.EnsureTopic(ctx, brokers, cfg.Topic, cfg.Partitions); err != nil {
+	if err := devstack.EnsureTopic(ctx, brokers, cfg.Topic, cfg.Partitions, kopts...); err != nil {
 		return err
 	}
 	db, err := openDB(ctx, pgURL)
@@ -140,7 +149,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	var metrics []prometheus.Collector
 	if *runPersist {
-		p, err := persist.New(persist.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
+		p, err := persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
 		if err != nil {
 			return err
 		}
@@ -148,7 +157,7 @@ func runDev(ctx context.Context, args []string) error {
 		start("persist", p.Run)
 	}
 	if *runProj {
-		p, err := projection.New(projection.Config{Brokers: brokers, Topic: cfg.Topic, DB: db, Log: log.With("role", "projection")})
+		p, err := projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "projection")})
 		if err != nil {
 			return err
 		}
@@ -157,7 +166,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	var ws []*shardworker.Worker
 	for i := 1; i <= *workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, db, *linger, *cacheConvs, lim, log)
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, kopts, db, *linger, *cacheConvs, lim, log)
 		if err != nil {
 			return err
 		}
@@ -177,7 +186,7 @@ func runDev(ctx context.Context, args []string) error {
 	start("delivery", feed.Run)
 	reg := newRegistry(append(metrics, gw.Collectors()...)...)
 	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, Secret: key, Dev: true, Log: log.With("role", "web")})
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, KafkaOpts: kopts, Secret: key, Dev: true, Log: log.With("role", "web")})
 	closers = append(closers, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -252,10 +261,10 @@ func waitAccepting(ctx context.Context, ws []*shardworker.Worker, vshards int, l
 	log.Warn("not every vshard has an accepting writer yet; starting anyway")
 }
 
-func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
+func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, kopts []kgo.Opt, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
 	wc := shardworker.Config{
 		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
-		Brokers: brokers, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
+		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
 		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
 	}
 	lim.worker(&wc)
@@ -292,10 +301,12 @@ type webDeps struct {
 	Config  lease.Config
 	DB      *pgxpool.Pool // nil when the gateway has no database
 	Brokers []string
-	Secret  []byte // JWT secret; used only when Dev is set
-	Dev     bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
-	NoPages bool   // serve no browser pages (chatpipe gateway --pages=false)
-	Log     *slog.Logger
+	// KafkaOpts are the Kafka client options (TLS, SASL) of the ops page.
+	KafkaOpts []kgo.Opt
+	Secret    []byte // JWT secret; used only when Dev is set
+	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
+	NoPages   bool   // serve no browser pages (chatpipe gateway --pages=false)
+	Log       *slog.Logger
 }
 
 // mountWeb, when set (from web.go), adds the browser pages to the gateway's

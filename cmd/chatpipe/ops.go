@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"strconv"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 )
@@ -51,7 +53,13 @@ func runInit(ctx context.Context, args []string) error {
 	if *inf.etcd == "" || *inf.dbURL == "" {
 		return errors.New("need --etcd and --database-url (and --kafka to create the topic)")
 	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
+	var kopts []kgo.Opt
+	if *inf.kafka != "" {
+		if kopts, err = inf.kafkaOpts(ctx); err != nil {
+			return err
+		}
+	}
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
 	if err != nil {
 		return err
 	}
@@ -69,7 +77,7 @@ func runInit(ctx context.Context, args []string) error {
 		if *minISR > 0 {
 			spec.Configs["min.insync.replicas"] = strconv.Itoa(*minISR)
 		}
-		if err := devstack.EnsureTopicSpec(ctx, splitList(*inf.kafka), cfg.Topic, spec); err != nil {
+		if err := devstack.EnsureTopicSpec(ctx, splitList(*inf.kafka), cfg.Topic, spec, kopts...); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/gateway"
@@ -43,7 +44,7 @@ func runProjection(ctx context.Context, args []string) error {
 		func(fs *flag.FlagSet) {
 			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
 		},
-		func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-			return projection.New(projection.Config{Brokers: brokers, Topic: topic, DB: db, Retain: *retain, Log: log})
+		func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
+			return projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Retain: *retain, Log: log})
 		})
 }

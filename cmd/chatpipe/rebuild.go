@@ -29,6 +29,10 @@ func adminRebuild(ctx context.Context, args []string) error {
 	if *inf.kafka == "" || *inf.dbURL == "" {
 		return errors.New("need --kafka and --database-url (the database to rebuild; it must hold no events)")
 	}
+	kopts, err := inf.kafkaOpts(ctx)
+	if err != nil {
+		return err
+	}
 	db, err := openMigratedDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
@@ -41,12 +45,12 @@ func adminRebuild(ctx context.Context, args []string) error {
 	if n > 0 {
 		return fmt.Errorf("the target database holds %d events already; rebuild only into an empty one", n)
 	}
-	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), Topic: *inf.topic, DB: db, Log: log})
+	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(splitList(*inf.kafka)...), kgo.ConsumeTopics(*inf.topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(splitList(*inf.kafka)...), kgo.ConsumeTopics(*inf.topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, kopts...)...)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

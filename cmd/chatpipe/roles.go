@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/devstack"
@@ -26,6 +27,7 @@ import (
 // infraFlags are the flags of roles that join a running stack.
 type infraFlags struct {
 	endpoints, etcd, kafka, dbURL, topic *string
+	sec                                  *secFlags
 }
 
 func addInfraFlags(fs *flag.FlagSet) infraFlags {
@@ -35,6 +37,7 @@ func addInfraFlags(fs *flag.FlagSet) infraFlags {
 		kafka:     fs.String("kafka", "", "Kafka bootstrap brokers, comma separated"),
 		dbURL:     fs.String("database-url", "", "Postgres URL"),
 		topic:     fs.String("topic", logrecord.DefaultTopic, "log topic"),
+		sec:       addSecFlags(fs),
 	}
 }
 
@@ -105,7 +108,11 @@ func runWorker(ctx context.Context, args []string) error {
 		rand.Read(b)
 		*id = "worker-" + hex.EncodeToString(b)
 	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
+	kopts, err := inf.kafkaOpts(ctx)
+	if err != nil {
+		return err
+	}
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 	if err != nil {
 		return err
 	}
@@ -119,7 +126,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(*id, *listen, *advertise, shardworker.Advertised(ln.Addr().String()), cli, cfg, splitList(*inf.kafka), db, *linger, *cacheConvs, lim, log)
+	w, err := newWorker(*id, *listen, *advertise, shardworker.Advertised(ln.Addr().String()), cli, cfg, splitList(*inf.kafka), kopts, db, *linger, *cacheConvs, lim, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -145,7 +152,7 @@ type logConsumer interface {
 // 200 "ready, degraded: N dead letters …" once it has dead letters).
 // addFlags adds the role's own flags; build makes the consumer.
 func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
-	build func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
+	build func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
@@ -161,12 +168,16 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 	if *inf.kafka == "" || *inf.dbURL == "" {
 		return errors.New("need --endpoints, or --kafka and --database-url")
 	}
+	kopts, err := inf.kafkaOpts(ctx)
+	if err != nil {
+		return err
+	}
 	db, err := openMigratedDB(ctx, *inf.dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	c, err := build(splitList(*inf.kafka), *inf.topic, db, log)
+	c, err := build(splitList(*inf.kafka), kopts, *inf.topic, db, log)
 	if err != nil {
 		return err
 	}
@@ -181,8 +192,8 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 }
 
 func runPersist(ctx context.Context, args []string) error {
-	return runLogConsumer(ctx, "persist", args, nil, func(brokers []string, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-		return persist.New(persist.Config{Brokers: brokers, Topic: topic, DB: db, Log: log})
+	return runLogConsumer(ctx, "persist", args, nil, func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
+		return persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Log: log})
 	})
 }
 
@@ -204,6 +215,12 @@ func runGateway(ctx context.Context, args []string) error {
 	if *inf.etcd == "" || *inf.dbURL == "" {
 		return errors.New("need --endpoints, or --etcd and --database-url (sync, history and delivery read Postgres)")
 	}
+	var kopts []kgo.Opt
+	if *inf.kafka != "" {
+		if kopts, err = inf.kafkaOpts(ctx); err != nil {
+			return err
+		}
+	}
 	key, err := auth.LoadSecret(*secret, *dataDir, false)
 	if err != nil {
 		return err
@@ -211,7 +228,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if len(key) < auth.MinSecretBytes {
 		return fmt.Errorf("the JWT secret is %d bytes; HS256 needs at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes)
 	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, lease.Config{})
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 	if err != nil {
 		return err
 	}
@@ -228,7 +245,7 @@ func runGateway(ctx context.Context, args []string) error {
 	feed := dlv.feed(db, gw, log)
 	reg := newRegistry(append(gw.Collectors(), feed.Collectors()...)...)
 	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), NoPages: !*pages, Log: log.With("role", "web")})
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")})
 	if *adminAddr != "" {
 		aln, err := listenAdmin(*adminAddr)
 		if err != nil {
@@ -319,4 +336,10 @@ func runToken(_ context.Context, args []string) error {
 	}
 	fmt.Println(tok)
 	return nil
+}
+
+// kafkaOpts returns the Kafka client options of the --kafka-tls* and
+// --kafka-sasl-* flags, checked against --kafka once (see secFlags).
+func (f infraFlags) kafkaOpts(ctx context.Context) ([]kgo.Opt, error) {
+	return f.sec.kafkaOpts(ctx, splitList(*f.kafka))
 }

@@ -16,7 +16,7 @@ func init() {
 	mountWeb = func(mux *http.ServeMux, d webDeps) {
 		ops, err := web.NewOps(web.OpsConfig{
 			Etcd: d.Etcd, Prefix: lease.DefaultPrefix, VShards: d.Config.VShards, Topic: d.Config.Topic,
-			DB: d.DB, Brokers: d.Brokers, LocalMetrics: localMetrics(mux), Log: d.Log,
+			DB: d.DB, Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, LocalMetrics: localMetrics(mux), Log: d.Log,
 		})
 		if err != nil {
 			d.Log.Error("pipeline page disabled", "err", err)
