@@ -286,12 +286,16 @@ func (c *columns) len() int { return len(c.conv) }
 // decode decodes each record once and appends its event to the columns;
 // takeover markers are no rows.
 func (c *columns) decode(recs []*kgo.Record) error {
+	// Three allocations, not fourteen: the columns of a type share one
+	// array, each capped to its part of it.
 	n := len(recs)
+	strs, ints, int32s := make([]string, 8*n), make([]int64, 3*n), make([]int32, 2*n)
+	str := func(i int) []string { return strs[i*n : i*n : (i+1)*n] }
+	i64 := func(i int) []int64 { return ints[i*n : i*n : (i+1)*n] }
+	i32 := func(i int) []int32 { return int32s[i*n : i*n : (i+1)*n] }
 	*c = columns{
-		conv: make([]string, 0, n), kind: make([]string, 0, n), mid: make([]string, 0, n), cmid: make([]string, 0, n),
-		sender: make([]string, 0, n), body: make([]string, 0, n), user: make([]string, 0, n), members: make([]string, 0, n),
-		seq: make([]int64, 0, n), epoch: make([]int64, 0, n), offset: make([]int64, 0, n),
-		created: make([]time.Time, 0, n), vshard: make([]int32, 0, n), part: make([]int32, 0, n),
+		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7),
+		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1),
 	}
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
