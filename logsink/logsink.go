@@ -70,22 +70,104 @@ func Offsets(ctx context.Context, q Querier, consumer, topic string) (map[int32]
 	return out, nil
 }
 
+// storeOffsetsSQL moves a consumer's stored next offsets forward, never
+// back: $3 and $4 are the partitions and their next offsets.
+const storeOffsetsSQL = `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
+		SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
+		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
+		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`
+
 // StoreOffsets records, inside tx, the next offset of each partition the
 // records came from. Offsets only move forward.
 func StoreOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
-	next := NextOffsets(recs)
-	parts, offs := make([]int32, 0, len(next)), make([]int64, 0, len(next))
-	for p, n := range next {
-		parts, offs = append(parts, p), append(offs, n)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
-		SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
-		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
-		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`,
-		consumer, topic, parts, offs); err != nil {
+	parts, offs := nextOffsetArrays(recs)
+	if _, err := tx.Exec(ctx, storeOffsetsSQL, consumer, topic, parts, offs); err != nil {
 		return fmt.Errorf("store %s offsets: %w", consumer, err)
 	}
 	return nil
+}
+
+// QueueOffsets queues on b the statement StoreOffsets runs, so that it goes
+// to Postgres with the rest of a batch (see Commit); read its result with
+// ExecOffsets.
+func QueueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
+	parts, offs := nextOffsetArrays(recs)
+	b.Queue(storeOffsetsSQL, consumer, topic, parts, offs)
+}
+
+// ExecOffsets reads the result of the statement QueueOffsets queued, which
+// must be the next result of br.
+func ExecOffsets(br pgx.BatchResults, consumer string) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("store %s offsets: %w", consumer, err)
+	}
+	return nil
+}
+
+// nextOffsetArrays is NextOffsets as the two arrays storeOffsetsSQL takes.
+// recs are in offset order per partition, usually of one partition or few,
+// so a short scan finds a partition's slot without a map.
+func nextOffsetArrays(recs []*kgo.Record) ([]int32, []int64) {
+	var parts []int32
+	var offs []int64
+	for _, r := range recs {
+		i := len(parts) - 1
+		for i >= 0 && parts[i] != r.Partition {
+			i--
+		}
+		if i < 0 {
+			parts, offs = append(parts, r.Partition), append(offs, 0)
+			i = len(parts) - 1
+		}
+		offs[i] = r.Offset + 1
+	}
+	return parts, offs
+}
+
+// Batcher is what Commit needs of Postgres: pipelines, and transactions.
+// A *pgxpool.Pool is one.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Commit runs the statements queued on b as one Postgres transaction, in
+// one round trip, and gives their results to read, which must read them in
+// order and return the first error. Nothing of b is written unless all of
+// it is.
+//
+// pgx sends a batch as one pipeline ended by a single Sync, and Postgres
+// runs the statements of a pipeline up to its Sync as one implicit
+// transaction: committed at the Sync if every statement succeeded, rolled
+// back (and the statements after a failed one skipped) otherwise. So b must
+// not hold BEGIN, COMMIT or a statement that cannot run in a transaction.
+// The server commits whatever the client does with the results, so read
+// must not fail on results that are fine: an error it makes up is returned
+// after the commit (a replay of the records must then be harmless, as it
+// must be for a lost connection during a commit anyway).
+//
+// hold > 0 (fault tests only) runs b in an explicit transaction instead and
+// holds it open that long before its commit, so that a kill lands inside it.
+func Commit(ctx context.Context, db Batcher, b *pgx.Batch, hold time.Duration, read func(br pgx.BatchResults) error) error {
+	if hold > 0 {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := readBatch(tx.SendBatch(ctx, b), read); err != nil {
+				return err
+			}
+			time.Sleep(hold)
+			return nil
+		})
+	}
+	return readBatch(db.SendBatch(ctx, b), read)
+}
+
+// readBatch reads br with read and closes it; the first error wins.
+func readBatch(br pgx.BatchResults, read func(br pgx.BatchResults) error) error {
+	err := read(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("batch: %w", cerr)
+	}
+	return err
 }
 
 // NextOffsets is, per partition, the offset after the last of recs.

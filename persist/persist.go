@@ -145,8 +145,10 @@ func (p *Persister) handle(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// insertSQL inserts a batch in one statement and returns every row it did
-// not insert, with the message_id of the row holding its seq (NULL if none).
+// insertSQL inserts a batch in one statement, records in seq_conflicts
+// every row it did not insert that a different message holds, and returns
+// every row it did not insert with the message_id of the row holding its seq
+// (NULL if none).
 //
 // An input row is identified by its log position, not by its
 // (conversation_id, seq): two records of one batch with the same seq are
@@ -168,13 +170,21 @@ WITH input AS (
   FROM input
   ON CONFLICT DO NOTHING
   RETURNING conversation_id, seq, message_id, log_partition, log_offset
+), not_inserted AS (
+  SELECT i.conversation_id, i.seq,
+         coalesce(e.message_id, (SELECT ins.message_id FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq))
+           AS existing_message_id,
+         i.message_id AS incoming_message_id, i.log_partition, i.log_offset
+  FROM input i
+  LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
+  WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.log_partition = i.log_partition AND ins.log_offset = i.log_offset)
+), conflicts AS (
+  INSERT INTO seq_conflicts (conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset)
+  SELECT conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset
+  FROM not_inserted
+  WHERE existing_message_id IS DISTINCT FROM incoming_message_id
 )
-SELECT i.conversation_id, i.seq,
-       coalesce(e.message_id, (SELECT ins.message_id FROM ins WHERE ins.conversation_id = i.conversation_id AND ins.seq = i.seq)),
-       i.message_id, i.log_partition, i.log_offset
-FROM input i
-LEFT JOIN events e ON e.conversation_id = i.conversation_id AND e.seq = i.seq
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.log_partition = i.log_partition AND ins.log_offset = i.log_offset)`
+SELECT conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset FROM not_inserted`
 
 // Write stores records (of one topic, any partitions, in offset order per
 // partition) and their partitions' next offsets in one transaction, as the
@@ -193,7 +203,7 @@ func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
 func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 
 // write stores one poll's records and the partitions' next offsets in one
-// transaction.
+// transaction, sent to Postgres in one round trip (logsink.Commit).
 //
 // ON CONFLICT DO NOTHING has no target on purpose: events has two unique
 // keys and a clash on either must neither abort the batch (which would stall
@@ -201,55 +211,25 @@ func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 // compared with the row holding its (conversation_id, seq) and any
 // difference is reported as a conflict.
 func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
-	var cols struct {
-		conv, kind, mid, cmid, sender, body, user, members []string
-		seq, epoch, offset                                 []int64
-		created                                            []time.Time
-		vshard, part                                       []int32
+	var cols columns
+	if err := cols.decode(recs); err != nil {
+		return err
 	}
-	for _, r := range recs {
-		e, err := logrecord.Unmarshal(r.Value)
-		if err != nil {
-			// Never skipped: a newer version stops persist until it is
-			// upgraded, a malformed record becomes a dead letter (logsink).
-			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
-		}
-		if e.Kind == logrecord.KindTakeover {
-			continue
-		}
-		cols.conv = append(cols.conv, e.ConversationID)
-		cols.seq = append(cols.seq, e.Seq)
-		cols.kind = append(cols.kind, e.Kind)
-		cols.mid = append(cols.mid, e.MessageID)
-		cols.cmid = append(cols.cmid, e.ClientMessageID)
-		cols.sender = append(cols.sender, e.Sender)
-		cols.body = append(cols.body, e.Body)
-		cols.user = append(cols.user, e.UserID)
-		cols.members = append(cols.members, strings.Join(e.Members, ","))
-		cols.created = append(cols.created, e.CreatedAt)
-		cols.vshard = append(cols.vshard, int32(e.VShard))
-		cols.epoch = append(cols.epoch, e.Epoch)
-		cols.part = append(cols.part, r.Partition)
-		cols.offset = append(cols.offset, r.Offset)
+	var b pgx.Batch
+	if cols.len() > 0 {
+		b.Queue(insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
+			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
 	}
-	var skipped, conflicts int64
-	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
-		skipped, conflicts = 0, 0
-		if len(cols.conv) > 0 {
-			rows, err := tx.Query(ctx, insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
-				cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
+	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
+	var skipped int64
+	var cs []conflict
+	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
+		skipped, cs = 0, nil
+		if cols.len() > 0 {
+			rows, err := br.Query()
 			if err != nil {
 				return fmt.Errorf("persist: insert: %w", err)
 			}
-			type conflict struct {
-				conv     string
-				seq      int64
-				existing *string
-				incoming string
-				part     int32
-				offset   int64
-			}
-			var cs []conflict
 			var c conflict
 			_, err = pgx.ForEachRow(rows, []any{&c.conv, &c.seq, &c.existing, &c.incoming, &c.part, &c.offset}, func() error {
 				if c.existing != nil && *c.existing == c.incoming {
@@ -262,31 +242,87 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 			if err != nil {
 				return fmt.Errorf("persist: insert: %w", err)
 			}
-			for _, c := range cs {
-				p.cfg.Log.Error("BROKEN INVARIANT: a different message holds this conversation's seq or client_message_id; not overwritten",
-					"conversation", c.conv, "seq", c.seq, "existing_message_id", c.existing, "incoming_message_id", c.incoming,
-					"partition", c.part, "offset", c.offset)
-				if _, err := tx.Exec(ctx, `INSERT INTO seq_conflicts (conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset)
-					VALUES ($1, $2, $3, $4, $5, $6)`, c.conv, c.seq, c.existing, c.incoming, c.part, c.offset); err != nil {
-					return fmt.Errorf("persist: record conflict: %w", err)
-				}
-			}
-			conflicts = int64(len(cs))
 		}
-		if err := logsink.StoreOffsets(ctx, tx, p.cfg.Consumer, p.cfg.Topic, recs); err != nil {
+		if err := logsink.ExecOffsets(br, p.cfg.Consumer); err != nil {
 			return fmt.Errorf("persist: %w", err)
-		}
-		if faultSleepBeforeCommit > 0 {
-			time.Sleep(faultSleepBeforeCommit)
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	for _, c := range cs {
+		p.cfg.Log.Error("BROKEN INVARIANT: a different message holds this conversation's seq or client_message_id; not overwritten (recorded in seq_conflicts)",
+			"conversation", c.conv, "seq", c.seq, "existing_message_id", c.existing, "incoming_message_id", c.incoming,
+			"partition", c.part, "offset", c.offset)
+	}
+	conflicts := int64(len(cs))
 	p.stats.Batches.Add(1)
-	p.stats.Inserted.Add(int64(len(cols.conv)) - skipped - conflicts)
+	p.stats.Inserted.Add(int64(cols.len()) - skipped - conflicts)
 	p.stats.Skipped.Add(skipped)
 	p.stats.Conflicts.Add(conflicts)
+	return nil
+}
+
+// conflict is a row insertSQL did not insert because a different message
+// holds its seq or client_message_id.
+type conflict struct {
+	conv     string
+	seq      int64
+	existing *string
+	incoming string
+	part     int32
+	offset   int64
+}
+
+// columns are a batch's events as the arrays insertSQL takes.
+type columns struct {
+	conv, kind, mid, cmid, sender, body, user, members []string
+	seq, epoch, offset                                 []int64
+	created                                            []time.Time
+	vshard, part                                       []int32
+}
+
+func (c *columns) len() int { return len(c.conv) }
+
+// decode decodes each record once and appends its event to the columns;
+// takeover markers are no rows.
+func (c *columns) decode(recs []*kgo.Record) error {
+	// Three allocations, not fourteen: the columns of a type share one
+	// array, each capped to its part of it.
+	n := len(recs)
+	strs, ints, int32s := make([]string, 8*n), make([]int64, 3*n), make([]int32, 2*n)
+	str := func(i int) []string { return strs[i*n : i*n : (i+1)*n] }
+	i64 := func(i int) []int64 { return ints[i*n : i*n : (i+1)*n] }
+	i32 := func(i int) []int32 { return int32s[i*n : i*n : (i+1)*n] }
+	*c = columns{
+		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7),
+		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1),
+	}
+	for _, r := range recs {
+		e, err := logrecord.Unmarshal(r.Value)
+		if err != nil {
+			// Never skipped: a newer version stops persist until it is
+			// upgraded, a malformed record becomes a dead letter (logsink).
+			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
+		}
+		if e.Kind == logrecord.KindTakeover {
+			continue
+		}
+		c.conv = append(c.conv, e.ConversationID)
+		c.seq = append(c.seq, e.Seq)
+		c.kind = append(c.kind, e.Kind)
+		c.mid = append(c.mid, e.MessageID)
+		c.cmid = append(c.cmid, e.ClientMessageID)
+		c.sender = append(c.sender, e.Sender)
+		c.body = append(c.body, e.Body)
+		c.user = append(c.user, e.UserID)
+		c.members = append(c.members, strings.Join(e.Members, ","))
+		c.created = append(c.created, e.CreatedAt)
+		c.vshard = append(c.vshard, int32(e.VShard))
+		c.epoch = append(c.epoch, e.Epoch)
+		c.part = append(c.part, r.Partition)
+		c.offset = append(c.offset, r.Offset)
+	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -182,5 +183,32 @@ func TestNewerVersionStopsPersist(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM dead_letters) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d rows written (%v), want none", n, err)
+	}
+}
+
+// TestFailedOffsetsRollBackRows: the rows and the offsets are one
+// transaction: when storing the offsets fails (here Postgres refuses the
+// consumer's name), no row of the batch is written either.
+func TestFailedOffsetsRollBackRows(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p, err := New(Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Consumer: "bad\x00name", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-a", "k-a"), 0),
+		record(t, message("c1", 1, "m-b", "k-b"), 1), // a conflict: a seq_conflicts row, rolled back too
+	}
+	var pe *pgconn.PgError
+	if err := p.Write(ctx, recs); !errors.As(err, &pe) || pe.Code != "22021" {
+		t.Fatalf("Write = %v, want Postgres refusing the consumer name (22021) when storing the offsets", err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM seq_conflicts) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows written (%v), want none", n, err)
+	}
+	if got := p.Stats().Batches.Load(); got != 0 {
+		t.Errorf("batches = %d, want 0", got)
 	}
 }

@@ -204,60 +204,69 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 	}
 }
 
-// apply writes one batch's read-model changes (events are recs decoded), its delivery row and the
-// partitions' next offsets in one transaction.
+// Statements of a batch, in the order apply queues them.
+const (
+	joinSQL = `INSERT INTO memberships (conversation_id, user_id, joined_seq) VALUES ($1, $2, $3)
+		ON CONFLICT DO NOTHING`
+	leaveSQL = `UPDATE memberships SET left_seq = $3
+		WHERE conversation_id = $1 AND user_id = $2 AND left_seq IS NULL AND joined_seq < $3`
+	conversationsSQL = `INSERT INTO conversations (conversation_id, last_seq, last_activity_at)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::timestamptz[])
+		ON CONFLICT (conversation_id) DO UPDATE
+		SET last_seq = GREATEST(conversations.last_seq, EXCLUDED.last_seq),
+		    last_activity_at = GREATEST(conversations.last_activity_at, EXCLUDED.last_activity_at)`
+	// deliverySQL takes the next delivery id, writes the delivery row under
+	// it and announces it on Channel ($4), in one statement. The counter
+	// row stays locked until commit: ids are gap-free and visible in id
+	// order.
+	deliverySQL = `WITH counter AS (
+		  UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id
+		), outbox AS (
+		  INSERT INTO delivery_outbox (id, conversation_ids, from_seqs, to_seqs)
+		  SELECT last_id, $1::text[], $2::bigint[], $3::bigint[] FROM counter
+		  RETURNING id
+		)
+		SELECT pg_notify($4, id::text) FROM outbox`
+)
+
+// apply writes one batch's read-model changes (events are recs decoded),
+// its delivery row and the partitions' next offsets in one transaction, sent
+// to Postgres in one round trip (logsink.Commit).
 func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*logrecord.Event) error {
 	plan := PlanBatch(events)
-	err := pgx.BeginFunc(ctx, p.cfg.DB, func(tx pgx.Tx) error {
-		if len(plan.Members) > 0 {
-			var b pgx.Batch
-			for _, m := range plan.Members {
-				if m.Join {
-					b.Queue(`INSERT INTO memberships (conversation_id, user_id, joined_seq) VALUES ($1, $2, $3)
-						ON CONFLICT DO NOTHING`, m.Conv, m.User, m.Seq)
-				} else {
-					b.Queue(`UPDATE memberships SET left_seq = $3
-						WHERE conversation_id = $1 AND user_id = $2 AND left_seq IS NULL AND joined_seq < $3`, m.Conv, m.User, m.Seq)
-				}
-			}
-			if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+	var b pgx.Batch
+	for _, m := range plan.Members {
+		if m.Join {
+			b.Queue(joinSQL, m.Conv, m.User, m.Seq)
+		} else {
+			b.Queue(leaveSQL, m.Conv, m.User, m.Seq)
+		}
+	}
+	if n := len(plan.Convs); n > 0 {
+		convs, from, to, at := make([]string, n), make([]int64, n), make([]int64, n), make([]time.Time, n)
+		for i, c := range plan.Convs {
+			convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
+		}
+		b.Queue(conversationsSQL, convs, to, at)
+		b.Queue(deliverySQL, convs, from, to, Channel)
+	}
+	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
+	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
+		for range plan.Members {
+			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: memberships: %w", err)
 			}
 		}
 		if len(plan.Convs) > 0 {
-			convs := make([]string, len(plan.Convs))
-			from, to := make([]int64, len(plan.Convs)), make([]int64, len(plan.Convs))
-			at := make([]time.Time, len(plan.Convs))
-			for i, c := range plan.Convs {
-				convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at)
-				SELECT * FROM unnest($1::text[], $2::bigint[], $3::timestamptz[])
-				ON CONFLICT (conversation_id) DO UPDATE
-				SET last_seq = GREATEST(conversations.last_seq, EXCLUDED.last_seq),
-				    last_activity_at = GREATEST(conversations.last_activity_at, EXCLUDED.last_activity_at)`,
-				convs, to, at); err != nil {
+			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: conversations: %w", err)
 			}
-			// The counter row stays locked until commit: ids are gap-free
-			// and visible in id order.
-			var id int64
-			if err := tx.QueryRow(ctx, `UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id`).Scan(&id); err != nil {
-				return fmt.Errorf("projection: delivery counter: %w", err)
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO delivery_outbox (id, conversation_ids, from_seqs, to_seqs) VALUES ($1, $2, $3, $4)`,
-				id, convs, from, to); err != nil {
+			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: delivery row: %w", err)
 			}
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, Channel, strconv.FormatInt(id, 10)); err != nil {
-				return fmt.Errorf("projection: notify: %w", err)
-			}
 		}
-		if err := logsink.StoreOffsets(ctx, tx, p.cfg.Consumer, p.cfg.Topic, recs); err != nil {
+		if err := logsink.ExecOffsets(br, p.cfg.Consumer); err != nil {
 			return fmt.Errorf("projection: %w", err)
-		}
-		if faultSleepBeforeCommit > 0 {
-			time.Sleep(faultSleepBeforeCommit)
 		}
 		return nil
 	})

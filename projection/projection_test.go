@@ -3,16 +3,19 @@ package projection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -80,5 +83,80 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM conversations`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d conversations (%v), want none", n, err)
+	}
+}
+
+// TestApplyWritesReadModelAndDelivery: one batch opens and closes
+// membership periods in log order, moves each conversation's last seq and
+// activity time, writes one delivery row under the next id, announces it
+// on Channel, and stores the offsets — all in its one transaction.
+func TestApplyWritesReadModelAndDelivery(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db := pgtest.DB(t, pgtest.Options{})
+	listener, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, "LISTEN "+Channel); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
+		logrecord.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1, 0).UTC()
+	recs := []*kgo.Record{
+		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1", "u2"}, CreatedAt: at}, 0),
+		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", Body: "hi", CreatedAt: at.Add(time.Second)}, 1),
+		rec(t, &logrecord.Event{Kind: logrecord.KindLeave, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u2", UserID: "u2", CreatedAt: at.Add(2 * time.Second)}, 2),
+		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c0", Seq: 1, MessageID: "m4", Sender: "u3", CreatedAt: at}, 3),
+	}
+	p := newTestProjector(t, db)
+	if err := p.handle(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(ctx, `SELECT conversation_id || ':' || user_id || ':' || joined_seq || ':' || coalesce(left_seq::text, '-')
+		FROM memberships ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	periods, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || fmt.Sprint(periods) != "[c0:u3:1:- c1:u1:1:- c1:u2:1:3]" {
+		t.Errorf("memberships = %v, %v; want [c0:u3:1:- c1:u1:1:- c1:u2:1:3]", periods, err)
+	}
+	var last int64
+	var lastAt time.Time
+	if err := db.QueryRow(ctx, `SELECT last_seq, last_activity_at FROM conversations WHERE conversation_id = 'c1'`).Scan(&last, &lastAt); err != nil ||
+		last != 3 || !lastAt.Equal(at.Add(2*time.Second)) {
+		t.Errorf("c1 = %d, %v, %v; want 3 at %v", last, lastAt, err, at.Add(2*time.Second))
+	}
+	var id, counter int64
+	var convs []string
+	var from, to []int64
+	if err := db.QueryRow(ctx, `SELECT o.id, o.conversation_ids, o.from_seqs, o.to_seqs, c.last_id FROM delivery_outbox o, delivery_counter c`).
+		Scan(&id, &convs, &from, &to, &counter); err != nil {
+		t.Fatalf("delivery row: %v", err)
+	}
+	if id != 1 || counter != 1 || fmt.Sprint(convs, from, to) != "[c0 c1] [1 1] [1 3]" {
+		t.Errorf("delivery row %d (counter %d) = %v %v %v; want 1 (1) = [c0 c1] [1 1] [1 3]", id, counter, convs, from, to)
+	}
+	n, err := listener.Conn().WaitForNotification(ctx)
+	if err != nil || n.Channel != Channel || n.Payload != "1" {
+		t.Errorf("notification = %+v, %v; want %s 1", n, err, Channel)
+	}
+	offs, err := logsink.Offsets(ctx, db, "projection", logrecord.DefaultTopic)
+	if err != nil || offs[0] != 4 {
+		t.Errorf("projection offsets = %v, %v; want partition 0 at 4", offs, err)
+	}
+
+	// A second batch takes the next id.
+	if err := p.handle(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c0", Seq: 2, MessageID: "m5",
+		Sender: "u3", Body: "x", CreatedAt: at}, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := listener.Conn().WaitForNotification(ctx); err != nil || n.Payload != "2" {
+		t.Errorf("second notification = %+v, %v; want 2", n, err)
 	}
 }

@@ -1,0 +1,67 @@
+package logsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestCommitIsOneTransaction: when a later statement of a batch fails, the
+// earlier ones are rolled back with it, with and without a hold before the
+// commit; when none fails, all of them are written.
+func TestCommitIsOneTransaction(t *testing.T) {
+	ctx := context.Background()
+	s := newSink(t)
+	recs := []*kgo.Record{{Topic: testTopic, Partition: 0, Offset: 4}, {Topic: testTopic, Partition: 1, Offset: 7}}
+	read := func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("insert: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("second: %w", err)
+		}
+		return ExecOffsets(br, "sink")
+	}
+	for _, hold := range []time.Duration{0, time.Millisecond} {
+		var b pgx.Batch
+		b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
+		b.Queue(`SELECT 1 / 0`)
+		QueueOffsets(&b, "sink", testTopic, recs)
+		err := Commit(ctx, s.db, &b, hold, read)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "22012" {
+			t.Fatalf("hold %v: Commit = %v, want division by zero", hold, err)
+		}
+		var n int
+		if err := s.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM sink) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("hold %v: %d rows written (%v), want none", hold, n, err)
+		}
+	}
+	var b pgx.Batch
+	b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
+	b.Queue(`SELECT 1`)
+	QueueOffsets(&b, "sink", testTopic, recs)
+	if err := Commit(ctx, s.db, &b, 0, read); err != nil {
+		t.Fatal(err)
+	}
+	offs, err := Offsets(ctx, s.db, "sink", testTopic)
+	if err != nil || len(offs) != 2 || offs[0] != 5 || offs[1] != 8 {
+		t.Errorf("offsets = %v, %v; want 0: 5, 1: 8", offs, err)
+	}
+}
+
+// TestNextOffsetArrays: one entry per partition, in order of first
+// appearance, with the offset after its last record.
+func TestNextOffsetArrays(t *testing.T) {
+	recs := []*kgo.Record{{Partition: 2, Offset: 3}, {Partition: 2, Offset: 4}, {Partition: 0, Offset: 9}, {Partition: 1, Offset: 1}, {Partition: 0, Offset: 10}}
+	parts, offs := nextOffsetArrays(recs)
+	if fmt.Sprint(parts, offs) != "[2 0 1] [5 11 2]" {
+		t.Errorf("nextOffsetArrays = %v %v, want [2 0 1] [5 11 2]", parts, offs)
+	}
+}
