@@ -42,9 +42,9 @@ func rec(t *testing.T, e *logrecord.Event, off int64) *kgo.Record {
 // offset 1 (a NUL in its body) and stored its offset past it; the
 // projection sees the batch covered and applies it.
 func TestDeadLetteredByPersistDoesNotHang(t *testing.T) {
+	db := pgtest.DB(t, pgtest.Options{}) // before the clock starts: a cold Postgres may take a while
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	db := pgtest.DB(t, pgtest.Options{})
 	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 3)`,
 		logrecord.DefaultTopic); err != nil {
 		t.Fatal(err)
