@@ -36,6 +36,11 @@ import (
 // DefaultConsumer is persist's name in consumer_offsets.
 const DefaultConsumer = "persist"
 
+// Channel is the Postgres NOTIFY channel on which persist announces each
+// committed batch (its offsets moved): the projection, which waits for
+// persist, wakes on it instead of polling.
+const Channel = "chatpipe_persisted"
+
 // Config configures a Persister.
 type Config struct {
 	Brokers  []string
@@ -221,6 +226,7 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
 	}
 	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
+	b.Queue(`SELECT pg_notify($1, '')`, Channel) // delivered at commit
 	var skipped int64
 	var cs []conflict
 	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
@@ -245,6 +251,9 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 		}
 		if err := logsink.ExecOffsets(br, p.cfg.Consumer); err != nil {
 			return fmt.Errorf("persist: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("persist: notify: %w", err)
 		}
 		return nil
 	})

@@ -212,3 +212,30 @@ func TestFailedOffsetsRollBackRows(t *testing.T) {
 		t.Errorf("batches = %d, want 0", got)
 	}
 }
+
+// TestWriteNotifies: a committed batch is announced on Channel (the
+// projection waits for persist by it).
+func TestWriteNotifies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := pgtest.DB(t, pgtest.Options{})
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		t.Fatal(err)
+	}
+	p := newTestPersister(t, db)
+	if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", 1, "m-a", "k-a"), 0)}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after a write: %v", err)
+	}
+	if n.Channel != Channel {
+		t.Fatalf("notification on %q, want %q", n.Channel, Channel)
+	}
+}

@@ -48,6 +48,10 @@ type Config struct {
 	Log      *slog.Logger
 
 	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
+	// NoListen: do not LISTEN for persist's commits (for connection
+	// poolers that do not pass LISTEN through); waiting for persist then
+	// only polls.
+	NoListen bool
 }
 
 func (c *Config) validate() error {
@@ -87,6 +91,7 @@ type Projector struct {
 	waitSeconds                       prometheus.Histogram
 	consumer                          *logsink.Consumer
 	lastTrim                          time.Time
+	persisted                         chan struct{} // a persist commit was announced (cap 1)
 }
 
 // New returns a Projector; Run starts it.
@@ -94,7 +99,7 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Projector{cfg: cfg,
+	p := &Projector{cfg: cfg, persisted: make(chan struct{}, 1),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
 			Help: "Time to apply one batch (one Postgres transaction), waiting for persist excluded.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
@@ -128,7 +133,53 @@ func (p *Projector) CaughtUp(maxLag int64) error { return p.consumer.CaughtUp(ma
 func (p *Projector) Degraded(ctx context.Context) string { return p.consumer.Degraded(ctx) }
 
 // Run consumes until ctx ends.
-func (p *Projector) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
+func (p *Projector) Run(ctx context.Context) error {
+	if !p.cfg.NoListen && p.cfg.After == persist.DefaultConsumer {
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); p.listen(lctx) }()
+		defer func() { cancel(); <-done }()
+	}
+	return p.consumer.Run(ctx)
+}
+
+// listen holds a LISTEN connection on persist's channel and signals
+// p.persisted on every notification, until ctx ends. Without it (or while
+// it reconnects) waitForPersist polls.
+func (p *Projector) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, p.cfg.DB.Config().ConnConfig.Copy())
+		if err == nil {
+			if _, err = conn.Exec(ctx, "LISTEN "+persist.Channel); err == nil {
+				p.signalPersisted() // anything committed before LISTEN
+				for {
+					if _, err = conn.WaitForNotification(ctx); err != nil {
+						break
+					}
+					p.signalPersisted()
+				}
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.cfg.Log.Warn("projection: LISTEN connection lost; polling for persist until it is back", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (p *Projector) signalPersisted() {
+	select {
+	case p.persisted <- struct{}{}:
+	default:
+	}
+}
 
 // trim deletes delivery rows older than Retain, once a minute.
 func (p *Projector) trim(ctx context.Context) {
@@ -195,9 +246,13 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 			return nil
 		}
 		waited = true
+		// Woken by persist's commit notification, or polling (backing off)
+		// when none comes: a notification that came before the read above
+		// is still queued, so none is missed.
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-p.persisted:
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, 50*time.Millisecond)

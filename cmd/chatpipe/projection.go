@@ -40,11 +40,13 @@ func (f deliveryFlags) feed(db *pgxpool.Pool, gw *gateway.Gateway, log *slog.Log
 
 func runProjection(ctx context.Context, args []string) error {
 	var retain *time.Duration
+	var listen *bool
 	return runLogConsumer(ctx, "projection", args,
 		func(fs *flag.FlagSet) {
 			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
+			listen = fs.Bool("persist-listen", true, "LISTEN for persist's commits instead of only polling for them (false: e.g. behind a transaction-pooling proxy)")
 		},
 		func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-			return projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Retain: *retain, Log: log})
+			return projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Retain: *retain, Log: log, NoListen: !*listen})
 		})
 }
