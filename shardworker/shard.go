@@ -539,6 +539,9 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		switch {
 		case d.Reject != nil:
 			replies[i] = protocol.Rejected(c.reqID, d.Reject)
+			// Another attempt of the key gets this answer too, for a while:
+			// one decided later must not be accepted after it.
+			shardcore.Refuse(conv, &c.cmd, d.Reject, now, s.w.cfg.RefusalMemory)
 		case d.Event != nil:
 			shardcore.Apply(conv, d.Event)
 			rec, err := s.record(d.Event)
