@@ -556,14 +556,17 @@ func (r *runner) abandon(d *device, o *op) {
 	if o.reqID != "" && d.pending[o.reqID] == o {
 		delete(d.pending, o.reqID)
 	}
-	attempts := o.attempts
+	attempts, sent := o.attempts, int64(0)
+	if !o.sent.IsZero() {
+		sent = o.sent.UnixNano()
+	}
 	d.mu.Unlock()
 	why := GaveUpBudget
 	if attempts >= r.rs.p.MaxAttempts {
 		why = GaveUpAttempts
 	}
 	r.givenUp.Add(1)
-	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup})
+	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup, Sent: sent})
 	if o.done != nil {
 		o.done(&frame{Op: "given_up"})
 	}
