@@ -80,14 +80,14 @@ type device struct {
 	mu        sync.Mutex
 	pending   map[string]*op
 	next      int
-	cursors   map[string]int64
-	connected chan struct{} // closed on the first successful dial
+	cursors   map[string]*convCursor // per conversation: what a sync starts from
+	connected chan struct{}          // closed on the first successful dial
 	once      sync.Once
 }
 
 func newDevice(r *runner, user string, i int) *device {
 	return &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096), drop: make(chan struct{}, 1),
-		pending: map[string]*op{}, cursors: map[string]int64{}, connected: make(chan struct{})}
+		pending: map[string]*op{}, cursors: map[string]*convCursor{}, connected: make(chan struct{})}
 }
 
 var (
@@ -332,13 +332,18 @@ func (d *device) dispatch(b []byte, now time.Time) {
 	switch f.Op {
 	case "event":
 		d.mu.Lock()
-		if f.Seq > d.cursors[f.ConversationID] {
-			d.cursors[f.ConversationID] = f.Seq
-		}
+		d.cursor(f.ConversationID).event(d.user, f.Seq, f.Kind, f.UserID)
 		d.mu.Unlock()
 		d.r.delivered(d, &f, now)
 	case "accepted", "rejected", "synced":
 		d.mu.Lock()
+		if f.Op == "synced" {
+			// Its events came before it: it covers its cursors, gaps
+			// included.
+			for c, seq := range f.Cursors {
+				d.cursor(c).covered(d.user, seq)
+			}
+		}
 		o := d.pending[f.ID]
 		delete(d.pending, f.ID)
 		var lost *op
@@ -367,12 +372,27 @@ func retryable(f *frame) bool {
 	return f.Op == "rejected" && (f.Code == "unavailable" || f.Code == "rate_limited")
 }
 
+// cursor is conv's cursor (the caller holds mu).
+func (d *device) cursor(conv string) *convCursor {
+	c := d.cursors[conv]
+	if c == nil {
+		c = &convCursor{}
+		d.cursors[conv] = c
+	}
+	return c
+}
+
+// cursorCopy is what a sync starts from: per conversation, the seq up to
+// which the device holds every event it may see (not the highest seq it
+// was pushed: a gap before it would never be filled).
 func (d *device) cursorCopy() map[string]int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := make(map[string]int64, len(d.cursors))
-	for k, v := range d.cursors {
-		m[k] = v
+	for k, c := range d.cursors {
+		if c.seq > 0 {
+			m[k] = c.seq
+		}
 	}
 	return m
 }

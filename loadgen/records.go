@@ -109,6 +109,10 @@ type GaveUp struct {
 	Why             string `json:"why"` // the re-send refused: budget or attempts
 	Probe           bool   `json:"probe,omitempty"`
 	Dup             bool   `json:"dup,omitempty"`
+	// Sent is when its first attempt was written (unix ns; 0: never, or a
+	// run from before the field): a message is sent when its first copy
+	// is, whatever became of that copy.
+	Sent int64 `json:"ts,omitempty"`
 }
 
 // Counters is counters.json: the run's counters that no record stream

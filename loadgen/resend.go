@@ -99,3 +99,13 @@ func (s *resender) next(attempts int, retryAfter time.Duration) (time.Duration, 
 	s.resends++
 	return max(retryAfter, 0) + s.backoff(attempts), ""
 }
+
+// nextSync is next for a sync: a read, which adds no writes to the load
+// a run measures, and the only way a device that missed events gets them;
+// it is neither spent from the budget nor bounded in attempts (the run's
+// drain bounds it).
+func (s *resender) nextSync(attempts int, retryAfter time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(retryAfter, 0) + s.backoff(min(attempts, 40))
+}

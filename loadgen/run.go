@@ -508,12 +508,17 @@ func (r *runner) retryAfter(ctx context.Context, d *device, o *op, delay time.Du
 }
 
 // resend sends o again (same ids) after the policy's backoff, or gives it
-// up when its attempts or the run's re-send budget are spent. It never
-// blocks.
+// up when its attempts or the run's re-send budget are spent (a sync is
+// always sent again: see nextSync). It never blocks.
 func (r *runner) resend(ctx context.Context, d *device, o *op, cause string, retryAfter time.Duration) {
 	d.mu.Lock()
 	attempts := o.attempts
 	d.mu.Unlock()
+	if o.kind == "sync" {
+		r.bump(r.retries, cause)
+		r.retryAfter(ctx, d, o, r.rs.nextSync(attempts, retryAfter))
+		return
+	}
 	delay, why := r.rs.next(attempts, retryAfter)
 	if why != "" {
 		r.refuse(d, o, why)
@@ -551,14 +556,17 @@ func (r *runner) abandon(d *device, o *op) {
 	if o.reqID != "" && d.pending[o.reqID] == o {
 		delete(d.pending, o.reqID)
 	}
-	attempts := o.attempts
+	attempts, sent := o.attempts, int64(0)
+	if !o.sent.IsZero() {
+		sent = o.sent.UnixNano()
+	}
 	d.mu.Unlock()
 	why := GaveUpBudget
 	if attempts >= r.rs.p.MaxAttempts {
 		why = GaveUpAttempts
 	}
 	r.givenUp.Add(1)
-	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup})
+	r.gup.write(GaveUp{Op: o.kind, Conv: o.conv, ClientMessageID: o.cmid, Sender: d.user, Attempts: attempts, Why: why, Probe: o.probe, Dup: o.dup, Sent: sent})
 	if o.done != nil {
 		o.done(&frame{Op: "given_up"})
 	}

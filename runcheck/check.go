@@ -11,6 +11,7 @@ package runcheck
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -305,6 +306,23 @@ func checkRegression(c *checker, run *loadgen.RunDir, w *World) {
 			continue
 		}
 		f.Sent, f.At = min(f.Sent, a.Sent), min(f.At, a.At)
+		first[k] = f
+	}
+	// A copy given up (its answers lost or never sent) may have gone out
+	// first and been the one that took the seq: its first attempt's time
+	// counts. A record without it (a run from before the field) leaves the
+	// message's send time unknown: it is left out as one sent late.
+	for _, g := range run.GaveUp {
+		k := key{g.Conv, g.ClientMessageID}
+		f, ok := first[k]
+		if g.Op != "send" || !ok {
+			continue
+		}
+		if g.Sent == 0 {
+			f.Sent = math.MinInt64
+		} else {
+			f.Sent = min(f.Sent, g.Sent)
+		}
 		first[k] = f
 	}
 	byConv := map[string][]loadgen.Accepted{}

@@ -181,3 +181,26 @@ func TestDuplicateSentLateIsNoRegression(t *testing.T) {
 		t.Fatalf("a late duplicate counted as a regression:\n%s", res.Text())
 	}
 }
+
+// The overload run's seq-regression: a message's first copy was given up
+// (its re-send refused, its answer never heard) though it took seq 3; its
+// duplicate from the sender's other device went out after m5 was
+// accepted and got seq 3 by dedupe. The message was sent when the
+// given-up copy was.
+func TestGivenUpFirstCopyIsWhenTheMessageWasSent(t *testing.T) {
+	for _, sent := range []int64{30, 0} { // 0: a record from before the field
+		run, w := fixture()
+		a := &run.Accepted[2] // m3, seq 3, sent at 30
+		a.Sent, a.At, a.Dup = 100, 105, true
+		run.GaveUp = append(run.GaveUp, loadgen.GaveUp{Op: "send", Conv: "c1", ClientMessageID: "m3", Sender: a.Sender, Attempts: 1, Why: loadgen.GaveUpBudget, Sent: sent})
+		if res := Check(run, w); !res.OK() {
+			t.Fatalf("sent %d: a given-up first copy counted as a regression:\n%s", sent, res.Text())
+		}
+	}
+	// Without the given-up copy it is one.
+	run, w := fixture()
+	run.Accepted[2].Sent, run.Accepted[2].At = 100, 105
+	if res := Check(run, w); res.OK() {
+		t.Fatal("a real regression passed")
+	}
+}

@@ -49,6 +49,63 @@ type Conv struct {
 	// order lists Dedupe's keys oldest first, from head on.
 	order []string
 	head  int
+	// Refused holds the final rejections of keyed commands decided in the
+	// last while (RememberRefusal, TrimRefusals): another attempt of the
+	// same key by the same sender gets the same rejection instead of being
+	// decided again, so an attempt that reaches the writer late cannot
+	// take effect after the client was told the command was refused.
+	Refused      map[string]Refusal
+	refusedOrder []string
+}
+
+// Refusal is a remembered final rejection of a keyed command.
+type Refusal struct {
+	Sender string
+	Op     string
+	Err    *protocol.Error
+	At     time.Time
+}
+
+// RememberRefusal records r as the rejection of client_message_id cmid,
+// unless one is remembered already.
+func RememberRefusal(c *Conv, cmid string, r Refusal) {
+	if c.Refused == nil {
+		c.Refused = map[string]Refusal{}
+	}
+	if _, ok := c.Refused[cmid]; ok {
+		return
+	}
+	c.Refused[cmid] = r
+	c.refusedOrder = append(c.refusedOrder, cmid)
+}
+
+// Refuse records that cmd was rejected with e at now, when it carries a
+// key, for memory (forgetting the ones older than that): the driver calls
+// it for every rejection Decide returns.
+func Refuse(c *Conv, cmd *Command, e *protocol.Error, now time.Time, memory time.Duration) {
+	if cmd.ClientMessageID == "" || e == nil {
+		return
+	}
+	TrimRefusals(c, now.Add(-memory))
+	RememberRefusal(c, cmd.ClientMessageID, Refusal{Sender: cmd.Sender, Op: cmd.Op, Err: e, At: now})
+}
+
+// TrimRefusals forgets the rejections decided before cutoff. It returns
+// how many it dropped.
+func TrimRefusals(c *Conv, cutoff time.Time) int {
+	n := 0
+	for n < len(c.refusedOrder) {
+		k := c.refusedOrder[n]
+		if r, ok := c.Refused[k]; ok && !r.At.Before(cutoff) {
+			break
+		}
+		delete(c.Refused, k)
+		n++
+	}
+	if n > 0 {
+		c.refusedOrder = append(c.refusedOrder[:0], c.refusedOrder[n:]...)
+	}
+	return n
 }
 
 // NewConv returns the state of a conversation with no events.
@@ -145,6 +202,14 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 				return reject(protocol.CodeConflict, "client_message_id %s was used for a %s in %s", cmd.ClientMessageID, f.kind(), cmd.ConversationID)
 			}
 			return Decision{Seq: f.Seq, MessageID: f.MessageID}
+		}
+		// A rejection of this key decided a moment ago stands: the client
+		// may have been told it, and an attempt that arrives late (one the
+		// gateway gave up on, or that a client's re-send overtook) must
+		// not be accepted after it (docs/protocol.md, "Attempts in
+		// flight").
+		if r, ok := c.Refused[cmd.ClientMessageID]; ok && r.Sender == cmd.Sender && r.Op == cmd.Op {
+			return Decision{Reject: r.Err}
 		}
 	}
 	_, isMember := c.Members[cmd.Sender]

@@ -540,6 +540,9 @@ func (s *shard) process(cl *kgo.Client, batch []*call) error {
 		switch {
 		case d.Reject != nil:
 			replies[i] = protocol.Rejected(c.reqID, d.Reject)
+			// Another attempt of the key gets this answer too, for a while:
+			// one decided later must not be accepted after it.
+			shardcore.Refuse(conv, &c.cmd, d.Reject, now, s.w.cfg.RefusalMemory)
 		case d.Event != nil:
 			shardcore.Apply(conv, d.Event)
 			rec, err := s.record(d.Event)
@@ -652,9 +655,11 @@ func (s *shard) housekeep(ctx context.Context, now time.Time) {
 	}
 	cutoff := now.Add(-s.w.cfg.DedupeMemory)
 	trimmed, held := 0, 0
+	refusedBefore := now.Add(-s.w.cfg.RefusalMemory)
 	for cid, conv := range s.convs {
 		trimmed += shardcore.TrimDedupe(conv, s.storedUpTo(cid, conv), s.w.cfg.DedupeKeep, cutoff)
 		held += len(conv.Dedupe)
+		shardcore.TrimRefusals(conv, refusedBefore)
 	}
 	s.w.stats.DedupeTrimmed.Add(int64(trimmed))
 	s.dedupeHeld.Store(int64(held))
@@ -664,8 +669,9 @@ func (s *shard) housekeep(ctx context.Context, now time.Time) {
 }
 
 // evict drops cached conversations whose events are all in Postgres (none
-// listed unstored, as of housekeep's read of persist's offset) until the
-// cache is at 3/4 of MaxConvs; they are reloaded on their next command.
+// listed unstored, as of housekeep's read of persist's offset) and that
+// remember no rejection, until the cache is at 3/4 of MaxConvs; they are
+// reloaded on their next command.
 // Conversations persist has not caught up with stay: reloading them would
 // miss their newest events, so the cache is bounded by MaxConvs plus
 // persist's lag.
@@ -676,7 +682,9 @@ func (s *shard) evict() {
 		if len(s.convs) <= target {
 			break
 		}
-		if s.stored[cid] == nil {
+		// A conversation with remembered rejections stays: reloaded, it
+		// would decide their keys again (they expire within RefusalMemory).
+		if s.stored[cid] == nil && len(s.convs[cid].Refused) == 0 {
 			delete(s.convs, cid)
 			delete(s.rates, cid)
 			n++

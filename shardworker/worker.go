@@ -55,8 +55,13 @@ type Config struct {
 	// none older than DedupeMemory (defaults 256 and 30 s). A retry past
 	// them is answered from Postgres; results persist has not stored yet are
 	// always kept.
-	DedupeKeep    int
-	DedupeMemory  time.Duration
+	DedupeKeep   int
+	DedupeMemory time.Duration
+	// RefusalMemory is how long a writer remembers a final rejection of a
+	// keyed command, answering other attempts of the key by the same
+	// sender with it (default 2 min, far longer than an attempt can stay
+	// in flight: the gateway's 15 s call plus what queues ahead of it).
+	RefusalMemory time.Duration
 	TrimInterval  time.Duration // how often a busy writer trims (default 1 s)
 	CommitTimeout time.Duration // per transaction (default 10 s)
 	TxnTimeout    time.Duration // Kafka transaction.timeout (default 10 s)
@@ -82,6 +87,8 @@ const (
 const (
 	DefaultDedupeKeep   = 256
 	DefaultDedupeMemory = 30 * time.Second
+	// DefaultRefusalMemory is Config.RefusalMemory's default.
+	DefaultRefusalMemory = 2 * time.Minute
 )
 
 func (c *Config) validate() error {
@@ -120,6 +127,9 @@ func (c *Config) validate() error {
 	}
 	if c.DedupeMemory <= 0 {
 		c.DedupeMemory = DefaultDedupeMemory
+	}
+	if c.RefusalMemory <= 0 {
+		c.RefusalMemory = DefaultRefusalMemory
 	}
 	if c.TrimInterval <= 0 {
 		c.TrimInterval = time.Second
