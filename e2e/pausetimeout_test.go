@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// TestPausedPastTxnTimeout: a writer is paused (SIGSTOP) with a transaction
+// between produce and commit for longer than its Kafka transaction timeout
+// and its lease. Unlike TestPausedWriterIsFenced, whose transaction timeout
+// outlasts the pause, here the broker aborts the open transactions itself
+// before the new owner fences them. On waking, the writer must not commit
+// as if it still owned its shards: its commits are refused, no vshard's log
+// goes back to an older ownership epoch, and the world check holds.
+func TestPausedPastTxnTimeout(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--workers", "0")
+	mark := filepath.Join(dev.dir, "wa-in-commit")
+	const txnTimeout = 2 * time.Second
+	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT="+txnTimeout.String())
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	dev.startWorker(t, "wb")
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waMetrics := adminURL(t, dev.ep, "wa")
+	aborts0 := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort")
+
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 30*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	os.Remove(mark)
+	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
+	wa.signal(syscall.SIGSTOP)
+	paused := time.Now()
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	if d := time.Since(paused); d < 2*txnTimeout {
+		time.Sleep(2*txnTimeout - d)
+	}
+	aborts := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort") - aborts0
+	t.Logf("shards moved %v after the pause; the broker aborted %d transactions on timeout", time.Since(paused).Round(time.Millisecond), aborts)
+	if aborts == 0 {
+		t.Error("the broker timed out no transaction of the paused writer: the pause missed the open transaction or outlasted nothing")
+	}
+	wa.signal(syscall.SIGCONT)
+	n := load.count()
+	waitFor(t, 60*time.Second, "load to go on after the pause", func() bool { return load.count() > n+300 })
+	accepted := load.finish()
+	time.Sleep(500 * time.Millisecond)
+	refused := metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")
+	t.Logf("%d sends accepted; the paused writer had %v commits or writes refused after waking", len(accepted), refused)
+	if refused == 0 {
+		t.Error("the paused writer had no write refused after waking: it committed nothing it held, or it was never stopped")
+	}
+	checkEpochOrder(t, dev.ep)
+	checkWorld(t, dev.ep, accepted)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// checkEpochOrder reads the committed log and checks that no vshard's
+// records go back to an older ownership epoch: a writer that lost its
+// shard committed nothing after the new owner's first record.
+func checkEpochOrder(t *testing.T, ep endpoints) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	top := map[int]int64{}
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+		fs := cl.PollFetches(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			t.Fatal("log not read within 60 s")
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			e, err := logrecord.Unmarshal(r.Value)
+			if err != nil {
+				t.Errorf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err)
+				return
+			}
+			if e.Epoch < top[e.VShard] {
+				t.Errorf("vshard %d: %s at %d/%d has ownership epoch %d after epoch %d", e.VShard, e.Kind, r.Partition, r.Offset, e.Epoch, top[e.VShard])
+			}
+			top[e.VShard] = max(top[e.VShard], e.Epoch)
+		})
+		if n == 0 {
+			return
+		}
+	}
+}
