@@ -537,20 +537,24 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 	v := logrecord.VShard(req.ConversationID, g.cfg.VShards)
 	deadline := time.Now().Add(g.cfg.RouteTimeout)
 	backoff := 10 * time.Millisecond
+	why := "has no live owner" // what the last try ran into
 	for {
 		changed := g.cfg.Owners.Changed()
 		if row, w, ok := g.cfg.Owners.Route(v); ok {
-			rep, moved := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
+			rep, moved, reason := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
 			if rep != nil {
 				return rep
 			}
+			why = reason
 			if moved {
 				deadline = time.Now().Add(g.cfg.RouteTimeout)
 				continue
 			}
+		} else {
+			why = "has no live owner"
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return unavailable(req.ID, "vshard "+strconv.Itoa(v)+" has no available owner", 1000)
+			return unavailable(req.ID, "vshard "+strconv.Itoa(v)+" "+why+"; retry with the same ids", 1000)
 		}
 		select {
 		case <-ctx.Done():
@@ -563,11 +567,12 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 
 // attempt sends req once to the worker at addr, owner of v at epoch. It
 // returns the reply to give the client, or nil to try again (moved: the
-// shard moved while the call was waiting).
-func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, user string, req *protocol.Request) (rep *protocol.Reply, moved bool) {
+// shard moved while the call was waiting; why: what went wrong, for the
+// client's answer if the retries run out).
+func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, user string, req *protocol.Request) (rep *protocol.Reply, moved bool, why string) {
 	cl, err := g.client(ctx, addr)
 	if err != nil {
-		return nil, false
+		return nil, false, "cannot reach its owner"
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
@@ -582,13 +587,15 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	stop()
 	switch {
 	case errors.Is(err, wire.ErrNotSent):
-		return nil, moved // nothing was written
+		return nil, moved, "could not be asked (the request was not sent)" // nothing was written
 	case err != nil && !safe:
-		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false
-	case err != nil, resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
-		return nil, moved
+		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false, ""
+	case err != nil:
+		return nil, moved, "did not answer in time (the outcome is unknown)"
+	case resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
+		return nil, moved, "answered: " + resp.Reply.Message
 	}
-	return resp.Reply, false
+	return resp.Reply, false, ""
 }
 
 // cancelOnMove cancels a call when vshard v's owner row moves past epoch;
