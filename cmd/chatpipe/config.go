@@ -133,9 +133,15 @@ func parseError(err error) error {
 func checkEnv(fs *flag.FlagSet, env []string) (notes []string, err error) {
 	var unknown []string
 	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
+		k, v, _ := strings.Cut(kv, "=")
 		rest, ok := strings.CutPrefix(k, envPrefix)
-		if !ok || isOtherEnv(k) || fs.Lookup(flagName(rest)) != nil {
+		if !ok || isOtherEnv(k) {
+			continue
+		}
+		if f := fs.Lookup(flagName(rest)); f != nil {
+			if err := checkSyntax(f, v); v != "" && err != nil {
+				return nil, fmt.Errorf("%s=%q: %w", k, v, err)
+			}
 			continue
 		}
 		if cmds, ok := knownFlags()[flagName(rest)]; ok {
@@ -191,6 +197,9 @@ func parseConfigFile(fs *flag.FlagSet, path string, r io.Reader, set func(name, 
 			}
 			return nil, errors.New(msg)
 		}
+		if err := checkSyntax(fs.Lookup(name), value); err != nil {
+			return nil, fmt.Errorf("%s:%d: %s = %q: %w", path, n, name, value, err)
+		}
 		if err := set(name, value); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
 		}
@@ -199,6 +208,40 @@ func parseConfigFile(fs *flag.FlagSet, path string, r io.Reader, set func(name, 
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return notes, nil
+}
+
+// checkSyntax returns an error naming f's type if v is not a value of it
+// (the flag package says only "parse error").
+func checkSyntax(f *flag.Flag, v string) error {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return nil
+	}
+	var err error
+	switch g.Get().(type) {
+	case bool:
+		_, err = strconv.ParseBool(v)
+	case int:
+		_, err = strconv.ParseInt(v, 0, strconv.IntSize)
+	case int64:
+		_, err = strconv.ParseInt(v, 0, 64)
+	case uint, uint64:
+		_, err = strconv.ParseUint(v, 0, 64)
+	case float64:
+		_, err = strconv.ParseFloat(v, 64)
+	case time.Duration:
+		_, err = time.ParseDuration(v)
+	default:
+		return nil
+	}
+	if err != nil {
+		kind, _ := flag.UnquoteUsage(f)
+		if kind == "" {
+			kind = "bool"
+		}
+		return fmt.Errorf("not a valid %s for --%s", kind, f.Name)
+	}
+	return nil
 }
 
 func isBool(f *flag.Flag) bool {

@@ -57,6 +57,20 @@ func TestCheckEnv(t *testing.T) {
 	}
 }
 
+func TestBadValues(t *testing.T) {
+	t.Setenv("CHATPIPE_SEND_BUFFER", "lots")
+	fs, _, _ := newTestFlags("worker")
+	if err := parse(fs, nil); err == nil || err.Error() != `CHATPIPE_SEND_BUFFER="lots": not a valid int for --send-buffer` {
+		t.Errorf("bad variable: err = %v", err)
+	}
+	t.Setenv("CHATPIPE_SEND_BUFFER", "")
+	fs, _, _ = newTestFlags("worker")
+	err := parse(fs, []string{"--config", writeFile(t, "rate-user = fast\n")})
+	if err == nil || !strings.Contains(err.Error(), `chatpipe.conf:1: rate-user = "fast": not a valid float for --rate-user`) {
+		t.Errorf("bad file value: err = %v", err)
+	}
+}
+
 func writeFile(t *testing.T, text string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "chatpipe.conf")
