@@ -154,4 +154,14 @@ func TestConfigPrecedence(t *testing.T) {
 	if r, err := alice.sendRetrying("cf", "m2", strings.Repeat("a", 250)); err != nil || r.Code != "too_large" {
 		t.Errorf("250-byte body over CHATPIPE_MAX_BODY_BYTES=200: %+v %v, want too_large", r, err)
 	}
+
+	// check-config --role takes the role's settings, file included, and
+	// checks the deployment with them; the file's dev-only key is a note.
+	out, err := runWithEnv(t, nil, "admin", "check-config", "--min-replication", "1",
+		"--role", "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"))
+	for _, want := range []string{"✓ chatpipe worker", "workers is not read by chatpipe worker", "✓ etcd, Kafka and Postgres agree"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("check-config --role worker on a running stack: %v, want %q in:\n%s", err, want, out)
+		}
+	}
 }
