@@ -9,4 +9,7 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/chatpipe /usr/local/bin/chatpipe
+# The image's nonroot user, by number so that an orchestrator's
+# runAsNonRoot check can verify it without reading /etc/passwd.
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/chatpipe"]

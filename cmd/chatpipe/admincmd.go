@@ -25,6 +25,7 @@ const adminUsage = `Usage: chatpipe admin <command> [flags]
 Commands:
   shards        every vshard's owner, worker gen and epoch, and each worker's lease TTL left
   check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
+                (--role ROLE [flags]: check that role's flags, env and config file first)
   rebuild       rebuild an empty Postgres from the committed log alone and report the counts
   handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
   dead-letters  records persist or the projection could never write (dead_letters), oldest first
@@ -36,22 +37,19 @@ func runAdmin(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stderr, adminUsage)
 		return errors.New("missing admin command")
 	}
-	switch args[0] {
-	case "shards":
-		return adminShards(ctx, args[1:])
-	case "check-config":
-		return adminCheckConfig(ctx, args[1:])
-	case "rebuild":
-		return adminRebuild(ctx, args[1:])
-	case "handoff":
-		return adminHandoff(ctx, args[1:])
-	case "dead-letters":
-		return adminDeadLetters(ctx, args[1:])
-	case "kafka-acls":
-		return adminKafkaACLs(ctx, args[1:])
+	if run, ok := adminCommandTable()[args[0]]; ok {
+		return run(ctx, args[1:])
 	}
 	fmt.Fprint(os.Stderr, adminUsage)
 	return fmt.Errorf("unknown admin command %q", args[0])
+}
+
+// adminCommandTable maps every admin command's name to its function.
+func adminCommandTable() map[string]func(ctx context.Context, args []string) error {
+	return map[string]func(ctx context.Context, args []string) error{
+		"shards": adminShards, "check-config": adminCheckConfig, "rebuild": adminRebuild,
+		"handoff": adminHandoff, "dead-letters": adminDeadLetters, "kafka-acls": adminKafkaACLs,
+	}
 }
 
 // adminShards prints the ownership table from etcd.
@@ -149,17 +147,65 @@ func adminShards(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
+// splitRole splits check-config's arguments at --role ROLE (or
+// --role=ROLE): what comes before is check-config's, what comes after is the
+// role's.
+func splitRole(args []string) (own []string, role string, roleArgs []string, ok bool, err error) {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		switch {
+		case a == "--role" || a == "-role":
+			if i+1 >= len(args) {
+				return nil, "", nil, false, errors.New("--role needs a command name (e.g. --role worker)")
+			}
+			return args[:i], args[i+1], args[i+2:], true, nil
+		case strings.HasPrefix(a, "--role=") || strings.HasPrefix(a, "-role="):
+			_, r, _ := strings.Cut(a, "=")
+			return args[:i], r, args[i+1:], true, nil
+		}
+	}
+	return args, "", nil, false, nil
+}
+
 // adminCheckConfig compares what this process was given with what the
-// deployment holds, and lists every disagreement.
+// deployment holds, and lists every disagreement. With --role ROLE [flags]
+// it first checks ROLE's own flags, environment and config file as ROLE
+// would at start, and then checks the deployment with the role's etcd,
+// Kafka and Postgres settings (unless --role-only).
 func adminCheckConfig(ctx context.Context, args []string) error {
+	own, role, roleArgs, hasRole, err := splitRole(args)
+	if err != nil {
+		return err
+	}
 	fs := flag.NewFlagSet("admin check-config", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: chatpipe admin check-config [flags] [--role ROLE [ROLE's flags]]\n\n"+
+			"--role ROLE checks the flags, CHATPIPE_* variables and config file of 'chatpipe ROLE'\n"+
+			"as it would at start (without starting it); every argument after it is ROLE's.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	inf := addInfraFlags(fs)
 	vshards := fs.Int("vshards", 0, "expected virtual shards (0: don't check)")
 	partitions := fs.Int("partitions", 0, "expected partitions (0: don't check)")
 	minRF := fs.Int("min-replication", 3, "smallest replication factor of the log topic allowed (a dev broker has 1: pass 1)")
+	roleOnly := fs.Bool("role-only", false, "with --role: check the role's configuration only, not the deployment")
+	checkFlags(fs, notNegative("vshards"), notNegative("partitions"), atLeast("min-replication", 1))
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, args, level, format); err != nil {
+	if _, err := inf.setup(fs, own, level, format); err != nil {
 		return err
+	}
+	if hasRole {
+		if err := checkRoleConfig(fs, role, roleArgs); err != nil {
+			return err
+		}
+		if *roleOnly {
+			return nil
+		}
+		if err := inf.resolve(); err != nil {
+			return err
+		}
 	}
 	var problems []string
 	var cfg lease.Config
@@ -218,6 +264,36 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 	return nil
 }
 
+// checkRoleConfig validates the configuration of chatpipe role (its args,
+// the environment and its config file) and copies the settings it shares
+// with check-config's flag set fs (etcd, Kafka, Postgres, TLS) into fs.
+func checkRoleConfig(fs *flag.FlagSet, role string, args []string) error {
+	switch role {
+	case "", "admin", "version", "help":
+		return fmt.Errorf("--role %q: name a command with flags (e.g. worker, gateway, persist)", role)
+	}
+	rfs, notes, err := validateConfig(append([]string{role}, args...))
+	if err != nil {
+		fmt.Printf("✗ chatpipe %s: %v\n", role, err)
+		return fmt.Errorf("chatpipe %s would not start: %w", role, err)
+	}
+	for _, n := range notes {
+		fmt.Println("·", n)
+	}
+	fmt.Printf("✓ chatpipe %s: flags, environment and config file are valid\n", role)
+	var copyErr error
+	rfs.Visit(func(f *flag.Flag) {
+		if f.Name == "config" || fs.Lookup(f.Name) == nil || copyErr != nil {
+			return
+		}
+		copyErr = fs.Set(f.Name, f.Value.String())
+	})
+	if copyErr != nil {
+		return fmt.Errorf("copy the settings of chatpipe %s: %w", role, copyErr)
+	}
+	return nil
+}
+
 // adminHandoff asks the coordinator to move a vshard and waits until the
 // owner row names the new worker.
 func adminHandoff(ctx context.Context, args []string) error {
@@ -226,6 +302,7 @@ func adminHandoff(ctx context.Context, args []string) error {
 	v := fs.Int("vshard", -1, "the vshard to move")
 	to := fs.String("to", "", "the live worker to move it to")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the move")
+	checkFlags(fs, positive("wait"))
 	level, format := logFlags(fs)
 	if _, err := inf.setup(fs, args, level, format); err != nil {
 		return err
@@ -288,6 +365,7 @@ func adminDeadLetters(ctx context.Context, args []string) error {
 	consumer := fs.String("consumer", "", "only this consumer's (persist, projection); default all")
 	limit := fs.Int("limit", 100, "at most this many rows, oldest first")
 	width := fs.Int("value-width", 60, "bytes of each record value shown (quoted)")
+	checkFlags(fs, atLeast("limit", 1), notNegative("value-width"))
 	level, format := logFlags(fs)
 	if _, err := inf.setup(fs, args, level, format); err != nil {
 		return err

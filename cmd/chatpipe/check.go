@@ -27,6 +27,7 @@ func runCheck(ctx context.Context, args []string) error {
 	topic := fs.String("topic", "", "log topic (default: the run's stack)")
 	dbURL := fs.String("database-url", "", "Postgres URL (default: the run's stack)")
 	sec := addSecFlags(fs)
+	checkFlags(fs, notNegative("persist-wait"))
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -52,6 +52,8 @@ func runDev(ctx context.Context, args []string) error {
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
 	sec := addSecFlags(fs)
+	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1),
+		notNegative("linger"), atLeast("cache-convs", 1))
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -28,6 +28,7 @@ func runEtcd(ctx context.Context, args []string) error {
 	clientPort := fs.Int("client-port", 2379, "client port on 127.0.0.1 (0: a free one)")
 	peerPort := fs.Int("peer-port", 2380, "peer port on 127.0.0.1; part of the cluster membership, so keep it across restarts")
 	initialCluster := fs.String("initial-cluster", "", "every member as name=http://127.0.0.1:PEER_PORT, comma separated, the same for all members (default: this member alone)")
+	checkFlags(fs, portCheck("client-port", true), portCheck("peer-port", false))
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -18,6 +18,7 @@ func runExport(ctx context.Context, args []string) error {
 	out := fs.String("out", "chatpipe-export", "output directory (chunks under DAY/, runs.ledger, daily.ledger)")
 	run := fs.String("run", "", "run name; a run started again with the same name resumes (default export-DAY)")
 	chunk := fs.Int("chunk-size", 1000, "events per chunk file")
+	checkFlags(fs, atLeast("chunk-size", 1))
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {

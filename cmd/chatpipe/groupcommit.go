@@ -15,6 +15,7 @@ type commitFlags struct {
 }
 
 func addCommitFlags(fs *flag.FlagSet) commitFlags {
+	checkFlags(fs, positive("txn-budget"))
 	return commitFlags{
 		lingerMax: fs.Duration("linger-max", shardworker.DefaultLingerMax, "latency budget of the adaptive group commit: the longest a writer waits for its batch to fill (0: never wait)"),
 		txnBudget: fs.Float64("txn-budget", shardworker.DefaultTxnBudget, "Kafka transactions/s a worker aims to stay under, shared by its vshards; a writer lingers (up to --linger-max) once its commands arrive faster than its share"),

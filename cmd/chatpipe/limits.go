@@ -10,6 +10,10 @@ import (
 	"github.com/chatpipe/chatpipe/shardworker"
 )
 
+// frameRoom is how many bytes a websocket frame needs besides a message
+// body: the JSON of a send command around it (op, ids, conversation).
+const frameRoom = 1024
+
 // limitFlags are the abuse limits; every default is safe for the internet.
 type limitFlags struct {
 	userRate, convRate                  *float64
@@ -25,6 +29,14 @@ type limitFlags struct {
 
 func addLimitFlags(fs *flag.FlagSet) limitFlags {
 	d := protocol.DefaultLimits()
+	checkFlags(fs,
+		nonZero("rate-user", "no limit"), atLeast("rate-user-burst", 1),
+		nonZero("rate-conv", "no limit"), atLeast("rate-conv-burst", 1),
+		atLeast("max-conns-per-user", 1), atLeast("max-body-bytes", 1), atLeast("max-id-bytes", 1),
+		notBelowFlag("max-frame-bytes", "max-body-bytes", frameRoom, ": a send frame holds the body and its JSON envelope"),
+		atLeast("max-members", 2), atLeast("send-buffer", 1), nonZero("max-convs-per-user", "no cap"),
+		atLeast("sync-max", 1), positive("ping-interval"), nonZero("read-your-writes", "no wait"),
+		atLeast("dedupe-keep", 1), positive("dedupe-memory"))
 	return limitFlags{
 		userRate:  fs.Float64("rate-user", 20, "commands/s per user on a gateway (negative: no limit)"),
 		userBurst: fs.Int("rate-user-burst", 40, "burst of the per-user command limit"),

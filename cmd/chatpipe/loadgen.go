@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,11 @@ func runLoadgen(ctx context.Context, args []string) error {
 	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
 	shard := fs.String("shard", "", "K/N: run part K of N of the plan (its own users and conversations, at rate/N) into the run directory NAME-KofN; then 'chatpipe loadgen merge'")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
+	checkFlags(fs, positive("scale"), notNegative("rate"), positive("duration"), notNegative("devices"),
+		notNegative("users"), notNegative("conversations"), inRange("groups", math.Inf(-1), 1, "at most 1 (negative: the profile's)"),
+		inRange("dup", 0, 1, "a share, 0 to 1"), notNegative("reconnects"), atLeast("body-bytes", 1), positive("timeout"),
+		notNegative("resend-budget"), atLeast("max-attempts", 1), positive("resend-backoff"),
+		notBelowFlag("resend-backoff-max", "resend-backoff", 0, ""), notNegative("drain"))
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err

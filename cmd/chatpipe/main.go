@@ -32,7 +32,10 @@ Commands:
   admin     operator commands: shards, handoff, check-config, rebuild
   export    write one day's committed events to chunk files, crash-safe and resumable
 %s
-Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_').
+Every flag can also be set with CHATPIPE_<FLAG> (upper case, '-' as '_') or in
+a config file (--config FILE or CHATPIPE_CONFIG: name = value lines); a flag
+wins over its variable, a variable over the file. A CHATPIPE_ variable or a
+config key that is a flag of no command, or a value out of range, is an error.
 Run 'chatpipe <command> -h' for its flags and defaults.
 `
 
@@ -41,13 +44,7 @@ func main() {
 		fmt.Fprint(os.Stderr, usageText())
 		os.Exit(2)
 	}
-	cmds := map[string]func(ctx context.Context, args []string) error{
-		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
-		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin, "export": runExport,
-	}
-	for _, c := range extraCommands {
-		cmds[c.name] = c.run
-	}
+	cmds := commandTable()
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
 		fmt.Print(usageText())
@@ -67,6 +64,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "chatpipe %s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// commandTable maps every subcommand's name to its function.
+func commandTable() map[string]func(ctx context.Context, args []string) error {
+	cmds := map[string]func(ctx context.Context, args []string) error{
+		"dev": runDev, "gateway": runGateway, "worker": runWorker, "persist": runPersist,
+		"kafka": runKafka, "token": runToken, "etcd": runEtcd, "init": runInit, "version": runVersion, "admin": runAdmin, "export": runExport,
+	}
+	for _, c := range extraCommands {
+		cmds[c.name] = c.run
+	}
+	return cmds
 }
 
 // extraCommand is a subcommand registered from its own file (see register).
@@ -90,23 +99,6 @@ func usageText() string {
 		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
 	}
 	return fmt.Sprintf(usage, b.String())
-}
-
-// parse applies CHATPIPE_* environment variables as defaults, then args.
-func parse(fs *flag.FlagSet, args []string) error {
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := "CHATPIPE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && v != "" {
-			if err := f.Value.Set(v); err != nil && envErr == nil {
-				envErr = fmt.Errorf("%s: %w", env, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return envErr
-	}
-	return fs.Parse(args)
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

@@ -45,6 +45,13 @@ func runInit(ctx context.Context, args []string) error {
 	replication := fs.Int("replication-factor", 3, "replication factor of the log topic (-1: the broker's default)")
 	minISR := fs.Int("min-insync-replicas", 2, "min.insync.replicas of the log topic (0: the broker's default)")
 	retention := fs.Duration("retention", -1, "retention.ms of the log topic; negative keeps it forever (the log is the source of truth: replay and rebuild read it)")
+	checkFlags(fs, atLeast("vshards", 1), atLeast("partitions", 1), notNegative("min-insync-replicas"),
+		func(fs *flag.FlagSet) error {
+			if *replication == 0 || *replication < -1 {
+				return rangeError(fs.Lookup("replication-factor"), "at least 1, or -1 for the broker's default")
+			}
+			return nil
+		})
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {

@@ -26,6 +26,7 @@ type deliveryFlags struct {
 }
 
 func addDeliveryFlags(fs *flag.FlagSet) deliveryFlags {
+	checkFlags(fs, positive("delivery-poll"))
 	return deliveryFlags{
 		poll:   fs.Duration("delivery-poll", time.Second, "how often the gateway reads the delivery outbox without a notification"),
 		listen: fs.Bool("delivery-listen", true, "LISTEN for delivery notifications (false: poll only, e.g. behind a transaction-pooling proxy)"),
@@ -45,6 +46,7 @@ func runProjection(ctx context.Context, args []string) error {
 		func(fs *flag.FlagSet) {
 			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
 			listen = fs.Bool("persist-listen", true, "LISTEN for persist's commits instead of only polling for them (false: e.g. behind a transaction-pooling proxy)")
+			checkFlags(fs, notNegative("retain"))
 		},
 		func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
 			return projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Retain: *retain, Log: log, NoListen: !*listen})

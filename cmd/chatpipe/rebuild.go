@@ -21,6 +21,7 @@ func adminRebuild(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin rebuild", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	idle := fs.Duration("idle", 3*time.Second, "stop once the log yielded nothing new for this long")
+	checkFlags(fs, positive("idle"))
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {

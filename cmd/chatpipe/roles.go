@@ -95,6 +95,7 @@ func runWorker(ctx context.Context, args []string) error {
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
 	lim := addLimitFlags(fs)
+	checkFlags(fs, notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"))
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -157,6 +158,7 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
 	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
+	checkFlags(fs, notNegative("ready-lag"))
 	if addFlags != nil {
 		addFlags(fs)
 	}
@@ -283,6 +285,7 @@ func runKafka(ctx context.Context, args []string) error {
 	topic := fs.String("topic", logrecord.DefaultTopic, "topic to create if missing")
 	partitions := fs.Int("partitions", 8, "partitions of the topic")
 	adminAddr := fs.String("admin", "", "listen address of /metrics (Go and process collectors) and /healthz (default: none)")
+	checkFlags(fs, portCheck("port", true), atLeast("partitions", 1))
 	level, format := logFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -319,6 +322,7 @@ func runToken(_ context.Context, args []string) error {
 	ttl := fs.Duration("ttl", 24*time.Hour, "validity")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
 	dataDir := fs.String("data-dir", "chatpipe-data", "data dir of 'chatpipe dev' holding the generated secret")
+	checkFlags(fs, positive("ttl"))
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -15,6 +15,9 @@ type wireFlags struct {
 }
 
 func addWireFlags(fs *flag.FlagSet) wireFlags {
+	checkFlags(fs, positive("wire-write-timeout"), positive("wire-ping"), positive("call-timeout"),
+		aboveFlag("wire-read-timeout", "wire-ping", ": a link is pinged before it can time out"),
+		atLeast("wire-queue", 65))
 	return wireFlags{
 		write: fs.Duration("wire-write-timeout", wire.DefaultWriteTimeout, "deadline of every write on a gateway↔worker link; a write that misses it closes the link"),
 		ping:  fs.Duration("wire-ping", wire.DefaultPingInterval, "how often a gateway pings each of its worker links"),
