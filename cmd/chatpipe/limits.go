@@ -21,7 +21,7 @@ type limitFlags struct {
 	frame, body, idBytes, members, sbuf *int
 	syncMax, maxConvs                   *int
 	origins                             *string
-	ping, dedupeMemory, ryw             *time.Duration
+	ping, dedupeMemory, ryw, refusals   *time.Duration
 	dedupeKeep                          *int
 	commit                              commitFlags
 	wire                                wireFlags
@@ -36,7 +36,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		notBelowFlag("max-frame-bytes", "max-body-bytes", frameRoom, ": a send frame holds the body and its JSON envelope"),
 		atLeast("max-members", 2), atLeast("send-buffer", 1), nonZero("max-convs-per-user", "no cap"),
 		atLeast("sync-max", 1), positive("ping-interval"), nonZero("read-your-writes", "no wait"),
-		atLeast("dedupe-keep", 1), positive("dedupe-memory"))
+		atLeast("dedupe-keep", 1), positive("dedupe-memory"), positive("refusal-memory"))
 	return limitFlags{
 		userRate:  fs.Float64("rate-user", 20, "commands/s per user on a gateway (negative: no limit)"),
 		userBurst: fs.Int("rate-user-burst", 40, "burst of the per-user command limit"),
@@ -58,6 +58,8 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 			"stored send results a writer keeps in memory per conversation; older retries are answered from Postgres"),
 		dedupeMemory: fs.Duration("dedupe-memory", shardworker.DefaultDedupeMemory,
 			"how long a writer keeps a stored send's result in memory; older retries are answered from Postgres"),
+		refusals: fs.Duration("refusal-memory", shardworker.DefaultRefusalMemory,
+			"how long a writer answers other attempts of a rejected keyed command with the same rejection (keep it well above --call-timeout: an attempt can be in flight that long)"),
 		commit: addCommitFlags(fs),
 		wire:   addWireFlags(fs),
 	}
@@ -82,7 +84,7 @@ func (l limitFlags) worker(c *shardworker.Config) {
 	c.Limits = shardcore.Limits{MaxMembers: *l.members}
 	c.Protocol = l.protocol()
 	c.ConvRate, c.ConvBurst = *l.convRate, *l.convBurst
-	c.DedupeKeep, c.DedupeMemory = *l.dedupeKeep, *l.dedupeMemory
+	c.DedupeKeep, c.DedupeMemory, c.RefusalMemory = *l.dedupeKeep, *l.dedupeMemory, *l.refusals
 	l.commit.worker(c)
 	c.Wire = l.wire.config()
 }
