@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,37 +74,11 @@ func readFile(t *testing.T, path string) string {
 // shard committed nothing after the new owner's first record.
 func checkEpochOrder(t *testing.T, ep endpoints) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	top := map[int]int64{}
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
-		fs := cl.PollFetches(pctx)
-		pcancel()
-		if ctx.Err() != nil {
-			t.Fatal("log not read within 60 s")
+	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
+		if e.Epoch < top[e.VShard] {
+			t.Errorf("vshard %d: %s at %d/%d has ownership epoch %d after epoch %d", e.VShard, e.Kind, r.Partition, r.Offset, e.Epoch, top[e.VShard])
 		}
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			e, err := logrecord.Unmarshal(r.Value)
-			if err != nil {
-				t.Errorf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err)
-				return
-			}
-			if e.Epoch < top[e.VShard] {
-				t.Errorf("vshard %d: %s at %d/%d has ownership epoch %d after epoch %d", e.VShard, e.Kind, r.Partition, r.Offset, e.Epoch, top[e.VShard])
-			}
-			top[e.VShard] = max(top[e.VShard], e.Epoch)
-		})
-		if n == 0 {
-			return
-		}
-	}
+		top[e.VShard] = max(top[e.VShard], e.Epoch)
+	})
 }

@@ -20,8 +20,9 @@ type row struct {
 	Members                                        []string
 }
 
-// readLog reads the whole committed log, read_committed.
-func readLog(t *testing.T, ep endpoints) []row {
+// eachLogEvent reads the whole committed log, read_committed, and calls fn
+// for each decodable event in offset order per partition.
+func eachLogEvent(t *testing.T, ep endpoints, fn func(r *kgo.Record, e *logrecord.Event)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -35,7 +36,6 @@ func readLog(t *testing.T, ep endpoints) []row {
 	// but are never delivered, so record offsets cannot be matched against
 	// the last stable offsets: everything was committed before this read,
 	// so read until the log stays idle for 3 s.
-	var out []row
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 		fs := cl.PollFetches(pctx)
@@ -51,19 +51,29 @@ func readLog(t *testing.T, ep endpoints) []row {
 				t.Errorf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err)
 				return
 			}
-			if e.Kind == logrecord.KindTakeover {
-				return
-			}
-			if got := logrecord.Partition(logrecord.VShard(e.ConversationID, ep.VShards), ep.Partitions); got != r.Partition {
-				t.Errorf("%s/%d in partition %d, want %d", e.ConversationID, e.Seq, r.Partition, got)
-			}
-			out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq,
-				UserID: e.UserID, Body: e.Body, Members: e.Members})
+			fn(r, e)
 		})
 		if n == 0 {
-			break
+			return
 		}
 	}
+}
+
+// readLog reads the whole committed log's events (takeover markers left
+// out), checking each is in its vshard's partition.
+func readLog(t *testing.T, ep endpoints) []row {
+	t.Helper()
+	var out []row
+	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
+		if e.Kind == logrecord.KindTakeover {
+			return
+		}
+		if got := logrecord.Partition(logrecord.VShard(e.ConversationID, ep.VShards), ep.Partitions); got != r.Partition {
+			t.Errorf("%s/%d in partition %d, want %d", e.ConversationID, e.Seq, r.Partition, got)
+		}
+		out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq,
+			UserID: e.UserID, Body: e.Body, Members: e.Members})
+	})
 	return out
 }
 
