@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/projection"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -125,39 +126,14 @@ func (f *Feed) Run(ctx context.Context) error {
 	}
 }
 
-// listen holds a LISTEN connection and signals wake on every notification.
+// listen signals wake on every delivery notification until ctx ends.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
-	for ctx.Err() == nil {
-		conn, err := pgx.ConnectConfig(ctx, f.DB.Config().ConnConfig.Copy())
-		if err == nil {
-			if _, err = conn.Exec(ctx, "LISTEN "+projection.Channel); err == nil {
-				select {
-				case wake <- struct{}{}: // catch up on anything missed while not listening
-				default:
-				}
-				for {
-					if _, err = conn.WaitForNotification(ctx); err != nil {
-						break
-					}
-					select {
-					case wake <- struct{}{}:
-					default:
-					}
-				}
-			}
-			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			conn.Close(cctx)
-			cancel()
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		f.Log.Warn("delivery: LISTEN connection lost; polling until it is back", "err", err)
+	pglisten.Run(ctx, f.DB, projection.Channel, func() {
 		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case wake <- struct{}{}:
+		default:
 		}
-	}
+	}, f.Log, "delivery: LISTEN connection lost; polling until it is back")
 }
 
 type outboxRow struct {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
 	"github.com/chatpipe/chatpipe/persist"
@@ -143,35 +144,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	return p.consumer.Run(ctx)
 }
 
-// listen holds a LISTEN connection on persist's channel and signals
-// p.persisted on every notification, until ctx ends. Without it (or while
-// it reconnects) waitForPersist polls.
+// listen signals p.persisted on every notification of persist's channel,
+// until ctx ends. Without it (or while it reconnects) waitForPersist polls.
 func (p *Projector) listen(ctx context.Context) {
-	for ctx.Err() == nil {
-		conn, err := pgx.ConnectConfig(ctx, p.cfg.DB.Config().ConnConfig.Copy())
-		if err == nil {
-			if _, err = conn.Exec(ctx, "LISTEN "+persist.Channel); err == nil {
-				p.signalPersisted() // anything committed before LISTEN
-				for {
-					if _, err = conn.WaitForNotification(ctx); err != nil {
-						break
-					}
-					p.signalPersisted()
-				}
-			}
-			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			conn.Close(cctx)
-			cancel()
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		p.cfg.Log.Warn("projection: LISTEN connection lost; polling for persist until it is back", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	pglisten.Run(ctx, p.cfg.DB, persist.Channel, p.signalPersisted, p.cfg.Log,
+		"projection: LISTEN connection lost; polling for persist until it is back")
 }
 
 func (p *Projector) signalPersisted() {

@@ -1,0 +1,46 @@
+// Package pglisten holds a Postgres LISTEN connection and reports its
+// notifications: the wake-up the delivery feed and the projection use
+// instead of polling (polling stays their fallback).
+package pglisten
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Run holds a dedicated connection (a copy of db's connection config)
+// LISTENing on channel until ctx ends, and calls wake once after each
+// LISTEN (for anything committed while it was not listening) and on every
+// notification. A lost connection is logged and dialled again after a
+// second; wake must not block.
+func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(), log *slog.Logger, lost string) {
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
+		if err == nil {
+			if _, err = conn.Exec(ctx, "LISTEN "+channel); err == nil {
+				wake()
+				for {
+					if _, err = conn.WaitForNotification(ctx); err != nil {
+						break
+					}
+					wake()
+				}
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn(lost, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
