@@ -134,10 +134,16 @@ func decodeLenient(frame []byte, lim Limits) (*Request, string, *Error) {
 	}
 	// encoding/json matches field names case-insensitively, last key
 	// winning: an "ID" or "Body" key must not replace a checked field.
+	// The map has no order: name the smallest offending key, so that the
+	// same frame always gets the same answer.
+	bad := ""
 	for k := range raw {
-		if l := strings.ToLower(k); l != k && fieldNames[l] {
-			return nil, "", Errorf(CodeBadRequest, "field names are case-sensitive: %q", k)
+		if l := strings.ToLower(k); l != k && fieldNames[l] && (bad == "" || k < bad) {
+			bad = k
 		}
+	}
+	if bad != "" {
+		return nil, "", Errorf(CodeBadRequest, "field names are case-sensitive: %q", bad)
 	}
 	var id string
 	if rid, ok := raw["id"]; ok {
@@ -272,13 +278,21 @@ func (r *Request) Validate(lim Limits) *Error {
 			return e
 		}
 	case OpSync:
+		// Of several bad cursors, the smallest key is named, so that a
+		// frame always gets the same answer whatever the map's order.
+		var bad *Error
+		badKey := ""
 		for c, s := range r.Cursors {
-			if e := CheckID("cursors key", c, lim); e != nil {
-				return e
+			e := CheckID("cursors key", c, lim)
+			if e == nil && s < 0 {
+				e = Errorf(CodeBadRequest, "cursor of %s is negative", c)
 			}
-			if s < 0 {
-				return Errorf(CodeBadRequest, "cursor of %s is negative", c)
+			if e != nil && (bad == nil || c < badKey) {
+				bad, badKey = e, c
 			}
+		}
+		if bad != nil {
+			return bad
 		}
 	case OpConversations:
 		if r.Limit < 0 {

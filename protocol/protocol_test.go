@@ -633,6 +633,8 @@ func FuzzDecode(f *testing.F) {
 		`{"op":"history","id":"r13","conversation_id":"c1","before_seq":1e30}`,
 		"{\"op\":\"send\",\"id\":\"r14\",\"conversation_id\":\"c1\",\"client_message_id\":\"m1\",\"body\":\"\xff\"}",
 		`{"op":"leave","id":"r15","ID":"r16","conversation_id":"c1"}`,
+		`{"op":"leave","id":"r15","ID":"r16","conversation_iD":"c1"}`,
+		`{"op":"sync","id":"r22","cursors":{"c 1":1,"c2":-1,"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx":3}}`,
 		`[]`,
 		`null`,
 		`"s"`,
@@ -686,4 +688,24 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("body does not survive a JSON round trip: %q → %q (%v)", r.Body, back, err)
 		}
 	})
+}
+
+// A frame with several faults always gets the same answer, whatever order
+// the decoder's maps iterate in.
+func TestDecodeAnswersDeterministically(t *testing.T) {
+	lim := protocol.DefaultLimits()
+	for _, frame := range []string{
+		`{"op":"leave","id":"r1","ID":"r2","Op":"x","conversation_iD":"c1","Body":"b"}`,
+		`{"op":"sync","id":"r2","cursors":{"c 1":1,"c2":-1,"c3":-2,"c:4":-3}}`,
+	} {
+		_, _, first := protocol.Decode([]byte(frame), lim)
+		if first == nil {
+			t.Fatalf("Decode(%s) = nil error, want a rejection", frame)
+		}
+		for i := 0; i < 200; i++ {
+			if _, _, e := protocol.Decode([]byte(frame), lim); e == nil || *e != *first {
+				t.Fatalf("Decode(%s) answered %v, then %v", frame, first, e)
+			}
+		}
+	}
 }
