@@ -1,6 +1,13 @@
 // Package shardworker runs the writers of the virtual shards a worker owns.
 //
-// For each owned vshard it follows the takeover order of DESIGN rule 1: the
+// Every decision of a writer is made by the pure state machine
+// shardcore.Writer (docs/architecture.md, "The writer's state machine");
+// this package is its driver: it performs the effects the machine asks for
+// against franz-go, etcd and Postgres and feeds the results back.
+//
+// For each owned vshard the writer follows the takeover order of
+// docs/architecture.md rule 1, "Marker before replay, replay before
+// accept": the
 // owner row names this worker (lease package) → open the transactional
 // producer chatpipe-vshard-<n> and commit a takeover marker, which fences
 // the previous writer and aborts its open transaction → replay the log from

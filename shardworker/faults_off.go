@@ -3,10 +3,9 @@
 package shardworker
 
 import (
+	"context"
 	"errors"
 	"time"
-
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // Without the chatpipe_faults build tag every fault point is off and
@@ -19,7 +18,11 @@ const (
 
 func markCommit() {}
 
-// replayWithoutMarker exists only in fault-test builds.
-func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
-	return nil, 0, 0, errors.New("shardworker: fault points are not compiled in")
+// partitionEnd and vshardConversations exist only in fault-test builds.
+func (s *shard) partitionEnd(context.Context) (int64, error) {
+	return 0, errors.New("shardworker: fault points are not compiled in")
+}
+
+func (s *shard) vshardConversations(context.Context) ([]string, error) {
+	return nil, errors.New("shardworker: fault points are not compiled in")
 }

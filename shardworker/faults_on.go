@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // Fault points for the fault-injection tests, compiled only into binaries
@@ -42,16 +40,14 @@ func envDuration(name string) time.Duration {
 	return d
 }
 
-// replayWithoutMarker is the BROKEN takeover order of the fault tests:
-// replay up to the partition's current end without fencing anyone, wait
-// faultAcceptDelay, then accept. The previous writer can commit in between
-// and the seqs it used get assigned again.
-func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.w.cfg.ReplayTimeout)
-	defer cancel()
+// partitionEnd is the partition's last stable offset now: where the
+// BROKEN takeover order of the fault tests replays to, without fencing
+// anyone. The previous writer can commit after it and the seqs it used get
+// assigned again.
+func (s *shard) partitionEnd(ctx context.Context) (int64, error) {
 	adm, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.w.cfg.Brokers...)}, s.w.cfg.KafkaOpts...)...)
 	if err != nil {
-		return nil, 0, 0, err
+		return 0, err
 	}
 	defer adm.Close()
 	req := kmsg.NewPtrListOffsetsRequest()
@@ -64,37 +60,18 @@ func (s *shard) replayWithoutMarker() (map[string]*shardcore.Conv, int, int64, e
 	req.Topics = append(req.Topics, t)
 	resp, err := req.RequestWith(ctx, adm)
 	if err != nil {
-		return nil, 0, 0, err
+		return 0, err
 	}
-	end := resp.Topics[0].Partitions[0].Offset
-	convs, n, err := s.replay(end)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	// Load every conversation now, as a replay-everything writer would, so
-	// the state is that of this moment and not of the first command.
+	return resp.Topics[0].Partitions[0].Offset, nil
+}
+
+// vshardConversations lists every conversation of the vshard in Postgres,
+// so the broken order loads them all now, as a replay-everything writer
+// would, and its state is that of this moment and not of the first command.
+func (s *shard) vshardConversations(ctx context.Context) ([]string, error) {
 	rows, err := s.w.cfg.DB.Query(ctx, `SELECT DISTINCT conversation_id FROM events WHERE vshard = $1`, s.v)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	var missing []string
-	for _, id := range ids {
-		if convs[id] == nil {
-			missing = append(missing, id)
-		}
-	}
-	loaded, _, err := fetchState(ctx, s.w.cfg.DB, missing, nil)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	for id, c := range loaded {
-		convs[id] = c
-	}
-	s.log.Warn("FAULT: accepting without a takeover marker", "replayed_to", end)
-	time.Sleep(faultAcceptDelay)
-	return convs, n, end, nil
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -40,13 +40,11 @@ SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender, e.
 FROM unnest($1::text[], $2::text[]) AS k(c, m)
 JOIN events e ON e.conversation_id = k.c AND e.client_message_id = k.m`
 
-type dedupeKey struct{ conv, cmid string }
-
 // fetchState loads the conversations in convs (new states) and looks up the
 // client_message_ids in keys, in one round trip.
-func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []dedupeKey) (map[string]*shardcore.Conv, map[dedupeKey]shardcore.First, error) {
+func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []shardcore.DedupeKey) (map[string]*shardcore.Conv, map[shardcore.DedupeKey]shardcore.First, error) {
 	loaded := make(map[string]*shardcore.Conv, len(convs))
-	found := map[dedupeKey]shardcore.First{}
+	found := map[shardcore.DedupeKey]shardcore.First{}
 	// Each loaded conversation's events in seq order: membership events
 	// and its last event from events, merged with dead-lettered ones.
 	type row struct {
@@ -73,12 +71,12 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 	if len(keys) > 0 {
 		cs, ms := make([]string, len(keys)), make([]string, len(keys))
 		for i, k := range keys {
-			cs[i], ms[i] = k.conv, k.cmid
+			cs[i], ms[i] = k.Conv, k.CMID
 		}
 		b.Queue(lookupDedupeSQL, cs, ms).Query(func(rs pgx.Rows) error {
-			var k dedupeKey
+			var k shardcore.DedupeKey
 			var f shardcore.First
-			_, err := pgx.ForEachRow(rs, []any{&k.conv, &k.cmid, &f.Seq, &f.MessageID, &f.Sender, &f.Kind, &f.At}, func() error {
+			_, err := pgx.ForEachRow(rs, []any{&k.Conv, &k.CMID, &f.Seq, &f.MessageID, &f.Sender, &f.Kind, &f.At}, func() error {
 				found[k] = f
 				return nil
 			})
@@ -89,9 +87,9 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 		return loaded, found, nil
 	}
 	all := append([]string(nil), convs...)
-	wanted := map[dedupeKey]bool{}
+	wanted := map[shardcore.DedupeKey]bool{}
 	for _, k := range keys {
-		all = append(all, k.conv)
+		all = append(all, k.Conv)
 		wanted[k] = true
 	}
 	b.Queue(deadLettersSQL, PersistConsumer, all).Query(func(rs pgx.Rows) error {
@@ -111,7 +109,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []de
 			if _, ok := loaded[cid]; ok {
 				rows[cid] = append(rows[cid], row{e: e, full: true})
 			}
-			if k := (dedupeKey{cid, e.ClientMessageID}); e.ClientMessageID != "" && wanted[k] {
+			if k := (shardcore.DedupeKey{Conv: cid, CMID: e.ClientMessageID}); e.ClientMessageID != "" && wanted[k] {
 				if _, ok := found[k]; !ok {
 					found[k] = shardcore.First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, Kind: e.Kind, At: e.CreatedAt}
 				}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/shardcore"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
@@ -54,7 +55,7 @@ func TestLoadAppliesDeadLetteredEvents(t *testing.T) {
 		VALUES ('persist', 'chatpipe.log', 0, 1, 'c1', 2, 'x', $1), ('persist', 'chatpipe.log', 0, 2, 'c1', 3, 'x', $2)`, kick, send); err != nil {
 		t.Fatal(err)
 	}
-	convs, found, err := fetchState(ctx, db, []string{"c1"}, []dedupeKey{{"c1", "k3"}})
+	convs, found, err := fetchState(ctx, db, []string{"c1"}, []shardcore.DedupeKey{{Conv: "c1", CMID: "k3"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func TestLoadAppliesDeadLetteredEvents(t *testing.T) {
 	if f, ok := c.Dedupe["k3"]; !ok || f.Seq != 3 {
 		t.Errorf("the dead-lettered send k3 is not in the loaded dedupe: %+v", c.Dedupe)
 	}
-	if f, ok := found[dedupeKey{"c1", "k3"}]; !ok || f.Seq != 3 || f.MessageID != "m3" {
+	if f, ok := found[shardcore.DedupeKey{Conv: "c1", CMID: "k3"}]; !ok || f.Seq != 3 || f.MessageID != "m3" {
 		t.Errorf("the lookup of the dead-lettered send k3 found %+v %v", f, ok)
 	}
 }

@@ -41,7 +41,7 @@ type Config struct {
 	Linger     time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
 	// LingerMax is the latency budget of the adaptive group commit: a
 	// vshard's writer waits up to this long for its batch to fill once its
-	// commands arrive faster than its share of TxnBudget (groupcommit.go).
+	// commands arrive faster than its share of TxnBudget (shardcore/groupcommit.go).
 	// Default 5 ms; negative: never wait (take what queued during the last
 	// commit). A fixed Linger turns the adaptive wait off.
 	LingerMax time.Duration
@@ -77,7 +77,7 @@ type Config struct {
 	Log  *slog.Logger
 }
 
-// Defaults of the adaptive group commit (groupcommit.go).
+// Defaults of the adaptive group commit (shardcore/groupcommit.go).
 const (
 	DefaultLingerMax = 5 * time.Millisecond // latency budget of a writer's wait for its batch
 	DefaultTxnBudget = 2000                 // Kafka transactions/s per worker, shared by its vshards

@@ -17,6 +17,7 @@ var bugCases = []struct {
 	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision},
 	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost},
 	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved},
+	{"ReplayBeforeMarker", Bugs{ReplayBeforeMarker: true}, PropCollision},
 }
 
 // bugSeeds is how many seeded schedules each bug runs in CI (a soak runs

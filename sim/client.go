@@ -23,10 +23,12 @@ type op struct {
 	lastSent   int64 // tick of the last attempt
 	retryable  bool  // the last attempt was answered unavailable
 
-	done       bool
-	final      *protocol.Reply
-	doneStep   int
-	answers    []*answer // every definitive answer, in arrival order
+	done     bool
+	final    *protocol.Reply
+	doneStep int
+	answers  []*answer // every definitive answer, in arrival order
+	// decided is every answer a writer sent for it, delivered or lost.
+	decided    []*answer
 	retryCount int
 }
 

@@ -16,11 +16,15 @@ type Bugs struct {
 	// writer knew when the command arrived (a snapshot taken outside the
 	// mailbox), not against the state at seq assignment.
 	MembershipOutsideMailbox bool
+	// ReplayBeforeMarker replays the log as it is now, then opens the
+	// producer and commits the marker, and accepts without reading what
+	// the previous writer committed in between.
+	ReplayBeforeMarker bool
 }
 
 // Any reports whether a bug is switched on.
 func (b Bugs) Any() bool {
-	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox
+	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox || b.ReplayBeforeMarker
 }
 
 // Config is the shape of one simulated deployment and the size of its
@@ -35,6 +39,9 @@ type Config struct {
 	MaxBatch       int // commands per writer transaction (group commit)
 	PersistBatch   int // records per sink transaction
 	MaxMembers     int // shardcore.Limits.MaxMembers
+	// WriterMaxConvs is the conversations a writer caches before it evicts
+	// the ones persist has stored (shardcore.WriterConfig.MaxConvs).
+	WriterMaxConvs int
 
 	LeaseTTL      int64 // worker lease; a worker not renewing for this long loses it
 	TxnTimeout    int64 // the log aborts (and fences) a transaction open this long
@@ -83,6 +90,7 @@ func DefaultConfig() Config {
 		MaxBatch:       3,
 		PersistBatch:   4,
 		MaxMembers:     100,
+		WriterMaxConvs: 2,
 		LeaseTTL:       10,
 		TxnTimeout:     15,
 		ClientTimeout:  6,

@@ -1,10 +1,12 @@
-// Package sim is a deterministic model of the chatpipe write path, checked
-// by property-based tests (DESIGN.md invariants I1–I7).
+// Package sim is a deterministic simulation of the chatpipe write path,
+// checked by property-based tests against the invariants I1–I7 below
+// (check.go names each property).
 //
-// It runs the project's real decision code — shardcore.Decide, Apply,
-// ObserveSeq and NeedsDedupeLookup for every command, lease.Plan for
-// ownership — against in-memory stand-ins with the semantics of the real
-// parts:
+// It runs the project's real code — the writer state machine
+// shardcore.Writer (takeover order, replay, batching, the empty-batch
+// marker, dedupe and its trimming, refusals, eviction, every reply) with
+// shardcore's Decide and Apply, and lease.Plan for ownership — against
+// in-memory stand-ins with the semantics of the real parts:
 //
 //	log.go      Kafka: per-transactional-id producer epochs; InitProducer bumps
 //	            the epoch and aborts the id's open transaction; produce and
@@ -17,11 +19,13 @@
 //	            NOTHING on (conversation_id, seq) and (conversation_id,
 //	            client_message_id), conflicts recorded, offsets in the same
 //	            transaction; the writer's two queries (shardworker/pgstate.go).
-//	writer.go   shardworker's shard: open producer → commit marker → replay
-//	            (persist's offset, then the log tail up to the marker) →
-//	            accept; group commit; `accepted` only after the commit; any
-//	            failure answers unavailable, drops the state, re-checks the
-//	            owner row and takes over again.
+//	writer.go   the driver of shardcore.Writer, as shardworker's shard is:
+//	            it performs each effect the writer asks for (open the
+//	            producer, produce, commit, read persist's offset, read the
+//	            log tail, load state, read the owner row) against the
+//	            stand-ins, one scheduling point each (a batch's produce and
+//	            its commit are two), and feeds the result back. It decides
+//	            nothing itself.
 //	worker.go   a worker process: lease, manage (start/stop writers from the
 //	            owner rows), pause, crash, restart with a new gen.
 //	network.go  the gateway (routes by a possibly stale view) and messages in
@@ -36,7 +40,8 @@
 // steps, and a Chooser picks each one among what can happen now (schedule.go):
 // a writer's next round trip, delivering or dropping a message, a client
 // op or retry, a persist transaction, the clock, a manage or coordinator
-// round, a gateway view refresh, a device sync, and faults — a pause longer
+// round, a gateway view refresh, a device sync, and faults — a Postgres or
+// etcd outage of a few ticks, a pause longer
 // than the lease (the worker later resumes where it was, e.g. with a batch
 // produced and not committed), a crash (possibly between produce and
 // commit), a commit whose reply is lost (it committed; the writer sees an
@@ -60,12 +65,23 @@
 //
 //	go test ./sim/ -race
 //
-// runs, in CI, 8 rapid rounds of 100 random schedules of the correct writer
-// (TestProperties; 1–4 vshards over 1–2 partitions, 2–3 workers), 300
-// seeded schedules per bug switch plus the same 300 of the correct writer,
-// and the fixed schedules (about 25 s on 2 cores with -race). A failing
-// property prints the violations, the end of the trace and rapid's seed;
-// rapid also writes a fail file under testdata/rapid/. Reproduce with
+// runs, in CI, 10,000 seeded schedules of the correct writer
+// (TestSchedules; the shape — 1–4 vshards over 1–2 partitions, 2–3
+// workers, 1–3 cached conversations per writer — drawn from each seed, the
+// seeds moving with the day), the seeds of the regression corpus
+// testdata/schedules.txt (TestScheduleCorpus), 8 rapid rounds of 100
+// random schedules (TestProperties), 300 seeded schedules per bug switch
+// plus the same 300 of the correct writer, and the fixed schedules (about
+// 2 minutes on 2 cores with -race, 25 s without). A failing TestSchedules
+// seed is printed with the command that replays it and appended to the
+// corpus:
+//
+//	CHATPIPE_SIM_SCHEDULE=<seed> go test ./sim/ -run 'TestSchedules$' -v
+//
+// (CHATPIPE_SIM_SCHEDULES=N runs N schedules, CHATPIPE_SIM_BASE=S starts
+// them at seed S). A failing TestProperties prints the violations, the end
+// of the trace and rapid's seed; rapid also writes a fail file under
+// testdata/rapid/. Reproduce with
 //
 //	go test ./sim/ -run 'TestProperties$' -rapid.seed=<seed>
 //
@@ -74,8 +90,9 @@
 //
 //	CHATPIPE_SIM_SEED=<seed> [CHATPIPE_SIM_BUG=<name>] go test ./sim/ -run TestReplay -v
 //
-// A soak runs longer schedules with more faults, round after round, for the
-// given time, and 25 times as many seeded bug schedules:
+// A soak runs 1,000,000 seeded schedules, longer rapid schedules with more
+// faults round after round for the given time, and 25 times as many seeded
+// bug schedules:
 //
 //	CHATPIPE_SIM_SOAK=1 go test ./sim/ -timeout 0          # 10 minutes
 //	CHATPIPE_SIM_SOAK=2h go test ./sim/ -run TestProperties -timeout 0
@@ -84,18 +101,22 @@
 //
 // # Bug switches
 //
-// Config.Bugs puts a known mistake into the simulated writer; TestBugsAreCaught
-// asserts that the properties catch each on CI's seeds (and logs which):
+// Config.Bugs switches on one of the real writer's test-only faults
+// (shardcore.WriterFaults); TestBugsAreCaught asserts that the properties
+// catch each on CI's seeds (and logs which):
 //
 //	AcceptBeforeMarker        replay, accept, fence+marker only at the first
 //	                          commit: I3 seq-collision (with sink conflicts and
-//	                          I1 not-persisted), in about 1 schedule in 20
+//	                          I1 not-persisted), in about 1 schedule in 8
 //	AcceptedBeforeCommit      answer before the commit returns: I7
 //	                          accepted-before-commit in every schedule, I1
 //	                          accepted-but-lost when the commit then fails
 //	MembershipOutsideMailbox  members checked against a snapshot taken at
 //	                          arrival: I5 message-from-non-member, in about
-//	                          1 schedule in 5
+//	                          1 schedule in 6
+//	ReplayBeforeMarker        replay the log as it is, then open the producer
+//	                          and commit the marker: I3 seq-collision when the
+//	                          old writer commits in between, about 1 in 150
 //
 // # What the model found
 //
@@ -145,7 +166,12 @@
 //
 // # Not modelled
 //
-// Postgres and etcd outages (the writer's unavailable/waiting paths), the
-// writer's conversation cache eviction, the gateway's own retries, the dedupe
-// window's expiry, and produce errors other than fencing.
+// etcd outages as the leases see them (an outage only fails the writers'
+// owner-row reads; leases run on the simulated clock), the gateway's own
+// retries, the dedupe window's expiry by time (trimming by count is
+// modelled: one result kept per conversation), the per-conversation rate
+// limit (off), the group commit's linger (none), and produce errors other
+// than fencing. Postgres outages fail the writers' state loads and offset
+// reads and stop persist; writers cache one to three conversations, so
+// eviction and reloading run all the time.
 package sim

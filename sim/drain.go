@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"strings"
+
+	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // drainOrder is the fixed policy of the drain: the first category with
@@ -16,6 +18,7 @@ var drainOrder = []category{catDeliver, catWriter, catLifecycle, catManage, catC
 // violation.
 func (w *World) drain() {
 	w.tracef("---- drain: heal every fault, run to quiescence")
+	w.pgDownUntil, w.etcdDownUntil = min(w.pgDownUntil, w.now), min(w.etcdDownUntil, w.now)
 	for _, wk := range w.workers {
 		wk.pausedUntil = min(wk.pausedUntil, w.now)
 		if !wk.alive {
@@ -76,8 +79,8 @@ func (w *World) pending() string {
 	}
 	for _, wk := range w.workers {
 		for _, wr := range wk.active() {
-			if wr.phase != phAccepting || len(wr.queue) > 0 {
-				fmt.Fprintf(&b, "writer %s in %s with %d queued; ", wr, wr.phase, len(wr.queue))
+			if wr.phase() != shardcore.PhaseAccepting || wr.m.Queued() > 0 {
+				fmt.Fprintf(&b, "writer %s in %s with %d queued; ", wr, wr.phase(), wr.m.Queued())
 			}
 		}
 	}

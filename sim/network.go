@@ -85,6 +85,7 @@ func (w *World) reply(att *attempt, r *protocol.Reply, wrote bool) *answer {
 		}
 	}
 	a := &answer{att: att, reply: r, wrote: wrote, sentStep: w.step}
+	att.op.decided = append(att.op.decided, a)
 	w.net.send(&message{att: att, ans: a})
 	return a
 }

@@ -24,6 +24,7 @@ type Stats struct {
 	Crashes           int
 	CrashesInFlight   int // crashes between produce and commit
 	DroppedMessages   int
+	Outages           int
 	StaleAnswers      int // answers of fenced writers the log contradicts (not violations unless StrictAnswers)
 	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
 }
@@ -46,6 +47,7 @@ func (s *Stats) add(o Stats) {
 	s.Crashes += o.Crashes
 	s.CrashesInFlight += o.CrashesInFlight
 	s.DroppedMessages += o.DroppedMessages
+	s.Outages += o.Outages
 	s.StaleAnswers += o.StaleAnswers
 	s.EpochRegressions += o.EpochRegressions
 }

@@ -26,14 +26,15 @@ const (
 	catCrash                      // fault: kill a worker
 	catDrop                       // fault: lose a message
 	catLostCommit                 // fault: a commit succeeds but its reply is lost
+	catOutage                     // fault: Postgres or etcd stops answering for a while
 	numCategories
 )
 
 var categoryNames = [numCategories]string{"writer", "deliver", "issue", "retry", "persist", "clock", "manage",
-	"coordinate", "gateway", "lifecycle", "device", "restart", "pause", "crash", "drop", "lost-commit"}
+	"coordinate", "gateway", "lifecycle", "device", "restart", "pause", "crash", "drop", "lost-commit", "outage"}
 
 // weights of the categories in a random schedule.
-var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1}
+var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1}
 
 func (c category) fault() bool { return c >= catPause }
 
@@ -61,9 +62,9 @@ func (w *World) actions(c category) []action {
 				for _, s := range wr.steps(w) {
 					wr, s := wr, s
 					if c == catWriter {
-						add(func() { wr.do(w, s, false) }, "%s %s (phase %s)", wr, s, wr.phase)
-					} else if s == stCommit || s == stMarker {
-						add(func() { wr.do(w, s, true) }, "%s %s, reply LOST", wr, s)
+						add(func() { wr.do(w, s, false) }, "%s %s (phase %s)", wr, wr.stepName(s), wr.phase())
+					} else if wr.committing(s) {
+						add(func() { wr.do(w, s, true) }, "%s %s, reply LOST", wr, wr.stepName(s))
 					}
 				}
 			}
@@ -93,7 +94,7 @@ func (w *World) actions(c category) []action {
 		}
 	case catPersist:
 		for p := 0; p < w.log.Partitions(); p++ {
-			if part := int32(p); w.sink.Pending(w.log, part) {
+			if part := int32(p); w.sink.Pending(w.log, part) && !w.pgDown() {
 				add(func() { w.sink.Poll(w.log, part, w.cfg.PersistBatch) }, "persist p%d", p)
 			}
 		}
@@ -148,6 +149,9 @@ func (w *World) actions(c category) []action {
 				add(func() { w.pause(wk, int64(w.ch.Choose(int(w.cfg.LeaseTTL), "pause extra"))) }, "PAUSE %s", wk.id)
 			}
 		}
+	case catOutage:
+		add(func() { w.outage(&w.pgDownUntil) }, "OUTAGE postgres")
+		add(func() { w.outage(&w.etcdDownUntil) }, "OUTAGE etcd")
 	case catCrash:
 		for _, wk := range w.workers {
 			if wk.alive {

@@ -17,7 +17,7 @@ import (
 func (w *World) checkStale() {
 	for _, o := range w.ops {
 		for _, a := range o.answers {
-			if a.wrote || w.justified(o, a) {
+			if a.wrote || w.justified(o, a) || w.remembered(o, a) {
 				continue
 			}
 			w.stale(PropStaleAnswer, a, "op%d %s %s by %s (user %s, cmid %s) sent at step %d answered %s %s seq %d at step %d; no state of the log in between gives that answer",
@@ -69,6 +69,31 @@ func (w *World) justified(o *op, a *answer) bool {
 			}
 		default:
 			if a.reply.Op == protocol.OpAccepted && a.reply.Seq == d.Seq {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// remembered reports whether a rejection repeats the first decision of its
+// key: an earlier answer, to an attempt of an op with the same key, sender
+// and op, that rejected it with the same code and that the log justified.
+// The writer answers every attempt of a key with its first rejection for
+// a while (docs/protocol.md, "Attempts in flight"), however the state
+// changed since.
+func (w *World) remembered(o *op, a *answer) bool {
+	if a.reply.Op != protocol.OpRejected || o.cmd.ClientMessageID == "" {
+		return false
+	}
+	for _, o2 := range w.ops {
+		if o2.cmd.ConversationID != o.cmd.ConversationID || o2.cmd.ClientMessageID != o.cmd.ClientMessageID ||
+			o2.cmd.Sender != o.cmd.Sender || o2.cmd.Op != o.cmd.Op {
+			continue
+		}
+		for _, a2 := range o2.decided {
+			if a2 != a && !a2.wrote && a2.sentStep <= a.sentStep && a2.reply.Op == protocol.OpRejected &&
+				a2.reply.Code == a.reply.Code && a2.reply.Code != protocol.CodeUnavailable && w.justified(o2, a2) {
 				return true
 			}
 		}

@@ -27,12 +27,12 @@ func (wk *worker) running(now int64) bool { return wk.alive && !wk.paused(now) }
 func (wk *worker) active() []*writer {
 	var out []*writer
 	for _, v := range sortedKeys(wk.writers) {
-		if wr := wk.writers[v]; wr.phase != phDone {
+		if wr := wk.writers[v]; !wr.ended() {
 			out = append(out, wr)
 		}
 	}
 	for _, wr := range wk.retired {
-		if wr.phase != phDone {
+		if !wr.ended() {
 			out = append(out, wr)
 		}
 	}
@@ -43,7 +43,7 @@ func (wk *worker) active() []*writer {
 func (wk *worker) prune() {
 	kept := wk.retired[:0]
 	for _, wr := range wk.retired {
-		if wr.phase != phDone {
+		if !wr.ended() {
 			kept = append(kept, wr)
 		}
 	}
@@ -67,7 +67,7 @@ func (w *World) register(wk *worker) {
 func (w *World) noticeLost(wk *worker) {
 	for _, v := range sortedKeys(wk.writers) {
 		wr := wk.writers[v]
-		wr.cancelled = true
+		wr.stop(w)
 		wk.retired = append(wk.retired, wr)
 	}
 	wk.writers = map[int]*writer{}
@@ -96,12 +96,12 @@ func (w *World) manage(wk *worker) {
 	stop, start := w.manageChanges(wk)
 	for _, v := range stop {
 		wr := wk.writers[v]
-		wr.cancelled = true
+		wr.stop(w)
 		wk.retired = append(wk.retired, wr)
 		delete(wk.writers, v)
 	}
 	for _, v := range start {
-		wk.writers[v] = newWriter(wk, v, w.owners.rows[v].Epoch, w.cfg.Partitions)
+		wk.writers[v] = newWriter(w, wk, v, w.owners.rows[v].Epoch)
 	}
 	wk.prune()
 }
@@ -110,7 +110,7 @@ func (w *World) manage(wk *worker) {
 func (wk *worker) handle(w *World, att *attempt) {
 	v := logrecord.VShard(att.op.cmd.ConversationID, w.cfg.VShards)
 	wr := wk.writers[v]
-	if wr == nil || wr.phase == phDone {
+	if wr == nil || wr.ended() {
 		w.reply(att, unavailable(att, "vshard %d is not owned by %s", v, wk.id), false)
 		return
 	}

@@ -37,11 +37,15 @@ type World struct {
 	sends   int
 	msgIDs  int
 
-	faults       int
-	stats        Stats
-	staleExample string
-	violations   []Violation
-	trace        []string
+	faults int
+	// Postgres (the sink and the writers' queries) and etcd (the writers'
+	// owner-row reads) do not answer while now is before these.
+	pgDownUntil   int64
+	etcdDownUntil int64
+	stats         Stats
+	staleExample  string
+	violations    []Violation
+	trace         []string
 }
 
 // Run simulates one schedule whose choices ch makes, drains it (heal every
@@ -169,4 +173,16 @@ func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// pgDown reports whether Postgres is down now.
+func (w *World) pgDown() bool { return w.now < w.pgDownUntil }
+
+// etcdDown reports whether etcd is down now.
+func (w *World) etcdDown() bool { return w.now < w.etcdDownUntil }
+
+// outage takes a dependency down for 1 to 6 ticks from now.
+func (w *World) outage(until *int64) {
+	*until = w.now + 1 + int64(w.ch.Choose(6, "outage ticks"))
+	w.stats.Outages++
 }

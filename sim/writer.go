@@ -1,8 +1,8 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -10,60 +10,11 @@ import (
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
-// phase is where a writer is in shardworker's session: takeover (open the
-// producer, commit the marker), replay (persist's offset, then the log tail
-// up to the marker), accepting, committing a batch, or re-checking
-// ownership after a failure.
-type phase int
-
-const (
-	phOpen phase = iota
-	phMarker
-	phReplayOffset
-	phReplayTail
-	phAccepting
-	phCommitting
-	phRecheck
-	phDone
-)
-
-var phaseNames = [...]string{"open", "marker", "replay-offset", "replay-tail", "accepting", "committing", "recheck", "done"}
-
-// String names the phase.
-func (p phase) String() string { return phaseNames[p] }
-
-// stepKind is one thing a writer can do next; each is one scheduling point,
-// because each is a round trip to Kafka, Postgres or etcd in the real writer.
-type stepKind int
-
-const (
-	stOpen         stepKind = iota // InitProducer: fences the previous session, aborts its transaction
-	stMarker                       // produce and commit the takeover marker
-	stReplayOffset                 // read persist's offset from the sink
-	stReplayTail                   // read the log tail up to the marker, load its conversations
-	stProcess                      // take a batch, load state, Decide/Apply, produce
-	stCommit                       // commit the batch and answer
-	stRecheck                      // linearizable read of the owner row
-	stFinish                       // the loop ends: queued commands are answered unavailable
-)
-
-var stepNames = [...]string{"open", "marker", "replay-offset", "replay-tail", "process", "commit", "recheck", "finish"}
-
-// String names the step.
-func (s stepKind) String() string { return stepNames[s] }
-
-// call is a command in a writer's mailbox.
-type call struct {
-	att *attempt
-	cmd shardcore.Command
-	// members is the writer's view of the members when the command arrived;
-	// only the MembershipOutsideMailbox bug uses it.
-	members map[string]int64
-}
-
-// writer is the model of shardworker's shard: the writer of one vshard for
-// one ownership epoch. Its decisions are shardcore's: Decide, Apply,
-// ObserveSeq and NeedsDedupeLookup.
+// writer drives the real writer of one vshard for one ownership epoch,
+// shardcore.Writer, as shardworker's shard does: it performs the writer's
+// effects against the simulated log, owner store and sink, one scheduling
+// point each (each is a round trip in the real writer), and feeds the
+// results back. Nothing here decides anything the real writer decides.
 type writer struct {
 	wk    *worker
 	v     int
@@ -71,25 +22,55 @@ type writer struct {
 	epoch int64 // ownership epoch of the row that started it
 	txnID string
 
-	phase     phase
-	cancelled bool // stop(): the owner row moved, or the lease was lost
-	sessions  int
+	m       *shardcore.Writer
+	pending *shardcore.Effect // the round trip the writer asked for, not made yet
+	done    bool
+	// produced: the pending batch commit's events are produced (its
+	// transaction is open in the log) at offs; the commit is the next step.
+	produced bool
+	offs     []int64
 
-	pepoch    int64 // producer epoch of the current session
-	opened    bool  // the session initialised its producer (AcceptBeforeMarker opens late)
-	markerOff int64
-	from      int64 // persist's offset read at replay
-	fromOK    bool
-
-	convs    map[string]*shardcore.Conv
-	queue    []*call
-	inflight []*call
-	replies  []*protocol.Reply
-	wrote    []bool
+	pepoch int64 // producer epoch of the current session
+	opened bool  // the session initialised its producer
 }
 
-func newWriter(wk *worker, v int, epoch int64, partitions int) *writer {
-	return &writer{wk: wk, v: v, part: logrecord.Partition(v, partitions), epoch: epoch, txnID: logrecord.TransactionalID(v)}
+// errNotOwner is what the RecheckAtOpen what-if feeds the writer when the
+// row moved between the backoff and the open.
+var errNotOwner = errors.New("sim: the owner row moved")
+
+// errPgDown and errEtcdDown are what a round trip to a dependency that is
+// down returns.
+var (
+	errPgDown   = errors.New("sim: postgres is down")
+	errEtcdDown = errors.New("sim: etcd is down")
+)
+
+func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
+	wr := &writer{wk: wk, v: v, part: logrecord.Partition(v, w.cfg.Partitions), epoch: epoch, txnID: logrecord.TransactionalID(v)}
+	faults := shardcore.WriterFaults{
+		AcceptBeforeMarker:       w.cfg.Bugs.AcceptBeforeMarker,
+		AcceptedBeforeCommit:     w.cfg.Bugs.AcceptedBeforeCommit,
+		MembershipOutsideMailbox: w.cfg.Bugs.MembershipOutsideMailbox,
+		ReplayBeforeMarker:       w.cfg.Bugs.ReplayBeforeMarker,
+		NoEmptyBatchMarker:       !w.cfg.WhatIf.FenceCheckedAnswers,
+	}
+	wr.m = shardcore.NewWriter(shardcore.WriterConfig{
+		VShard: v, Epoch: epoch, Worker: wk.id,
+		Limits:   shardcore.Limits{MaxMembers: w.cfg.MaxMembers},
+		MaxBatch: w.cfg.MaxBatch,
+		// Trim as tightly as the real writer may: after every commit, one
+		// result kept per conversation, a small cache; retries are then
+		// answered by the lookup and evicted conversations reloaded.
+		RefusalMemory: 120 * time.Second, DedupeMemory: 1 << 62, DedupeKeep: 1,
+		MaxConvs: w.cfg.WriterMaxConvs, TrimInterval: 0,
+		NewID: func(time.Time) (string, error) {
+			w.msgIDs++
+			return fmt.Sprintf("m%d", w.msgIDs), nil
+		},
+		Faults: faults,
+	}, w.clock())
+	wr.collect(w)
+	return wr
 }
 
 // String is worker/vshard@epoch.
@@ -97,326 +78,253 @@ func (wr *writer) String() string {
 	return fmt.Sprintf("%s/v%d@e%d", wr.wk.id, wr.v, wr.epoch)
 }
 
+// phase is where the real writer is.
+func (wr *writer) phase() shardcore.Phase { return wr.m.Phase() }
+
+// ended reports whether the writer has ended (everything answered).
+func (wr *writer) ended() bool { return wr.done }
+
+// stepKind is one thing a writer can do next.
+type stepKind int
+
+const (
+	stEffect stepKind = iota // make the round trip the writer asked for
+	stTick                   // hand over the mailbox: a batch starts
+)
+
+// stepName names a step as the trace and the scripts do.
+func (wr *writer) stepName(s stepKind) string {
+	if s == stTick {
+		return "process"
+	}
+	e := wr.pending
+	switch e.Kind {
+	case shardcore.EffectOpenProducer:
+		return "open"
+	case shardcore.EffectCommit:
+		if wr.phase() == shardcore.PhaseMarker {
+			return "marker"
+		}
+		if !wr.produced {
+			return "produce"
+		}
+		return "commit"
+	case shardcore.EffectPersistOffset:
+		if wr.phase() == shardcore.PhaseHousekeep {
+			return "housekeep"
+		}
+		return "replay-offset"
+	case shardcore.EffectReadTail:
+		return "replay-tail"
+	case shardcore.EffectLoadState:
+		if wr.phase() == shardcore.PhaseReplayLoad {
+			return "replay-load"
+		}
+		return "load"
+	case shardcore.EffectReadOwner:
+		return "recheck"
+	}
+	return e.Kind.String()
+}
+
 // steps lists what the writer can do next.
 func (wr *writer) steps(w *World) []stepKind {
-	switch wr.phase {
-	case phOpen:
-		// run's loop checks the context before each session
-		if wr.cancelled {
-			return []stepKind{stFinish}
-		}
-		return []stepKind{stOpen}
-	case phMarker:
-		// commitMarker does not watch the context
-		return []stepKind{stMarker}
-	case phReplayOffset:
-		if wr.cancelled {
-			return []stepKind{stFinish}
-		}
-		return []stepKind{stReplayOffset}
-	case phReplayTail:
-		if wr.cancelled {
-			return []stepKind{stFinish}
-		}
-		// readTail polls until it reaches the marker: records before it
-		// in an open transaction (another vshard of the partition) hold it
-		if !w.cfg.Bugs.AcceptBeforeMarker && w.log.StableOffset(wr.part) <= wr.markerOff {
+	if wr.done {
+		return nil
+	}
+	if e := wr.pending; e != nil {
+		// readTail polls until it reaches its end: records before it in an
+		// open transaction (another vshard of the partition) hold it
+		if e.Kind == shardcore.EffectReadTail && e.To >= 0 && w.log.StableOffset(wr.part) <= e.To {
 			return nil
 		}
-		return []stepKind{stReplayTail}
-	case phAccepting:
-		// collect selects between the queue and the context: a stopped
-		// writer may still take what has queued
-		var s []stepKind
-		if len(wr.queue) > 0 {
-			s = append(s, stProcess)
-		}
-		if wr.cancelled {
-			s = append(s, stFinish)
-		}
-		return s
-	case phCommitting:
-		// the commit runs on a background context
-		return []stepKind{stCommit}
-	case phRecheck:
-		if wr.cancelled {
-			return []stepKind{stFinish}
-		}
-		return []stepKind{stRecheck}
+		return []stepKind{stEffect}
+	}
+	if wr.m.CanStart(w.clock()) {
+		return []stepKind{stTick}
 	}
 	return nil
+}
+
+// committing reports whether the step is a commit (whose reply may be lost).
+func (wr *writer) committing(s stepKind) bool {
+	return s == stEffect && wr.pending.Kind == shardcore.EffectCommit && (wr.produced || wr.phase() == shardcore.PhaseMarker)
 }
 
 // do runs one step; lost makes a commit's reply get lost (the log commits,
 // the writer sees an error).
 func (wr *writer) do(w *World, s stepKind, lost bool) {
-	switch s {
-	case stOpen:
-		wr.open(w)
-	case stMarker:
-		wr.marker(w, lost)
-	case stReplayOffset:
-		wr.from, wr.fromOK = w.sink.Offset(wr.part)
-		wr.phase = phReplayTail
-	case stReplayTail:
-		wr.replayTail(w)
-	case stProcess:
-		wr.process(w)
-	case stCommit:
-		wr.commit(w, lost)
-	case stRecheck:
-		wr.recheck(w)
-	case stFinish:
-		wr.finish(w)
-	}
-}
-
-// open starts a session. The correct writer initialises its producer now
-// (fencing every older session of the vshard); AcceptBeforeMarker delays
-// that to its first commit.
-func (wr *writer) open(w *World) {
-	if w.cfg.WhatIf.RecheckAtOpen && !wr.stillOwner(w) {
-		wr.finish(w)
+	now := w.clock()
+	if s == stTick {
+		w.stats.Batches++
+		wr.m.Tick(now)
+		wr.collect(w)
 		return
 	}
-	wr.sessions++
-	wr.convs = nil
-	if w.cfg.Bugs.AcceptBeforeMarker {
-		wr.opened = false
-		wr.phase = phReplayOffset
-		return
-	}
-	wr.pepoch, wr.opened = w.log.InitProducer(wr.txnID), true
-	wr.phase = phMarker
-}
-
-func (wr *writer) markerEvent(w *World) *logrecord.Event {
-	return &logrecord.Event{V: logrecord.Version, Kind: logrecord.KindTakeover, VShard: wr.v, Epoch: wr.epoch, Worker: wr.wk.id, CreatedAt: time.Unix(w.now, 0).UTC()}
-}
-
-// marker commits the takeover marker; its offset bounds the replay.
-func (wr *writer) marker(w *World, lost bool) {
-	rec, err := w.log.Produce(wr.txnID, wr.pepoch, wr.part, wr.markerEvent(w), w.now)
-	if err == nil {
-		err = w.log.Commit(wr.txnID, wr.pepoch, w.step)
-		if err == nil && lost {
-			w.stats.LostCommitReplies++
-			err = errCommitUnknown
-		}
-	} else {
-		_ = w.log.Abort(wr.txnID, wr.pepoch)
-	}
-	if err != nil {
-		wr.fail(w)
-		return
-	}
-	if wr.cancelled {
-		wr.finish(w)
-		return
-	}
-	wr.markerOff = rec.Offset
-	wr.phase = phReplayOffset
-}
-
-// replayTail rebuilds every conversation of the vshard with events after
-// persist's offset: the sink's state, then the log tail up to the marker.
-// Other conversations are loaded from the sink on first touch.
-func (wr *writer) replayTail(w *World) {
-	end := wr.markerOff
-	if w.cfg.Bugs.AcceptBeforeMarker {
-		end = w.log.StableOffset(wr.part) // no marker: the log as it is now
-	}
-	var tail []*logrecord.Event
-	if !wr.fromOK || wr.from < end {
-		recs, _ := w.log.ReadCommitted(wr.part, wr.from, end)
-		for _, r := range recs {
-			if r.Event.VShard == wr.v && r.Event.Kind != logrecord.KindTakeover {
-				tail = append(tail, r.Event)
-			}
-		}
-	}
-	wr.convs = map[string]*shardcore.Conv{}
-	for _, e := range tail {
-		if _, ok := wr.convs[e.ConversationID]; !ok {
-			wr.convs[e.ConversationID] = w.sink.LoadConv(e.ConversationID)
-		}
-	}
-	for _, e := range tail {
-		shardcore.Apply(wr.convs[e.ConversationID], e)
-	}
-	w.stats.Takeovers++
-	wr.phase = phAccepting
-}
-
-// enqueue is shard.submit: the command waits in the mailbox.
-func (wr *writer) enqueue(w *World, att *attempt) {
-	c := &call{att: att, cmd: att.op.cmd}
-	if w.cfg.Bugs.MembershipOutsideMailbox {
-		conv, ok := wr.convs[c.cmd.ConversationID]
-		if !ok {
-			conv = w.sink.LoadConv(c.cmd.ConversationID)
-		}
-		c.members = maps.Clone(conv.Members)
-	}
-	wr.queue = append(wr.queue, c)
-}
-
-// process is shard.process up to the commit: load the state the batch
-// needs, decide every command in arrival order applying each event at
-// once, and produce the events in one transaction.
-func (wr *writer) process(w *World) {
-	n := min(len(wr.queue), w.cfg.MaxBatch)
-	batch := wr.queue[:n:n]
-	wr.queue = wr.queue[n:]
-	w.stats.Batches++
-
-	// 1. state the batch needs: conversations not cached, dedupe misses
-	for _, c := range batch {
-		cid := c.cmd.ConversationID
-		conv, ok := wr.convs[cid]
-		if !ok {
-			conv = w.sink.LoadConv(cid)
-			wr.convs[cid] = conv
-		}
-		if shardcore.NeedsDedupeLookup(conv, &c.cmd) {
-			if f, ok := w.sink.Lookup(cid, c.cmd.ClientMessageID); ok {
-				shardcore.Remember(conv, c.cmd.ClientMessageID, f)
-			}
-		}
-	}
-
-	// 2. decide in arrival order
-	replies := make([]*protocol.Reply, len(batch))
-	wrote := make([]bool, len(batch))
-	var events []*logrecord.Event
-	for i, c := range batch {
-		conv := wr.convs[c.cmd.ConversationID]
-		seen := conv
-		if w.cfg.Bugs.MembershipOutsideMailbox && c.members != nil {
-			stale := *conv
-			stale.Members = c.members
-			seen = &stale
-		}
-		w.msgIDs++
-		st := shardcore.Stamp{Now: time.Unix(w.now, 0), MessageID: fmt.Sprintf("m%d", w.msgIDs), VShard: wr.v, Epoch: wr.epoch}
-		d := shardcore.Decide(seen, &c.cmd, st, shardcore.Limits{MaxMembers: w.cfg.MaxMembers})
-		switch {
-		case d.Reject != nil:
-			replies[i] = protocol.Rejected(c.att.reqID(), d.Reject)
-		case d.Event != nil:
-			shardcore.Apply(conv, d.Event)
-			events = append(events, d.Event)
-			replies[i], wrote[i] = acceptedReply(c, d.Event.Seq, d.Event.MessageID), true
-		default:
-			replies[i] = acceptedReply(c, d.Seq, d.MessageID)
-		}
-	}
-	if len(events) == 0 {
-		if w.cfg.WhatIf.FenceCheckedAnswers && wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch {
-			w.log.Fenced++
-			for _, c := range batch {
-				wr.answer(w, c, unavailable(c.att, "fenced; retry with the same ids"), false)
-			}
-			wr.fail(w)
+	e := wr.pending
+	wr.pending = nil
+	if e.Kind == shardcore.EffectCommit && !e.Marker && !wr.produced {
+		// A batch: produce now, commit in a step of its own (a pause or a
+		// crash can land in between, the transaction open in the log).
+		offs, err := wr.produce(w, e)
+		if err != nil {
+			wr.m.Committed(now, nil, err)
+			wr.collect(w)
 			return
 		}
-		for i, c := range batch {
-			wr.answer(w, c, replies[i], false)
-		}
+		wr.pending, wr.produced, wr.offs = e, true, offs
 		return
 	}
-
-	// 3. produce; any error aborts the whole transaction
-	if !wr.opened {
-		// AcceptBeforeMarker: fence and mark only now, marker last
+	switch e.Kind {
+	case shardcore.EffectOpenProducer:
+		if w.cfg.WhatIf.RecheckAtOpen && !wr.stillOwner(w) {
+			wr.m.ProducerOpened(now, errNotOwner)
+			break
+		}
 		wr.pepoch, wr.opened = w.log.InitProducer(wr.txnID), true
-		events = append(events, wr.markerEvent(w))
-	}
-	for _, e := range events {
-		if _, err := w.log.Produce(wr.txnID, wr.pepoch, wr.part, e, w.now); err != nil {
-			_ = w.log.Abort(wr.txnID, wr.pepoch)
-			for _, c := range batch {
-				wr.answer(w, c, unavailable(c.att, "produce failed; retry with the same ids"), false)
+		wr.m.ProducerOpened(now, nil)
+	case shardcore.EffectCommit:
+		offs := wr.offs
+		if !wr.produced { // the marker: produce and commit in one step
+			var err error
+			if offs, err = wr.produce(w, e); err != nil {
+				wr.m.Committed(now, nil, err)
+				break
 			}
-			wr.fail(w)
-			return
 		}
-	}
-	wr.inflight, wr.replies, wr.wrote = batch, replies, wrote
-	wr.phase = phCommitting
-	if w.cfg.Bugs.AcceptedBeforeCommit {
-		for i, c := range batch {
-			wr.answer(w, c, replies[i], wrote[i])
+		wr.produced, wr.offs = false, nil
+		err := wr.commit(w, e, lost)
+		if err != nil {
+			offs = nil
 		}
+		wr.m.Committed(now, offs, err)
+	case shardcore.EffectPersistOffset:
+		if w.pgDown() {
+			wr.m.PersistOffset(now, 0, false, errPgDown)
+			break
+		}
+		off, ok := w.sink.Offset(wr.part)
+		wr.m.PersistOffset(now, off, ok, nil)
+	case shardcore.EffectReadTail:
+		end := e.To
+		if end < 0 {
+			end = w.log.StableOffset(wr.part) // no marker: the log as it is now
+		}
+		var tail []*logrecord.Event
+		if e.FromStart || e.From < end {
+			recs, _ := w.log.ReadCommitted(wr.part, e.From, end)
+			for _, r := range recs {
+				if r.Event.VShard == wr.v && r.Event.Kind != logrecord.KindTakeover {
+					tail = append(tail, r.Event)
+				}
+			}
+		}
+		wr.m.TailRead(now, tail, nil)
+	case shardcore.EffectLoadState:
+		if w.pgDown() {
+			wr.m.StateLoaded(now, nil, nil, errPgDown)
+			break
+		}
+		convs := map[string]*shardcore.Conv{}
+		for _, c := range e.Convs {
+			convs[c] = w.sink.LoadConv(c)
+		}
+		if e.AllOfVShard {
+			for _, c := range w.convs {
+				if _, ok := convs[c]; !ok && logrecord.VShard(c, w.cfg.VShards) == wr.v {
+					convs[c] = w.sink.LoadConv(c)
+				}
+			}
+		}
+		found := map[shardcore.DedupeKey]shardcore.First{}
+		for _, k := range e.Keys {
+			if f, ok := w.sink.Lookup(k.Conv, k.CMID); ok {
+				found[k] = f
+			}
+		}
+		wr.m.StateLoaded(now, convs, found, nil)
+	case shardcore.EffectReadOwner:
+		if w.etcdDown() {
+			wr.m.OwnerRead(now, false, errEtcdDown)
+			break
+		}
+		wr.m.OwnerRead(now, wr.stillOwner(w), nil)
 	}
+	wr.collect(w)
 }
 
-func acceptedReply(c *call, seq int64, messageID string) *protocol.Reply {
-	r := &protocol.Reply{Op: protocol.OpAccepted, ID: c.att.reqID(), ConversationID: c.cmd.ConversationID, Seq: seq, MessageID: messageID}
-	if c.cmd.Op == protocol.OpSend {
-		r.ClientMessageID = c.cmd.ClientMessageID
+// produce produces the effect's events in one transaction. Any produce
+// error aborts the whole transaction.
+func (wr *writer) produce(w *World, e *shardcore.Effect) ([]int64, error) {
+	if e.Open {
+		// AcceptBeforeMarker: fence only now
+		wr.pepoch, wr.opened = w.log.InitProducer(wr.txnID), true
 	}
-	return r
+	offs := make([]int64, len(e.Events))
+	for i, ev := range e.Events {
+		rec, err := w.log.Produce(wr.txnID, wr.pepoch, wr.part, ev, w.now)
+		if err != nil {
+			_ = w.log.Abort(wr.txnID, wr.pepoch)
+			return nil, err
+		}
+		offs[i] = rec.Offset
+	}
+	return offs, nil
 }
 
-// commit ends the batch's transaction. Only a nil error answers the
-// batch; anything else answers unavailable and ends the session.
-func (wr *writer) commit(w *World, lost bool) {
+// commit commits the transaction the effect's events were produced in.
+func (wr *writer) commit(w *World, e *shardcore.Effect, lost bool) error {
 	err := w.log.Commit(wr.txnID, wr.pepoch, w.step)
 	if err == nil && lost {
 		w.stats.LostCommitReplies++
 		err = errCommitUnknown
 	}
-	batch, replies, wrote := wr.inflight, wr.replies, wr.wrote
-	wr.inflight, wr.replies, wr.wrote = nil, nil, nil
 	if err != nil {
 		if err == ErrFenced {
 			w.stats.FencedCommits++
 		}
-		if !w.cfg.Bugs.AcceptedBeforeCommit {
-			for _, c := range batch {
-				wr.answer(w, c, unavailable(c.att, "commit failed; retry with the same ids"), false)
-			}
-		}
-		wr.fail(w)
-		return
+		return err
 	}
-	w.stats.Commits++
-	wr.phase = phAccepting
-	if !w.cfg.Bugs.AcceptedBeforeCommit {
-		for i, c := range batch {
-			wr.answer(w, c, replies[i], wrote[i])
-		}
+	if !e.Marker {
+		w.stats.Commits++
 	}
-	// Bound dedupe as tightly as the driver may: keep one result, drop
-	// every other that Postgres holds; a retry must then be answered by
-	// the lookup.
-	for _, c := range batch {
-		if conv := wr.convs[c.cmd.ConversationID]; conv != nil {
-			shardcore.TrimDedupe(conv, w.sink.MaxSeq(c.cmd.ConversationID), 1, time.Time{})
-		}
+	return nil
+}
+
+// collect acts on what the writer asks after an input: it sends the
+// answers and keeps the round trip asked for as the writer's next step.
+func (wr *writer) collect(w *World) {
+	rd := wr.m.Ready()
+	for _, a := range rd.Answers {
+		ans := w.reply(a.Call.Tag.(*attempt), a.Reply, a.Wrote)
+		// whether the writer's producer was already fenced (it cannot know)
+		ans.fenced = wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch
+	}
+	if rd.Notice.TookOver {
+		w.stats.Takeovers++
+	}
+	if rd.Effect != nil {
+		wr.pending = rd.Effect
+	}
+	if rd.Done {
+		wr.done, wr.pending = true, nil
 	}
 }
 
-// fail ends the session: the state is thrown away; a stopped writer ends,
-// any other re-checks ownership before taking over again.
-func (wr *writer) fail(w *World) {
-	wr.convs = nil
-	if wr.cancelled {
-		wr.finish(w)
-		return
-	}
-	wr.phase = phRecheck
+// enqueue is shard.submit: the command waits in the mailbox.
+func (wr *writer) enqueue(w *World, att *attempt) {
+	wr.m.Submit(w.clock(), &shardcore.Call{ReqID: att.reqID(), Cmd: att.op.cmd, Tag: att})
+	wr.collect(w)
 }
 
-// recheck is stillOwner: only a writer the owner row still names (worker,
-// gen, epoch) opens a new session.
-func (wr *writer) recheck(w *World) {
-	if wr.stillOwner(w) {
-		wr.phase = phOpen
-		return
+// stop is the context's cancel: the owner row moved, or the lease was
+// lost.
+func (wr *writer) stop(w *World) {
+	wr.m.Stop(w.clock())
+	if wr.pending != nil && wr.pending.Abandon {
+		wr.pending = nil // the round trip is given up
 	}
-	wr.finish(w)
+	wr.collect(w)
 }
 
 func (wr *writer) stillOwner(w *World) bool {
@@ -424,22 +332,15 @@ func (wr *writer) stillOwner(w *World) bool {
 	return ok && o.Worker == wr.wk.id && o.Gen == wr.wk.gen && o.Epoch == wr.epoch
 }
 
-// finish is the end of shard.run: failQueued answers every queued command
-// unavailable (the gateway may retry elsewhere).
-func (wr *writer) finish(w *World) {
-	for _, c := range wr.queue {
-		wr.answer(w, c, unavailable(c.att, "vshard %d is moving to another worker", wr.v), false)
-	}
-	wr.queue, wr.convs = nil, nil
-	wr.phase = phDone
-}
-
-// answer sends the reply to c, noting whether the writer's producer was
-// already fenced (it cannot know).
-func (wr *writer) answer(w *World, c *call, r *protocol.Reply, wrote bool) {
-	a := w.reply(c.att, r, wrote)
-	a.fenced = wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch
-}
-
 // inFlight reports whether the writer holds a produced, uncommitted batch.
-func (wr *writer) inFlight() bool { return wr.phase == phCommitting }
+func (wr *writer) inFlight() bool { return wr.produced }
+
+// clock is the simulated time as the writer sees it.
+func (w *World) clock() time.Time { return time.Unix(w.now, 0) }
+
+// acceptedReply is the reply the real writer sends for an accepted op.
+func acceptedReply(att *attempt, seq int64, messageID string) *protocol.Reply {
+	r := &protocol.Reply{Op: protocol.OpAccepted, ID: att.reqID(), ConversationID: att.op.cmd.ConversationID, Seq: seq, MessageID: messageID}
+	r.ClientMessageID = att.op.cmd.ClientMessageID
+	return r
+}

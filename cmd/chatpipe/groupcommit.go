@@ -8,7 +8,7 @@ import (
 )
 
 // commitFlags tune the shard writers' adaptive group commit
-// (shardworker/groupcommit.go).
+// (shardcore/groupcommit.go).
 type commitFlags struct {
 	lingerMax *time.Duration
 	txnBudget *float64

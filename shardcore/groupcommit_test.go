@@ -1,4 +1,4 @@
-package shardworker
+package shardcore
 
 import (
 	"testing"

@@ -1,0 +1,1017 @@
+package shardcore
+
+import (
+	"fmt"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// Writer is the writer of one vshard for one ownership epoch, as a pure
+// state machine: inputs in (commands, the results of its round trips, the
+// time), effects out (the next round trip to make, the answers to send).
+// It has no goroutines, clock, I/O or randomness; time and ids come in with
+// the inputs. shardworker drives it against Kafka, etcd and Postgres; sim
+// drives the same code against its in-memory log, owner store and sink.
+//
+// A session is: open the producer (initialising the vshard's
+// transactional.id fences every older writer and aborts its open
+// transaction) → commit the takeover marker → read persist's offset → read
+// the log tail from there up to the marker and load its conversations →
+// accept. While accepting it collects a batch (lingering as the group
+// commit says), loads the state the batch lacks, decides every command in
+// arrival order, commits the batch's events in one transaction, and only
+// then answers. Any failure of the marker, a replay step or a commit ends
+// the session: the state is dropped, every command of the batch in hand is
+// answered unavailable, and after a backoff the writer re-reads the owner
+// row; it takes over again only if the row still names it.
+//
+// The driver loop is: feed an input (Submit, Tick, Stop or the result of
+// the effect it performed), then call Ready and act on it: send its
+// answers, perform its Effect (one at a time; its result is the next
+// input), and call Tick when nothing else happened by its Wake time.
+type Writer struct {
+	cfg   WriterConfig
+	phase Phase
+	// cancelled: Stop was called; the writer ends as soon as no round trip
+	// it must finish is in flight.
+	cancelled bool
+
+	// out is what the next Ready returns.
+	answers []Answer
+	effect  *Effect
+	wake    time.Time
+	notice  Notice
+
+	sessionStart time.Time
+	backoff      time.Duration
+	opened       bool // the session initialised its producer
+	markerOff    int64
+	tail         []*logrecord.Event
+	replayed     map[string]*Conv // ReplayBeforeMarker: the state loaded before the marker
+
+	convs map[string]*Conv
+	queue []*Call
+	// The batch in hand: its calls and their answers, the events it
+	// commits (the first len(seqs) of them are conversation events; a
+	// marker may follow), and the timing the group commit observes.
+	batch      []*Call
+	replies    []Answer
+	events     []*logrecord.Event
+	collecting bool
+	collectAt  time.Time
+	batchStart time.Time
+	decideAt   time.Time
+	prevStart  time.Time
+	gc         groupCommit
+	share      float64
+
+	unstored []unstoredEvent
+	stored   map[string]*storedSeq
+	lastTrim time.Time
+	rates    map[string]*rate.Limiter
+}
+
+// WriterConfig is what a Writer is built with. Durations are of the
+// caller's clock (the times passed with the inputs).
+type WriterConfig struct {
+	VShard int
+	Epoch  int64  // the ownership epoch of the owner row that started it
+	Worker string // written into its takeover markers
+	Limits Limits
+
+	MaxBatch int           // commands per batch (≥ 1)
+	Linger   time.Duration // fixed linger before each batch; 0: the adaptive group commit's
+	// LingerMax is the adaptive group commit's latency budget (0: never
+	// linger).
+	LingerMax time.Duration
+
+	ConvRate  float64 // new messages/s per conversation (0: no limit)
+	ConvBurst int
+
+	RefusalMemory time.Duration // how long a keyed rejection answers the key's other attempts
+	DedupeMemory  time.Duration // dedupe results older than this may be dropped once stored
+	DedupeKeep    int           // … and so may any beyond this many per conversation
+	MaxConvs      int           // conversations cached before eviction (plus persist's lag)
+	TrimInterval  time.Duration // how often a committing writer trims its memory
+
+	Backoff    time.Duration // first wait before re-checking ownership after a failure
+	BackoffMax time.Duration
+	// OwnerRetry is the wait before re-reading an owner row that could
+	// not be read.
+	OwnerRetry time.Duration
+
+	// NewID returns a fresh message id for an event decided at now.
+	NewID func(now time.Time) (string, error)
+
+	Faults WriterFaults
+}
+
+// WriterFaults are deliberate mistakes a Writer can be built with, so the
+// tests show that the invariant checks catch them. The zero value is the
+// correct writer; nothing outside tests sets them.
+type WriterFaults struct {
+	// AcceptBeforeMarker reverses the takeover order: replay the log as it
+	// is now (To < 0), load every conversation of the vshard, accept, and
+	// initialise the producer and write the marker only with the first
+	// commit. The previous writer can commit in between and its seqs are
+	// handed out again.
+	AcceptBeforeMarker bool
+	// AcceptedBeforeCommit answers a batch when its commit is sent instead
+	// of when it succeeded.
+	AcceptedBeforeCommit bool
+	// MembershipOutsideMailbox checks membership against the members as
+	// they were when the command arrived, not in arrival order with the
+	// commands before it.
+	MembershipOutsideMailbox bool
+	// ReplayBeforeMarker replays the log as it is now (To < 0) first, and
+	// only then opens the producer and commits the marker, accepting
+	// without reading what was committed in between.
+	ReplayBeforeMarker bool
+	// NoEmptyBatchMarker answers a batch that writes nothing from the
+	// writer's state without first committing a marker, so a writer fenced
+	// without knowing it answers from a stale state.
+	NoEmptyBatchMarker bool
+}
+
+// Phase is where a Writer is.
+type Phase int
+
+// The phases of a Writer, in the order of a session.
+const (
+	PhaseOpen         Phase = iota // opening the producer (EffectOpenProducer)
+	PhaseMarker                    // committing the takeover marker
+	PhaseReplayOffset              // reading persist's offset of the partition
+	PhaseReplayTail                // reading the log tail up to the marker
+	PhaseReplayLoad                // loading the tail's conversations
+	PhaseAccepting                 // idle, or collecting a batch
+	PhaseLoading                   // loading the state the batch lacks
+	PhaseCommitting                // committing the batch
+	PhaseHousekeep                 // reading persist's offset to trim memory
+	PhaseBackoff                   // waiting before re-reading the owner row
+	PhaseRecheck                   // reading the owner row
+	PhaseDone                      // ended: every command has been answered
+)
+
+var phaseNames = [...]string{"open", "marker", "replay-offset", "replay-tail", "replay-load", "accepting", "loading", "committing", "housekeep", "backoff", "recheck", "done"}
+
+// String names the phase.
+func (p Phase) String() string { return phaseNames[p] }
+
+// Call is one command in a Writer's mailbox.
+type Call struct {
+	ReqID string
+	Cmd   Command
+	// Deadline (zero: none) is when the gateway stops waiting: a command
+	// not decided by then is not decided at all, only answered
+	// unavailable (nothing written).
+	Deadline time.Time
+	// Tag is the driver's own handle on the call.
+	Tag any
+
+	// members is the conversation's members when the call arrived (only
+	// the MembershipOutsideMailbox fault uses it).
+	members map[string]int64
+}
+
+func (c *Call) expired(now time.Time) bool { return !c.Deadline.IsZero() && now.After(c.Deadline) }
+
+// Answer is the reply to one call.
+type Answer struct {
+	Call  *Call
+	Reply *protocol.Reply
+	// Retry: nothing was written and the command may go to whoever owns
+	// the vshard now.
+	Retry bool
+	// Wrote: the reply accepts an event this writer committed for it.
+	Wrote bool
+}
+
+// EffectKind is the round trip an Effect asks for.
+type EffectKind int
+
+// The effects of a Writer.
+const (
+	// EffectOpenProducer opens the vshard's transactional producer;
+	// initialising it fences every older producer of the id. Result:
+	// ProducerOpened.
+	EffectOpenProducer EffectKind = iota + 1
+	// EffectCommit produces Events in one transaction of the vshard's
+	// partition and commits it (Open: initialise the producer first).
+	// Any produce error aborts the whole transaction. Result: Committed.
+	EffectCommit
+	// EffectPersistOffset reads persist's committed offset of the
+	// partition. Result: PersistOffset.
+	EffectPersistOffset
+	// EffectReadTail reads the partition read_committed from From (from
+	// the start when FromStart) up to, not including, To (To < 0: up to
+	// its current end), and returns the events of the vshard that are not
+	// takeover markers. Result: TailRead.
+	EffectReadTail
+	// EffectLoadState loads the conversations in Convs from durable state
+	// (every conversation of the vshard as well when AllOfVShard) and
+	// looks up the keys in Keys. Result: StateLoaded.
+	EffectLoadState
+	// EffectReadOwner reads the vshard's owner row (a linearizable read)
+	// and reports whether it still names this worker, its registration
+	// and the writer's epoch. Result: OwnerRead.
+	EffectReadOwner
+)
+
+var effectNames = [...]string{"", "open-producer", "commit", "persist-offset", "read-tail", "load-state", "read-owner"}
+
+// String names the effect kind.
+func (k EffectKind) String() string { return effectNames[k] }
+
+// Effect is one round trip the driver makes for the Writer.
+type Effect struct {
+	Kind EffectKind
+	// Abandon: when the writer is stopped the driver may give this round
+	// trip up (cancel its context) and need not report its result. The
+	// others run to their end and are reported.
+	Abandon bool
+
+	Events []*logrecord.Event // EffectCommit
+	Open   bool               // EffectCommit: initialise the producer first
+	Marker bool               // EffectCommit: Events is the takeover marker alone
+
+	From      int64 // EffectReadTail
+	FromStart bool
+	To        int64
+
+	Convs       []string    // EffectLoadState
+	Keys        []DedupeKey // EffectLoadState
+	AllOfVShard bool        // EffectLoadState
+}
+
+// DedupeKey names one client_message_id of one conversation.
+type DedupeKey struct{ Conv, CMID string }
+
+// Notice is what the last inputs changed that a driver counts or logs.
+type Notice struct {
+	// TookOver: the session is accepting; Replayed events of
+	// Conversations were replayed after the marker at MarkerOffset, Took
+	// after the session began.
+	TookOver      bool
+	Replayed      int
+	Conversations int
+	MarkerOffset  int64
+	Took          time.Duration
+	// Committed counts the conversation events of the batch just
+	// committed (a marker alone counts 0).
+	Committed int
+	// Failed is why the session ended (it will re-check ownership).
+	Failed error
+	// StateErr is why a batch's state could not be loaded (its commands
+	// were answered unavailable; the session goes on).
+	StateErr error
+	// Trimmed, Evicted and DedupeHeld (≥ 0 when it was counted) report a
+	// housekeeping pass.
+	Trimmed    int
+	Evicted    int
+	DedupeHeld int
+}
+
+// Ready is what a Writer asks of its driver after the last inputs.
+type Ready struct {
+	Answers []Answer
+	// Effect is the round trip to make now (nil: none); its result is the
+	// next input. At most one is outstanding at a time.
+	Effect *Effect
+	// Wake (zero: none) is when to call Tick if no input came before.
+	Wake   time.Time
+	Notice Notice
+	// Done: the writer has ended and answered everything it was given.
+	Done bool
+}
+
+// NewWriter returns a writer about to open its first session at now.
+func NewWriter(cfg WriterConfig, now time.Time) *Writer {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1
+	}
+	m := &Writer{cfg: cfg, backoff: cfg.Backoff, gc: groupCommit{max: max(cfg.LingerMax, 0)}, notice: Notice{DedupeHeld: -1}}
+	m.open(now)
+	return m
+}
+
+// Phase returns where the writer is.
+func (m *Writer) Phase() Phase { return m.phase }
+
+// Accepting reports whether the writer has taken over and takes commands.
+func (m *Writer) Accepting() bool {
+	switch m.phase {
+	case PhaseAccepting, PhaseLoading, PhaseCommitting, PhaseHousekeep:
+		return !m.cancelled
+	}
+	return false
+}
+
+// Queued is the number of commands waiting for a batch.
+func (m *Writer) Queued() int { return len(m.queue) }
+
+// CanStart reports whether a Tick at now would start a batch.
+func (m *Writer) CanStart(now time.Time) bool {
+	if m.phase != PhaseAccepting || m.cancelled || len(m.queue) == 0 {
+		return false
+	}
+	return !m.collecting || len(m.queue) >= m.cfg.MaxBatch || !now.Before(m.collectAt)
+}
+
+// SetShare sets the vshard's share of its worker's transaction budget
+// (transactions/s), which the adaptive group commit lingers for.
+func (m *Writer) SetShare(txnPerSec float64) { m.share = txnPerSec }
+
+// Ready returns, and forgets, what the writer asks of its driver.
+func (m *Writer) Ready() Ready {
+	rd := Ready{Answers: m.answers, Effect: m.effect, Wake: m.wake, Notice: m.notice, Done: m.phase == PhaseDone}
+	m.answers, m.effect, m.notice = nil, nil, Notice{DedupeHeld: -1}
+	return rd
+}
+
+// Submit puts c in the mailbox. A writer that has ended answers it
+// unavailable at once.
+func (m *Writer) Submit(now time.Time, c *Call) {
+	if m.phase == PhaseDone || m.cancelled {
+		m.answer(c, unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
+		return
+	}
+	if m.cfg.Faults.MembershipOutsideMailbox {
+		if conv := m.convs[c.Cmd.ConversationID]; conv != nil {
+			c.members = make(map[string]int64, len(conv.Members))
+			for k, v := range conv.Members {
+				c.members[k] = v
+			}
+		}
+	}
+	m.queue = append(m.queue, c)
+}
+
+// Tick tells the writer the time is now and that the driver has handed
+// over every command it had: a due batch starts, a backoff that ran out
+// re-reads the owner row.
+func (m *Writer) Tick(now time.Time) {
+	switch m.phase {
+	case PhaseAccepting:
+		if m.cancelled || len(m.queue) == 0 {
+			return
+		}
+		if !m.collecting {
+			m.collecting, m.batchStart = true, now
+			wait := m.cfg.Linger
+			if wait <= 0 {
+				wait = m.gc.linger(m.share)
+			}
+			m.collectAt = now.Add(wait)
+		}
+		if len(m.queue) < m.cfg.MaxBatch && now.Before(m.collectAt) {
+			m.wake = m.collectAt
+			return
+		}
+		m.startBatch(now)
+	case PhaseBackoff:
+		if !now.Before(m.wake) {
+			m.readOwner()
+		}
+	}
+}
+
+// Stop ends the writer: the owner row moved or the lease was lost. A
+// round trip that must finish (the marker, a batch's load and commit,
+// housekeeping) finishes first, and its batch is answered as usual; every
+// queued command is answered unavailable.
+func (m *Writer) Stop(now time.Time) {
+	if m.phase == PhaseDone {
+		return
+	}
+	m.cancelled = true
+	switch m.phase {
+	case PhaseMarker, PhaseLoading, PhaseCommitting, PhaseHousekeep:
+		return // finish once its result is in
+	}
+	m.finish()
+}
+
+// ProducerOpened is the result of EffectOpenProducer.
+func (m *Writer) ProducerOpened(now time.Time, err error) {
+	if !m.expect(PhaseOpen) {
+		return
+	}
+	if err != nil {
+		m.fail(now, fmt.Errorf("shardcore: open producer: %w", err))
+		return
+	}
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	m.opened = true
+	m.phase = PhaseMarker
+	m.effect = &Effect{Kind: EffectCommit, Events: []*logrecord.Event{m.marker(now)}, Marker: true}
+}
+
+// Committed is the result of EffectCommit: the log offset of each event
+// on success. An error may still mean the transaction committed (its
+// outcome is unknown): the writer answers nothing accepted and ends the
+// session either way.
+func (m *Writer) Committed(now time.Time, offsets []int64, err error) {
+	switch m.phase {
+	case PhaseMarker:
+		if err != nil {
+			m.fail(now, fmt.Errorf("shardcore: commit marker: %w", err))
+			return
+		}
+		if m.cancelled {
+			m.finish()
+			return
+		}
+		m.markerOff = offsets[0]
+		if m.cfg.Faults.ReplayBeforeMarker {
+			convs := m.replayed
+			m.replayed = nil
+			m.accept(now, convs)
+			return
+		}
+		m.replayOffset()
+	case PhaseCommitting:
+		m.commitDone(now, offsets, err)
+	default:
+		m.expect(PhaseCommitting)
+	}
+}
+
+// PersistOffset is the result of EffectPersistOffset: persist's committed
+// offset of the partition (ok false: it has none yet).
+func (m *Writer) PersistOffset(now time.Time, off int64, ok bool, err error) {
+	switch m.phase {
+	case PhaseReplayOffset:
+		if err != nil {
+			m.fail(now, fmt.Errorf("shardcore: read persist's offset: %w", err))
+			return
+		}
+		end := m.markerOff
+		if m.cfg.Faults.AcceptBeforeMarker || m.cfg.Faults.ReplayBeforeMarker {
+			end = -1
+		}
+		if ok && end >= 0 && off >= end {
+			m.tail = nil
+			m.accept(now, nil)
+			return
+		}
+		m.phase = PhaseReplayTail
+		m.effect = &Effect{Kind: EffectReadTail, Abandon: true, From: off, FromStart: !ok, To: end}
+	case PhaseHousekeep:
+		m.housekept(now, off, ok && err == nil)
+	default:
+		m.expect(PhaseReplayOffset)
+	}
+}
+
+// TailRead is the result of EffectReadTail.
+func (m *Writer) TailRead(now time.Time, events []*logrecord.Event, err error) {
+	if !m.expect(PhaseReplayTail) {
+		return
+	}
+	if err != nil {
+		m.fail(now, fmt.Errorf("shardcore: replay: %w", err))
+		return
+	}
+	m.tail = events
+	var ids []string
+	seen := map[string]bool{}
+	for _, e := range events {
+		if !seen[e.ConversationID] {
+			seen[e.ConversationID] = true
+			ids = append(ids, e.ConversationID)
+		}
+	}
+	if len(ids) == 0 && !m.cfg.Faults.AcceptBeforeMarker {
+		m.replayDone(now, map[string]*Conv{})
+		return
+	}
+	m.phase = PhaseReplayLoad
+	m.effect = &Effect{Kind: EffectLoadState, Abandon: true, Convs: ids, AllOfVShard: m.cfg.Faults.AcceptBeforeMarker}
+}
+
+// StateLoaded is the result of EffectLoadState: the conversations asked
+// for (a new state for each, even one with no events) and the first
+// result of each key durable state holds.
+func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[DedupeKey]First, err error) {
+	switch m.phase {
+	case PhaseReplayLoad:
+		if err != nil {
+			m.fail(now, fmt.Errorf("shardcore: load replayed conversations: %w", err))
+			return
+		}
+		m.replayDone(now, convs)
+	case PhaseLoading:
+		if err != nil {
+			m.notice.StateErr = err
+			for _, c := range m.batch {
+				m.answer(c, unavailable(c.ReqID, "conversation state is unavailable"), true, false)
+			}
+			m.endBatch()
+			m.afterBatch(now)
+			return
+		}
+		for cid, conv := range convs {
+			m.convs[cid] = conv
+		}
+		for k, f := range found {
+			if conv := m.convs[k.Conv]; conv != nil {
+				Remember(conv, k.CMID, f)
+			}
+		}
+		m.decide(now)
+	default:
+		m.expect(PhaseLoading)
+	}
+}
+
+// OwnerRead is the result of EffectReadOwner: whether the owner row still
+// names this writer (worker, registration, epoch); err: it could not be
+// read, and is read again after OwnerRetry.
+func (m *Writer) OwnerRead(now time.Time, still bool, err error) {
+	if !m.expect(PhaseRecheck) {
+		return
+	}
+	switch {
+	case err != nil:
+		m.phase = PhaseBackoff
+		m.wake = now.Add(m.cfg.OwnerRetry)
+		if m.cfg.OwnerRetry <= 0 {
+			m.readOwner()
+		}
+	case still:
+		m.open(now)
+	default:
+		m.finish()
+	}
+}
+
+// expect reports whether the writer is in phase p. A result in another
+// phase is a driver bug, except after Stop ended the writer (an abandoned
+// round trip reported anyway).
+func (m *Writer) expect(p Phase) bool {
+	if m.phase == p {
+		return true
+	}
+	if m.phase == PhaseDone {
+		return false
+	}
+	panic(fmt.Sprintf("shardcore: vshard %d writer got a result for %s in phase %s", m.cfg.VShard, p, m.phase))
+}
+
+func (m *Writer) open(now time.Time) {
+	m.phase = PhaseOpen
+	m.sessionStart = now
+	m.convs, m.tail, m.opened, m.replayed = nil, nil, false, nil
+	if m.cfg.Faults.AcceptBeforeMarker || m.cfg.Faults.ReplayBeforeMarker {
+		// The broken order: no producer, no marker; replay what is there.
+		m.replayOffset()
+		return
+	}
+	m.effect = &Effect{Kind: EffectOpenProducer, Abandon: true}
+}
+
+func (m *Writer) marker(now time.Time) *logrecord.Event {
+	return &logrecord.Event{V: logrecord.Version, Kind: logrecord.KindTakeover, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Worker: m.cfg.Worker, CreatedAt: now.UTC()}
+}
+
+func (m *Writer) replayOffset() {
+	m.phase = PhaseReplayOffset
+	m.effect = &Effect{Kind: EffectPersistOffset, Abandon: true}
+}
+
+// replayDone ends the replay: the writer accepts, except in the order of
+// ReplayBeforeMarker, which only now opens the producer and commits the
+// marker.
+func (m *Writer) replayDone(now time.Time, convs map[string]*Conv) {
+	if !m.cfg.Faults.ReplayBeforeMarker {
+		m.accept(now, convs)
+		return
+	}
+	m.replayed = convs
+	m.phase = PhaseOpen
+	m.effect = &Effect{Kind: EffectOpenProducer, Abandon: true}
+}
+
+// accept applies the replayed tail to its conversations' durable state
+// and starts accepting.
+func (m *Writer) accept(now time.Time, convs map[string]*Conv) {
+	if convs == nil {
+		convs = map[string]*Conv{}
+	}
+	for _, e := range m.tail {
+		c := convs[e.ConversationID]
+		if c == nil {
+			c = NewConv()
+			convs[e.ConversationID] = c
+		}
+		Apply(c, e)
+	}
+	m.convs = convs
+	m.unstored, m.stored = m.unstored[:0], map[string]*storedSeq{}
+	tailConvs := map[string]bool{}
+	for _, e := range m.tail {
+		tailConvs[e.ConversationID] = true
+	}
+	for cid := range tailConvs {
+		// Replayed from the log tail: nothing of it is known stored until
+		// persist passes the marker.
+		m.stored[cid] = &storedSeq{}
+		m.markUnstored(cid, convs[cid].LastSeq, m.markerOff)
+	}
+	m.notice.TookOver, m.notice.Replayed, m.notice.Conversations = true, len(m.tail), len(tailConvs)
+	m.notice.MarkerOffset, m.notice.Took = m.markerOff, now.Sub(m.sessionStart)
+	m.tail = nil
+	m.idle(now)
+}
+
+// idle is accepting with no batch in hand; commands that queued meanwhile
+// make the writer ask for a Tick at once.
+func (m *Writer) idle(now time.Time) {
+	m.phase = PhaseAccepting
+	m.collecting = false
+	m.wake = time.Time{}
+	if len(m.queue) > 0 {
+		m.wake = now
+	}
+}
+
+// startBatch takes up to MaxBatch queued commands, answering the ones past
+// their deadline, and asks for the state the batch lacks.
+func (m *Writer) startBatch(now time.Time) {
+	m.collecting, m.wake = false, time.Time{}
+	n := min(len(m.queue), m.cfg.MaxBatch)
+	for _, c := range m.queue[:n] {
+		if c.expired(now) {
+			// The gateway gave up on it (its client heard "outcome
+			// unknown" and may have retried): deciding it now would apply
+			// it late. Nothing was written.
+			m.answer(c, unavailable(c.ReqID, "the command waited past its deadline; nothing was written"), true, false)
+			continue
+		}
+		m.batch = append(m.batch, c)
+	}
+	clear(m.queue[:n])
+	m.queue = m.queue[n:]
+	if len(m.queue) == 0 {
+		m.queue = m.queue[:0:0]
+	}
+	if len(m.batch) == 0 {
+		m.idle(now)
+		return
+	}
+	m.decideAt = now
+	var need []string
+	var keys []DedupeKey
+	seenConv, seenKey := map[string]bool{}, map[DedupeKey]bool{}
+	for _, c := range m.batch {
+		cid := c.Cmd.ConversationID
+		conv, loaded := m.convs[cid]
+		if !loaded && !seenConv[cid] {
+			seenConv[cid] = true
+			need = append(need, cid)
+		}
+		k := DedupeKey{cid, c.Cmd.ClientMessageID}
+		if c.Cmd.ClientMessageID != "" && !seenKey[k] && (!loaded || NeedsDedupeLookup(conv, &c.Cmd)) {
+			seenKey[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(need) > 0 || len(keys) > 0 {
+		m.phase = PhaseLoading
+		m.effect = &Effect{Kind: EffectLoadState, Convs: need, Keys: keys}
+		return
+	}
+	m.decide(now)
+}
+
+// decide decides the batch in arrival order, applying each event at once
+// so that the next command of the conversation sees it, and asks for the
+// commit.
+func (m *Writer) decide(now time.Time) {
+	m.phase = PhaseLoading // until the commit is asked for
+	m.replies = make([]Answer, len(m.batch))
+	var seqs int
+	decided := false // some answer depends on the conversation's state
+	for i, c := range m.batch {
+		if c.expired(now) { // collected in time, but the state lookup took the rest
+			m.replies[i] = Answer{Call: c, Reply: unavailable(c.ReqID, "the command waited past its deadline; nothing was written")}
+			continue
+		}
+		conv := m.convs[c.Cmd.ConversationID]
+		if conv == nil { // not loaded: cannot happen after a successful load
+			conv = NewConv()
+			m.convs[c.Cmd.ConversationID] = conv
+		}
+		if wait, ok := m.allowSend(conv, &c.Cmd, now); !ok {
+			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", m.cfg.ConvRate, c.Cmd.ConversationID)
+			e.RetryAfterMS = max(wait.Milliseconds(), 1)
+			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, e)}
+			continue
+		}
+		id, err := m.cfg.NewID(now)
+		if err != nil {
+			m.failBatch(now, fmt.Errorf("shardcore: message id: %w", err))
+			return
+		}
+		seen := conv
+		if c.members != nil {
+			stale := *conv
+			stale.Members = c.members
+			seen = &stale
+		}
+		d := Decide(seen, &c.Cmd, Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch}, m.cfg.Limits)
+		decided = true
+		switch {
+		case d.Reject != nil:
+			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject)}
+			// Another attempt of the key gets this answer too, for a
+			// while: one decided later must not be accepted after it.
+			Refuse(conv, &c.Cmd, d.Reject, now, m.cfg.RefusalMemory)
+		case d.Event != nil:
+			Apply(conv, d.Event)
+			m.events = append(m.events, d.Event)
+			seqs++
+			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Event.Seq, d.Event.MessageID), Wrote: true}
+		default:
+			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Seq, d.MessageID)}
+		}
+	}
+	// A batch that writes nothing still answers from the writer's state (a
+	// retry's first result, forbidden, not_found, …), and a writer fenced
+	// without knowing it would answer from a stale one: so such a batch
+	// commits a takeover marker first, which succeeds only while no other
+	// writer has taken the vshard over since this one did.
+	if seqs == 0 && (!decided || m.cfg.Faults.NoEmptyBatchMarker) {
+		for _, r := range m.replies {
+			m.answers = append(m.answers, r)
+		}
+		m.endBatch()
+		m.afterBatch(now)
+		return
+	}
+	open := false
+	if !m.opened {
+		// AcceptBeforeMarker: fence and mark only now, the marker last.
+		open, m.opened = true, true
+		m.events = append(m.events, m.marker(now))
+	} else if seqs == 0 {
+		m.events = append(m.events, m.marker(now))
+	}
+	m.phase = PhaseCommitting
+	m.effect = &Effect{Kind: EffectCommit, Events: m.events, Open: open}
+	if m.cfg.Faults.AcceptedBeforeCommit {
+		m.answers = append(m.answers, m.replies...)
+		m.replies = nil
+	}
+}
+
+// commitDone answers the batch after its commit returned: accepted and the
+// other decided answers on success, unavailable on an error.
+func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
+	if err != nil {
+		m.failBatch(now, fmt.Errorf("shardcore: commit: %w", err))
+		return
+	}
+	m.answers = append(m.answers, m.replies...)
+	n := 0
+	for i, e := range m.events {
+		if e.Kind == logrecord.KindTakeover || i >= len(offsets) {
+			continue
+		}
+		m.markUnstored(e.ConversationID, e.Seq, offsets[i])
+		n++
+	}
+	m.notice.Committed = n
+	var cycle time.Duration // from the previous batch's start (none for the first)
+	if !m.prevStart.IsZero() {
+		cycle = m.batchStart.Sub(m.prevStart)
+	}
+	m.gc.observe(len(m.batch), cycle, now.Sub(m.decideAt))
+	m.prevStart = m.batchStart
+	m.endBatch()
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	if len(m.convs) > m.cfg.MaxConvs || now.Sub(m.lastTrim) >= m.cfg.TrimInterval {
+		m.lastTrim = now
+		m.phase = PhaseHousekeep
+		m.effect = &Effect{Kind: EffectPersistOffset}
+		return
+	}
+	m.afterBatch(now)
+}
+
+// failBatch answers the batch in hand unavailable (unless it was answered
+// already) and ends the session.
+func (m *Writer) failBatch(now time.Time, err error) {
+	// (With AcceptedBeforeCommit the batch was answered when its commit
+	// was sent.)
+	if !(m.cfg.Faults.AcceptedBeforeCommit && m.phase == PhaseCommitting) {
+		for _, c := range m.batch {
+			m.answer(c, unavailable(c.ReqID, "the writer failed; retry with the same ids"), false, false)
+		}
+	}
+	m.endBatch()
+	m.fail(now, err)
+}
+
+func (m *Writer) endBatch() {
+	m.batch, m.replies, m.events = nil, nil, nil
+}
+
+// afterBatch returns to accepting once a batch is over.
+func (m *Writer) afterBatch(now time.Time) {
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	m.idle(now)
+}
+
+// fail ends the session: the state is dropped; a stopped writer ends, any
+// other re-reads the owner row after a backoff.
+func (m *Writer) fail(now time.Time, err error) {
+	m.notice.Failed = err
+	m.convs, m.tail = nil, nil
+	m.collecting = false
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	m.phase = PhaseBackoff
+	m.wake = now.Add(m.backoff)
+	m.backoff = min(max(m.backoff*2, m.cfg.Backoff), max(m.cfg.BackoffMax, m.cfg.Backoff))
+	if m.cfg.Backoff <= 0 {
+		m.readOwner()
+	}
+}
+
+func (m *Writer) readOwner() {
+	m.phase = PhaseRecheck
+	m.wake = time.Time{}
+	m.effect = &Effect{Kind: EffectReadOwner, Abandon: true}
+}
+
+// finish answers every queued command unavailable (the gateway may retry
+// it elsewhere) and ends the writer.
+func (m *Writer) finish() {
+	for _, c := range m.queue {
+		m.answer(c, unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
+	}
+	m.queue, m.convs, m.tail, m.batch, m.replies, m.events = nil, nil, nil, nil, nil, nil
+	m.effect, m.wake = nil, time.Time{}
+	m.phase = PhaseDone
+}
+
+func (m *Writer) answer(c *Call, r *protocol.Reply, retry, wrote bool) {
+	m.answers = append(m.answers, Answer{Call: c, Reply: r, Retry: retry, Wrote: wrote})
+}
+
+// housekept bounds the writer's memory once persist's offset is known: it
+// forgets what persist has stored, trims every cached conversation's
+// dedupe to the configured bounds, and evicts conversations beyond
+// MaxConvs. Without persist's offset it trims nothing.
+func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
+	defer m.afterBatch(now)
+	if !ok {
+		return
+	}
+	n := 0
+	for ; n < len(m.unstored) && m.unstored[n].off < persisted; n++ {
+		u := m.unstored[n]
+		st := m.stored[u.conv]
+		st.seq = max(st.seq, u.seq)
+		if st.pending--; st.pending == 0 {
+			delete(m.stored, u.conv)
+		}
+	}
+	if n > 0 {
+		m.unstored = append(m.unstored[:0], m.unstored[n:]...)
+	}
+	cutoff := now.Add(-m.cfg.DedupeMemory)
+	refusedBefore := now.Add(-m.cfg.RefusalMemory)
+	trimmed, held := 0, 0
+	for cid, conv := range m.convs {
+		trimmed += TrimDedupe(conv, m.storedUpTo(cid, conv), m.cfg.DedupeKeep, cutoff)
+		held += len(conv.Dedupe)
+		TrimRefusals(conv, refusedBefore)
+	}
+	m.notice.Trimmed, m.notice.DedupeHeld = trimmed, held
+	if len(m.convs) > m.cfg.MaxConvs {
+		m.notice.Evicted = m.evict()
+	}
+}
+
+// evict drops cached conversations whose events are all in durable state
+// (none listed unstored, as of the last read of persist's offset) and that
+// remember no rejection, until the cache is at 3/4 of MaxConvs; they are
+// reloaded on their next command. Conversations persist has not caught up
+// with stay: reloading them would miss their newest events, so the cache
+// is bounded by MaxConvs plus persist's lag.
+func (m *Writer) evict() int {
+	target := m.cfg.MaxConvs * 3 / 4
+	n := 0
+	for cid := range m.convs {
+		if len(m.convs) <= target {
+			break
+		}
+		// A conversation with remembered rejections stays: reloaded, it
+		// would decide their keys again (they expire within RefusalMemory).
+		if m.stored[cid] == nil && len(m.convs[cid].Refused) == 0 {
+			delete(m.convs, cid)
+			delete(m.rates, cid)
+			n++
+		}
+	}
+	return n
+}
+
+// unstoredEvent is an event at a log offset that persist may not have
+// stored yet.
+type unstoredEvent struct {
+	conv string
+	seq  int64
+	off  int64
+}
+
+// storedSeq is what the writer knows of a conversation with unstored
+// events: how many are listed, and the highest seq known stored.
+type storedSeq struct {
+	pending int
+	seq     int64
+}
+
+// markUnstored lists conversation cid's event seq at log offset off as not
+// yet known stored. Seqs of a conversation grow with offsets, so when the
+// conversation had nothing pending, everything below seq is stored.
+func (m *Writer) markUnstored(cid string, seq, off int64) {
+	st := m.stored[cid]
+	if st == nil {
+		st = &storedSeq{seq: seq - 1}
+		m.stored[cid] = st
+	}
+	st.pending++
+	m.unstored = append(m.unstored, unstoredEvent{cid, seq, off})
+}
+
+// storedUpTo is the highest seq of conversation cid known to be in
+// durable state: every seq of a conversation with nothing pending.
+func (m *Writer) storedUpTo(cid string, conv *Conv) int64 {
+	if st := m.stored[cid]; st != nil {
+		return st.seq
+	}
+	return conv.LastSeq
+}
+
+// allowSend takes a token from the conversation's message bucket for a new
+// send; a retry that dedupe answers costs nothing (it writes nothing). It
+// runs in the mailbox, before any seq is assigned.
+func (m *Writer) allowSend(conv *Conv, cmd *Command, now time.Time) (time.Duration, bool) {
+	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 {
+		return 0, true
+	}
+	if _, dup := conv.Dedupe[cmd.ClientMessageID]; dup {
+		return 0, true
+	}
+	if m.rates == nil {
+		m.rates = map[string]*rate.Limiter{}
+	}
+	lim := m.rates[cmd.ConversationID]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Limit(m.cfg.ConvRate), m.cfg.ConvBurst)
+		m.rates[cmd.ConversationID] = lim
+	}
+	r := lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}
+
+// DedupeHeld is the number of dedupe results the writer holds.
+func (m *Writer) DedupeHeld() int {
+	n := 0
+	for _, c := range m.convs {
+		n += len(c.Dedupe)
+	}
+	return n
+}
+
+func acceptedReply(c *Call, seq int64, messageID string) *protocol.Reply {
+	return &protocol.Reply{Op: protocol.OpAccepted, ID: c.ReqID, ConversationID: c.Cmd.ConversationID, Seq: seq, MessageID: messageID, ClientMessageID: c.Cmd.ClientMessageID}
+}
+
+func unavailable(id, format string, args ...any) *protocol.Reply {
+	e := protocol.Errorf(protocol.CodeUnavailable, format, args...)
+	e.RetryAfterMS = 200
+	return protocol.Rejected(id, e)
+}
