@@ -1,11 +1,13 @@
-// Package deptest checks that the module's pure packages (protocol,
-// logrecord, shardcore) depend only on what they are allowed to: the
-// standard library less the I/O packages in Forbidden, the third-party
-// packages named in their rule, and other pure packages. Its test runs the
-// check on the output of `go list -deps -json`.
+// Package deptest holds checks on the module's structure, run by its tests
+// against `go list` output.
 //
-// lease is not covered: its pure planning (plan.go) shares a package with
-// the etcd client code.
+// Check keeps the pure packages (protocol, logrecord, shardcore) to what
+// they are allowed to depend on: the standard library less the I/O
+// packages in Forbidden, the third-party packages named in their rule, and
+// other pure packages. lease is not covered: its pure planning (plan.go)
+// shares a package with the etcd client code.
+//
+// TestPackageComments requires a package comment on every package.
 package deptest
 
 import (
