@@ -7,9 +7,9 @@
 // group and its own rows in consumer_offsets, written in the same
 // transaction as the read model. It never gets ahead of persist: a batch is
 // applied only once persist has stored every record in it, so a delivery
-// row always names events that are already in Postgres (DESIGN rule 7), and
-// sync and history, which never read past a conversation's projected
-// last_seq, agree with the membership periods they check.
+// row always names events that are already in Postgres (docs/architecture.md,
+// rule 12), and sync and history, which never read past a conversation's
+// projected last_seq, agree with the membership periods they check.
 package projection
 
 import (
