@@ -32,10 +32,6 @@ import (
 	"github.com/chatpipe/chatpipe/persist"
 )
 
-// Channel is the Postgres NOTIFY channel that announces a delivery row; the
-// payload is its id.
-const Channel = "chatpipe_delivery"
-
 // Config configures a Projector.
 type Config struct {
 	Brokers  []string
@@ -147,7 +143,7 @@ func (p *Projector) Run(ctx context.Context) error {
 // listen signals p.persisted on every notification of persist's channel,
 // until ctx ends. Without it (or while it reconnects) waitForPersist polls.
 func (p *Projector) listen(ctx context.Context) {
-	pglisten.Run(ctx, p.cfg.DB, persist.Channel, p.signalPersisted, p.cfg.Log,
+	pglisten.Run(ctx, p.cfg.DB, pglisten.Persisted, p.signalPersisted, p.cfg.Log,
 		"projection: LISTEN connection lost; polling for persist until it is back")
 }
 
@@ -248,9 +244,9 @@ const (
 		SET last_seq = GREATEST(conversations.last_seq, EXCLUDED.last_seq),
 		    last_activity_at = GREATEST(conversations.last_activity_at, EXCLUDED.last_activity_at)`
 	// deliverySQL takes the next delivery id, writes the delivery row under
-	// it and announces it on Channel ($4), in one statement. The counter
-	// row stays locked until commit: ids are gap-free and visible in id
-	// order.
+	// it and announces it on pglisten.Delivery ($4), in one statement. The
+	// counter row stays locked until commit: ids are gap-free and visible in
+	// id order.
 	deliverySQL = `WITH counter AS (
 		  UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id
 		), outbox AS (
@@ -280,7 +276,7 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*log
 			convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
 		}
 		b.Queue(conversationsSQL, convs, to, at)
-		b.Queue(deliverySQL, convs, from, to, Channel)
+		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery)
 	}
 	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
 	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
