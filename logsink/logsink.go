@@ -55,6 +55,11 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// PersistConsumer is persist's name in consumer_offsets and dead_letters:
+// the projection waits for its offsets, a shard writer reads them and its
+// dead letters, and the run checks wait for it.
+const PersistConsumer = "persist"
+
 // Offsets reads a consumer's stored next offset of each partition of topic.
 func Offsets(ctx context.Context, q Querier, consumer, topic string) (map[int32]int64, error) {
 	rows, err := q.Query(ctx, `SELECT log_partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`, consumer, topic)

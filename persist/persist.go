@@ -34,9 +34,6 @@ import (
 	"github.com/chatpipe/chatpipe/logsink"
 )
 
-// DefaultConsumer is persist's name in consumer_offsets.
-const DefaultConsumer = "persist"
-
 // Config configures a Persister.
 type Config struct {
 	Brokers  []string
@@ -61,7 +58,7 @@ func (c *Config) validate() error {
 		c.Group = "chatpipe-persist"
 	}
 	if c.Consumer == "" {
-		c.Consumer = DefaultConsumer
+		c.Consumer = logsink.PersistConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000

@@ -29,7 +29,6 @@ import (
 	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
-	"github.com/chatpipe/chatpipe/persist"
 )
 
 // Config configures a Projector.
@@ -65,7 +64,7 @@ func (c *Config) validate() error {
 		c.Consumer = "projection"
 	}
 	if c.After == "" {
-		c.After = persist.DefaultConsumer
+		c.After = logsink.PersistConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000
@@ -131,7 +130,7 @@ func (p *Projector) Degraded(ctx context.Context) string { return p.consumer.Deg
 
 // Run consumes until ctx ends.
 func (p *Projector) Run(ctx context.Context) error {
-	if !p.cfg.NoListen && p.cfg.After == persist.DefaultConsumer {
+	if !p.cfg.NoListen && p.cfg.After == logsink.PersistConsumer {
 		lctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); p.listen(lctx) }()
