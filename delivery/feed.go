@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/chatpipe/chatpipe/internal/pglisten"
-	"github.com/chatpipe/chatpipe/projection"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -128,7 +127,7 @@ func (f *Feed) Run(ctx context.Context) error {
 
 // listen signals wake on every delivery notification until ctx ends.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
-	pglisten.Run(ctx, f.DB, projection.Channel, func() {
+	pglisten.Run(ctx, f.DB, pglisten.Delivery, func() {
 		select {
 		case wake <- struct{}{}:
 		default:

@@ -80,11 +80,12 @@ func (l *loadGen) finish() []acceptedMsg {
 	return l.accepted
 }
 
-// pausedWriter runs the scenario of seed 003 §6: worker wa is paused (as by
-// a long GC pause) while its transactions are in flight, for longer than
-// its lease; its shards move to wb; then wa wakes up and tries to finish
-// what it was doing. It returns what the clients were told and wa's
-// fenced-write count.
+// pausedWriter runs the paused-writer scenario of docs/operations.md's
+// "Fault tests" (TestPausedWriterIsFenced, TestReversedTakeoverOrderIsCaught):
+// worker wa is paused (as by a long GC pause) while its transactions are in
+// flight, for longer than its lease; its shards move to wb; then wa wakes up
+// and tries to finish what it was doing. It returns what the clients were
+// told and wa's fenced-write count.
 func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float64) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	// wa holds each transaction open a little between produce and commit,

@@ -1,3 +1,9 @@
+// Package e2e holds the end-to-end tests: TestMain builds the chatpipe
+// binary (with -race unless CHATPIPE_E2E_NORACE is set, and with the
+// chatpipe_faults fault points), and the tests drive real `chatpipe dev`
+// processes over real sockets, including fault tests that pause, kill and
+// add processes; each ends by checking the world (docs/operations.md, "Fault
+// tests").
 package e2e
 
 import (

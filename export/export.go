@@ -1,5 +1,6 @@
 // Package export is the nightly job a data team schedules: it writes one
-// day's committed events to chunk files, crash-safe (seed 002).
+// day's committed events to chunk files, crash-safe
+// (docs/operations.md, "Nightly export").
 //
 //   - The day's events are ordered by (conversation_id, seq) and split into
 //     chunks of a fixed size, so a chunk's content depends only on the day.

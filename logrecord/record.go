@@ -1,4 +1,4 @@
-// Package logrecord defines the committed log's record format (spec/log-record.md):
+// Package logrecord defines the committed log's record format (docs/log-record.md):
 // the JSON value, the headers, the key, and how a conversation maps to a
 // virtual shard and a Kafka partition. It is pure: no I/O.
 package logrecord

@@ -55,6 +55,11 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// PersistConsumer is persist's name in consumer_offsets and dead_letters:
+// the projection waits for its offsets, a shard writer reads them and its
+// dead letters, and the run checks wait for it.
+const PersistConsumer = "persist"
+
 // Offsets reads a consumer's stored next offset of each partition of topic.
 func Offsets(ctx context.Context, q Querier, consumer, topic string) (map[int32]int64, error) {
 	rows, err := q.Query(ctx, `SELECT log_partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2`, consumer, topic)
@@ -66,6 +71,42 @@ func Offsets(ctx context.Context, q Querier, consumer, topic string) (map[int32]
 	var off int64
 	if _, err := pgx.ForEachRow(rows, []any{&part, &off}, func() error { out[part] = off; return nil }); err != nil {
 		return nil, fmt.Errorf("read %s offsets: %w", consumer, err)
+	}
+	return out, nil
+}
+
+// Offset reads a consumer's stored next offset of one partition of topic;
+// ok is false when the consumer has stored none there yet.
+func Offset(ctx context.Context, q Querier, consumer, topic string, part int32) (off int64, ok bool, err error) {
+	rows, err := q.Query(ctx, `SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND log_partition = $3`, consumer, topic, part)
+	if err != nil {
+		return 0, false, fmt.Errorf("read %s offset: %w", consumer, err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&off}, func() error { ok = true; return nil }); err != nil {
+		return 0, false, fmt.Errorf("read %s offset: %w", consumer, err)
+	}
+	return off, ok, nil
+}
+
+// StoredOffset is one row of consumer_offsets.
+type StoredOffset struct {
+	Consumer   string
+	Partition  int32
+	NextOffset int64
+	UpdatedAt  time.Time
+}
+
+// AllOffsets reads every consumer's stored offsets of topic, ordered by
+// consumer and partition.
+func AllOffsets(ctx context.Context, q Querier, topic string) ([]StoredOffset, error) {
+	rows, err := q.Query(ctx, `SELECT consumer, log_partition, next_offset, updated_at FROM consumer_offsets WHERE topic = $1 ORDER BY consumer, log_partition`, topic)
+	if err != nil {
+		return nil, fmt.Errorf("read consumer offsets: %w", err)
+	}
+	var out []StoredOffset
+	var o StoredOffset
+	if _, err := pgx.ForEachRow(rows, []any{&o.Consumer, &o.Partition, &o.NextOffset, &o.UpdatedAt}, func() error { out = append(out, o); return nil }); err != nil {
+		return nil, fmt.Errorf("read consumer offsets: %w", err)
 	}
 	return out, nil
 }

@@ -29,17 +29,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
 )
-
-// DefaultConsumer is persist's name in consumer_offsets.
-const DefaultConsumer = "persist"
-
-// Channel is the Postgres NOTIFY channel on which persist announces each
-// committed batch (its offsets moved): the projection, which waits for
-// persist, wakes on it instead of polling.
-const Channel = "chatpipe_persisted"
 
 // Config configures a Persister.
 type Config struct {
@@ -65,7 +58,7 @@ func (c *Config) validate() error {
 		c.Group = "chatpipe-persist"
 	}
 	if c.Consumer == "" {
-		c.Consumer = DefaultConsumer
+		c.Consumer = logsink.PersistConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000
@@ -226,7 +219,7 @@ func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
 			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
 	}
 	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
-	b.Queue(`SELECT pg_notify($1, '')`, Channel) // delivered at commit
+	b.Queue(`SELECT pg_notify($1, '')`, pglisten.Persisted) // delivered at commit
 	var skipped int64
 	var cs []conflict
 	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
@@ -213,8 +214,8 @@ func TestFailedOffsetsRollBackRows(t *testing.T) {
 	}
 }
 
-// TestWriteNotifies: a committed batch is announced on Channel (the
-// projection waits for persist by it).
+// TestWriteNotifies: a committed batch is announced on pglisten.Persisted
+// (the projection waits for persist by it).
 func TestWriteNotifies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -224,7 +225,7 @@ func TestWriteNotifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pglisten.Persisted); err != nil {
 		t.Fatal(err)
 	}
 	p := newTestPersister(t, db)
@@ -235,7 +236,7 @@ func TestWriteNotifies(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no notification after a write: %v", err)
 	}
-	if n.Channel != Channel {
-		t.Fatalf("notification on %q, want %q", n.Channel, Channel)
+	if n.Channel != pglisten.Persisted {
+		t.Fatalf("notification on %q, want %q", n.Channel, pglisten.Persisted)
 	}
 }

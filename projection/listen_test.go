@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
-	"github.com/chatpipe/chatpipe/persist"
 )
 
 // TestPersistCommitWakesTheWait: a NOTIFY on persist's channel (what
@@ -28,7 +28,7 @@ func TestPersistCommitWakesTheWait(t *testing.T) {
 		}
 	}
 	wait("once listening") // the catch-up signal after LISTEN
-	if _, err := db.Exec(ctx, `SELECT pg_notify($1, '')`, persist.Channel); err != nil {
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, '')`, pglisten.Persisted); err != nil {
 		t.Fatal(err)
 	}
 	wait("after persist's notification")

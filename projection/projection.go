@@ -7,9 +7,9 @@
 // group and its own rows in consumer_offsets, written in the same
 // transaction as the read model. It never gets ahead of persist: a batch is
 // applied only once persist has stored every record in it, so a delivery
-// row always names events that are already in Postgres (DESIGN rule 7), and
-// sync and history, which never read past a conversation's projected
-// last_seq, agree with the membership periods they check.
+// row always names events that are already in Postgres (docs/architecture.md,
+// rule 12), and sync and history, which never read past a conversation's
+// projected last_seq, agree with the membership periods they check.
 package projection
 
 import (
@@ -29,12 +29,7 @@ import (
 	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
-	"github.com/chatpipe/chatpipe/persist"
 )
-
-// Channel is the Postgres NOTIFY channel that announces a delivery row; the
-// payload is its id.
-const Channel = "chatpipe_delivery"
 
 // Config configures a Projector.
 type Config struct {
@@ -69,7 +64,7 @@ func (c *Config) validate() error {
 		c.Consumer = "projection"
 	}
 	if c.After == "" {
-		c.After = persist.DefaultConsumer
+		c.After = logsink.PersistConsumer
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000
@@ -135,7 +130,7 @@ func (p *Projector) Degraded(ctx context.Context) string { return p.consumer.Deg
 
 // Run consumes until ctx ends.
 func (p *Projector) Run(ctx context.Context) error {
-	if !p.cfg.NoListen && p.cfg.After == persist.DefaultConsumer {
+	if !p.cfg.NoListen && p.cfg.After == logsink.PersistConsumer {
 		lctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); p.listen(lctx) }()
@@ -147,7 +142,7 @@ func (p *Projector) Run(ctx context.Context) error {
 // listen signals p.persisted on every notification of persist's channel,
 // until ctx ends. Without it (or while it reconnects) waitForPersist polls.
 func (p *Projector) listen(ctx context.Context) {
-	pglisten.Run(ctx, p.cfg.DB, persist.Channel, p.signalPersisted, p.cfg.Log,
+	pglisten.Run(ctx, p.cfg.DB, pglisten.Persisted, p.signalPersisted, p.cfg.Log,
 		"projection: LISTEN connection lost; polling for persist until it is back")
 }
 
@@ -248,9 +243,9 @@ const (
 		SET last_seq = GREATEST(conversations.last_seq, EXCLUDED.last_seq),
 		    last_activity_at = GREATEST(conversations.last_activity_at, EXCLUDED.last_activity_at)`
 	// deliverySQL takes the next delivery id, writes the delivery row under
-	// it and announces it on Channel ($4), in one statement. The counter
-	// row stays locked until commit: ids are gap-free and visible in id
-	// order.
+	// it and announces it on pglisten.Delivery ($4), in one statement. The
+	// counter row stays locked until commit: ids are gap-free and visible in
+	// id order.
 	deliverySQL = `WITH counter AS (
 		  UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id
 		), outbox AS (
@@ -280,7 +275,7 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*log
 			convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
 		}
 		b.Queue(conversationsSQL, convs, to, at)
-		b.Queue(deliverySQL, convs, from, to, Channel)
+		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery)
 	}
 	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
 	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
@@ -89,7 +90,7 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 // TestApplyWritesReadModelAndDelivery: one batch opens and closes
 // membership periods in log order, moves each conversation's last seq and
 // activity time, writes one delivery row under the next id, announces it
-// on Channel, and stores the offsets — all in its one transaction.
+// on pglisten.Delivery, and stores the offsets — all in its one transaction.
 func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -99,7 +100,7 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer listener.Release()
-	if _, err := listener.Exec(ctx, "LISTEN "+Channel); err != nil {
+	if _, err := listener.Exec(ctx, "LISTEN "+pglisten.Delivery); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
@@ -143,8 +144,8 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 		t.Errorf("delivery row %d (counter %d) = %v %v %v; want 1 (1) = [c0 c1] [1 1] [1 3]", id, counter, convs, from, to)
 	}
 	n, err := listener.Conn().WaitForNotification(ctx)
-	if err != nil || n.Channel != Channel || n.Payload != "1" {
-		t.Errorf("notification = %+v, %v; want %s 1", n, err, Channel)
+	if err != nil || n.Channel != pglisten.Delivery || n.Payload != "1" {
+		t.Errorf("notification = %+v, %v; want %s 1", n, err, pglisten.Delivery)
 	}
 	offs, err := logsink.Offsets(ctx, db, "projection", logrecord.DefaultTopic)
 	if err != nil || offs[0] != 4 {

@@ -14,7 +14,6 @@ import (
 	"github.com/chatpipe/chatpipe/loadgen"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
-	"github.com/chatpipe/chatpipe/persist"
 )
 
 // WorldConfig says where the world is and how long to wait for it.
@@ -44,7 +43,7 @@ func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 		cfg.Idle = 2 * time.Second
 	}
 	if cfg.PersistConsumer == "" {
-		cfg.PersistConsumer = persist.DefaultConsumer
+		cfg.PersistConsumer = logsink.PersistConsumer
 	}
 	want := make(map[string]bool, len(cfg.Convs))
 	for _, c := range cfg.Convs {

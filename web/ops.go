@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // OpsConfig says where the pipeline's state is read from.
@@ -415,39 +416,24 @@ func (o *Ops) readConsumers(ctx context.Context) (res []ConsumerState, errs []st
 			report("kafka: %v", err)
 		}
 	}
-	rows, err := o.cfg.DB.Query(ctx, `SELECT consumer, log_partition, next_offset, updated_at FROM consumer_offsets WHERE topic = $1 ORDER BY consumer, log_partition`, o.cfg.Topic)
+	stored, err := logsink.AllOffsets(ctx, o.cfg.DB, o.cfg.Topic)
 	if err != nil {
-		report("postgres: read consumer offsets: %v", err)
+		report("postgres: %v", err)
 		return nil, errs
 	}
-	defer rows.Close()
 	byName := map[string]*ConsumerState{}
 	var out []*ConsumerState
-	for rows.Next() {
-		var (
-			name    string
-			part    int32
-			next    int64
-			updated time.Time
-		)
-		if err := rows.Scan(&name, &part, &next, &updated); err != nil {
-			report("postgres: read consumer offsets: %v", err)
-			return nil, errs
-		}
-		c := byName[name]
+	for _, so := range stored {
+		c := byName[so.Consumer]
 		if c == nil {
-			c = &ConsumerState{Consumer: name}
-			byName[name] = c
+			c = &ConsumerState{Consumer: so.Consumer}
+			byName[so.Consumer] = c
 			out = append(out, c)
 		}
-		if updated.After(c.UpdatedAt) {
-			c.UpdatedAt = updated
+		if so.UpdatedAt.After(c.UpdatedAt) {
+			c.UpdatedAt = so.UpdatedAt
 		}
-		c.Partitions = append(c.Partitions, PartitionState{Partition: part, NextOffset: next, EndOffset: -1})
-	}
-	if err := rows.Err(); err != nil {
-		report("postgres: read consumer offsets: %v", err)
-		return nil, errs
+		c.Partitions = append(c.Partitions, PartitionState{Partition: so.Partition, NextOffset: so.NextOffset, EndOffset: -1})
 	}
 	res = make([]ConsumerState, 0, len(out))
 	for _, c := range out {

@@ -10,7 +10,8 @@ import (
 	"github.com/chatpipe/chatpipe/export"
 )
 
-// runExport is the nightly export of one day's committed events (seed 002).
+// runExport is the nightly export of one day's committed events
+// (docs/operations.md, "Nightly export").
 func runExport(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	inf := addInfraFlags(fs)

@@ -12,6 +12,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// The pipeline's NOTIFY channels, named here so that the sender and its
+// listeners share one name without importing each other.
+const (
+	// Persisted announces each batch persist committed (its offsets
+	// moved): the projection, which waits for persist, wakes on it
+	// instead of polling. The payload is empty.
+	Persisted = "chatpipe_persisted"
+	// Delivery announces a delivery row the projection committed; the
+	// payload is its id. Gateways' delivery feeds listen on it.
+	Delivery = "chatpipe_delivery"
+)
+
 // Run holds a dedicated connection (a copy of db's connection config)
 // LISTENing on channel until ctx ends, and calls wake once after each
 // LISTEN (for anything committed while it was not listening) and on every
