@@ -1,7 +1,6 @@
 package shardcore
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -127,21 +126,6 @@ func TestReplayMatchesLive(t *testing.T) {
 		for m := range live.Members {
 			if _, ok := r.Members[m]; !ok {
 				t.Fatalf("cut %d: member %s missing", cut, m)
-			}
-		}
-	}
-}
-
-// The core must stay pure: no I/O packages, no clients.
-func TestDeps(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, bad := range []string{"net", "os/exec", "database/sql", "github.com/twmb/franz-go/pkg/kgo", "github.com/jackc/pgx/v5", "go.etcd.io/etcd/client/v3"} {
-		for _, dep := range strings.Fields(string(out)) {
-			if dep == bad {
-				t.Errorf("shardcore imports %s", bad)
 			}
 		}
 	}

@@ -9,11 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
-
-// PersistConsumer is the consumer name persist uses in consumer_offsets.
-const PersistConsumer = "persist"
 
 // loadConvsSQL reads, in one statement (one snapshot), every membership
 // event of each conversation plus its last event.
@@ -92,7 +90,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 		all = append(all, k.Conv)
 		wanted[k] = true
 	}
-	b.Queue(deadLettersSQL, PersistConsumer, all).Query(func(rs pgx.Rows) error {
+	b.Queue(deadLettersSQL, logsink.PersistConsumer, all).Query(func(rs pgx.Rows) error {
 		var cid string
 		var seq int64
 		var value []byte
@@ -133,18 +131,4 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 		}
 	}
 	return loaded, found, nil
-}
-
-// persistOffset returns persist's next offset for a partition; ok is false
-// when persist has committed nothing there yet.
-func persistOffset(ctx context.Context, db *pgxpool.Pool, topic string, part int32) (off int64, ok bool, err error) {
-	err = db.QueryRow(ctx, `SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND log_partition = $3`,
-		PersistConsumer, topic, part).Scan(&off)
-	if err == pgx.ErrNoRows {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("shardworker: read persist offset: %w", err)
-	}
-	return off, true, nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
@@ -229,7 +230,7 @@ func (s *shard) perform(e *shardcore.Effect) {
 		s.m.Committed(time.Now(), offs, err)
 	case shardcore.EffectPersistOffset:
 		ctx, cancel := s.effectContext(e)
-		off, ok, err := persistOffset(ctx, s.w.cfg.DB, s.w.cfg.Topic, s.part)
+		off, ok, err := logsink.Offset(ctx, s.w.cfg.DB, logsink.PersistConsumer, s.w.cfg.Topic, s.part)
 		cancel()
 		s.m.PersistOffset(time.Now(), off, ok, err)
 	case shardcore.EffectReadTail:

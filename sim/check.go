@@ -8,7 +8,7 @@ import (
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
-// Properties, named after DESIGN.md's invariants.
+// Properties, named after the invariants I1–I7 of doc.go.
 const (
 	// PropLost: an accepted answer whose event is not in the committed log (I1).
 	PropLost = "I1 accepted-but-lost"

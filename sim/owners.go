@@ -7,7 +7,7 @@ type workerLease struct {
 	expires int64
 }
 
-// OwnerStore is the stand-in for etcd's ownership keys (spec/etcd-keys.md):
+// OwnerStore is the stand-in for etcd's ownership keys (lease/keys.go; docs/operations.md, "Ownership"):
 // one lease per worker that expires on the simulated clock unless renewed,
 // a gen counter per worker id, and one owner row per vshard, changed only by
 // compare-and-swap on the row's revision (lease.Plan makes the epoch +1).
