@@ -11,6 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/chatpipe/chatpipe/ownership"
 )
 
 // CoordinatorConfig configures RunCoordinator.
@@ -92,7 +94,7 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 				delete(pins, v)
 			}
 		}
-		for _, m := range Plan(view, cfg.VShards) {
+		for _, m := range ownership.Plan(view, cfg.VShards) {
 			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
 				cfg.Log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
 				continue

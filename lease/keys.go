@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/ownership"
 )
 
 // DefaultPrefix is the default etcd key prefix.
@@ -71,19 +73,21 @@ func EnsureConfig(ctx context.Context, cli *clientv3.Client, prefix string, want
 	return have, nil
 }
 
-// WorkerInfo is the value of workers/<id>, attached to the worker's lease.
-type WorkerInfo struct {
-	Addr  string `json:"addr"`
-	Gen   int64  `json:"gen"`
-	Admin string `json:"admin,omitempty"` // the worker's /metrics, /healthz, /readyz server, if any
-}
-
-// Owner is the value of shards/<n>.
-type Owner struct {
-	Worker string `json:"worker"`
-	Gen    int64  `json:"gen"`
-	Epoch  int64  `json:"epoch"`
-}
+// The ownership types live in package ownership, which imports no etcd
+// client, so the planner and the simulation can use them; these names keep
+// them where the etcd side speaks of them.
+type (
+	// WorkerInfo is the value of workers/<id>, attached to the worker's lease.
+	WorkerInfo = ownership.WorkerInfo
+	// Owner is the value of shards/<n>.
+	Owner = ownership.Owner
+	// Row is an owner row with the revision a compare-and-swap must match.
+	Row = ownership.Row
+	// View is a snapshot of the owner rows and the live workers.
+	View = ownership.View
+	// Move is one ownership change (ownership.Plan).
+	Move = ownership.Move
+)
 
 func workersPrefix(prefix string) string { return prefix + "workers/" }
 func shardsPrefix(prefix string) string  { return prefix + "shards/" }

@@ -12,34 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Row is an owner row with the revision a compare-and-swap must match.
-type Row struct {
-	Owner
-	ModRevision int64
-}
-
-// View is a snapshot of the owner rows and the live workers.
-type View struct {
-	Shards  map[int]Row
-	Workers map[string]WorkerInfo
-	// Pinned vshards are not moved to balance load (Plan); the coordinator
-	// pins a vshard an operator handed off, for a while.
-	Pinned map[int]bool
-}
-
-// Live reports whether vshard v has a live owner, and returns it.
-func (v *View) Live(vshard int) (Row, WorkerInfo, bool) {
-	row, ok := v.Shards[vshard]
-	if !ok {
-		return Row{}, WorkerInfo{}, false
-	}
-	w, ok := v.Workers[row.Worker]
-	if !ok || w.Gen != row.Gen {
-		return row, WorkerInfo{}, false
-	}
-	return row, w, true
-}
-
 // Watcher keeps a View of <prefix>shards/ and <prefix>workers/ current by
 // watching etcd.
 type Watcher struct {

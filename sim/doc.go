@@ -5,7 +5,7 @@
 // It runs the project's real code — the writer state machine
 // shardcore.Writer (takeover order, replay, batching, the empty-batch
 // marker, dedupe and its trimming, refusals, eviction, every reply) with
-// shardcore's Decide and Apply, and lease.Plan for ownership — against
+// shardcore's Decide and Apply, and ownership.Plan for ownership — against
 // in-memory stand-ins with the semantics of the real parts:
 //
 //	log.go      Kafka: per-transactional-id producer epochs; InitProducer bumps
@@ -46,7 +46,7 @@
 // produced and not committed), a crash (possibly between produce and
 // commit), a commit whose reply is lost (it committed; the writer sees an
 // error), a lost message. Takeovers and rebalances follow from leases
-// running out, restarts and lease.Plan. After Config.Steps steps the drain
+// running out, restarts and ownership.Plan. After Config.Steps steps the drain
 // heals every fault and runs the world to quiescence; then check.go checks:
 //
 //	I1  every accepted answer's event is in the committed log and in the sink

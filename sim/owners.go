@@ -1,6 +1,6 @@
 package sim
 
-import "github.com/chatpipe/chatpipe/lease"
+import "github.com/chatpipe/chatpipe/ownership"
 
 type workerLease struct {
 	gen     int64
@@ -10,18 +10,18 @@ type workerLease struct {
 // OwnerStore is the stand-in for etcd's ownership keys (lease/keys.go; docs/operations.md, "Ownership"):
 // one lease per worker that expires on the simulated clock unless renewed,
 // a gen counter per worker id, and one owner row per vshard, changed only by
-// compare-and-swap on the row's revision (lease.Plan makes the epoch +1).
+// compare-and-swap on the row's revision (ownership.Plan makes the epoch +1).
 type OwnerStore struct {
 	ttl     int64
 	rev     int64
 	gens    map[string]int64
 	workers map[string]workerLease
-	rows    map[int]lease.Row
+	rows    map[int]ownership.Row
 }
 
 // NewOwnerStore returns an empty store whose leases live ttl ticks.
 func NewOwnerStore(ttl int64) *OwnerStore {
-	return &OwnerStore{ttl: ttl, gens: map[string]int64{}, workers: map[string]workerLease{}, rows: map[int]lease.Row{}}
+	return &OwnerStore{ttl: ttl, gens: map[string]int64{}, workers: map[string]workerLease{}, rows: map[int]ownership.Row{}}
 }
 
 // Rev is the store's revision; it changes with every write.
@@ -58,30 +58,30 @@ func (o *OwnerStore) Expire(now int64) {
 }
 
 // View returns a snapshot of the owner rows and the live workers.
-func (o *OwnerStore) View() lease.View {
-	v := lease.View{Shards: make(map[int]lease.Row, len(o.rows)), Workers: make(map[string]lease.WorkerInfo, len(o.workers))}
+func (o *OwnerStore) View() ownership.View {
+	v := ownership.View{Shards: make(map[int]ownership.Row, len(o.rows)), Workers: make(map[string]ownership.WorkerInfo, len(o.workers))}
 	for s, r := range o.rows {
 		v.Shards[s] = r
 	}
 	for id, l := range o.workers {
-		v.Workers[id] = lease.WorkerInfo{Addr: id, Gen: l.gen}
+		v.Workers[id] = ownership.WorkerInfo{Addr: id, Gen: l.gen}
 	}
 	return v
 }
 
 // CAS applies a move if the row is still at the revision the plan saw (0:
 // no row yet), like the coordinator's transaction.
-func (o *OwnerStore) CAS(m lease.Move) bool {
+func (o *OwnerStore) CAS(m ownership.Move) bool {
 	if o.rows[m.VShard].ModRevision != m.ModRevision {
 		return false
 	}
 	o.rev++
-	o.rows[m.VShard] = lease.Row{Owner: lease.Owner{Worker: m.To, Gen: m.Gen, Epoch: m.Epoch}, ModRevision: o.rev}
+	o.rows[m.VShard] = ownership.Row{Owner: ownership.Owner{Worker: m.To, Gen: m.Gen, Epoch: m.Epoch}, ModRevision: o.rev}
 	return true
 }
 
 // Owner is a linearizable read of shards/<v>.
-func (o *OwnerStore) Owner(v int) (lease.Owner, bool) {
+func (o *OwnerStore) Owner(v int) (ownership.Owner, bool) {
 	r, ok := o.rows[v]
 	return r.Owner, ok
 }

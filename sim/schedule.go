@@ -3,7 +3,7 @@ package sim
 import (
 	"fmt"
 
-	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/ownership"
 )
 
 // category groups the actions a schedule can take at a step.
@@ -164,7 +164,7 @@ func (w *World) actions(c category) []action {
 }
 
 func (w *World) planWouldMove() bool {
-	return len(lease.Plan(w.owners.View(), w.cfg.VShards)) > 0
+	return len(ownership.Plan(w.owners.View(), w.cfg.VShards)) > 0
 }
 
 // randomStep lets the chooser pick a category (by weight, among those with

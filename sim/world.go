@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
@@ -27,7 +27,7 @@ type World struct {
 	sink    *Sink
 	workers []*worker
 	net     network
-	gateway lease.View
+	gateway ownership.View
 	gwRev   int64
 
 	convs   []string
@@ -119,10 +119,10 @@ func (w *World) setup() {
 	}
 }
 
-// coordinate is one round of the coordinator: lease.Plan on the current
+// coordinate is one round of the coordinator: ownership.Plan on the current
 // view, each move written by compare-and-swap.
 func (w *World) coordinate() {
-	for _, m := range lease.Plan(w.owners.View(), w.cfg.VShards) {
+	for _, m := range ownership.Plan(w.owners.View(), w.cfg.VShards) {
 		if w.owners.CAS(m) {
 			w.stats.Moves++
 			w.tracef("  move v%d %s→%s gen %d epoch %d", m.VShard, m.From, m.To, m.Gen, m.Epoch)

@@ -1,11 +1,11 @@
 // Package deptest holds checks on the module's structure, run by its tests
 // against `go list` output.
 //
-// Check keeps the pure packages (protocol, logrecord, shardcore) to what
-// they are allowed to depend on: the standard library less the I/O
-// packages in Forbidden, the third-party packages named in their rule, and
-// other pure packages. lease is not covered: its pure planning (plan.go)
-// shares a package with the etcd client code.
+// Check keeps the pure packages (protocol, logrecord, shardcore,
+// ownership, and sim, which runs them) to what they are allowed to depend
+// on: the standard library less the I/O packages in Forbidden, the
+// third-party packages named in their rule, and other pure packages. The
+// etcd side of ownership (lease) is not pure and is not covered.
 //
 // TestPackageComments requires a package comment on every package.
 package deptest
@@ -31,6 +31,15 @@ var Pure = map[string][]string{
 		module + "/protocol",
 		module + "/logrecord",
 		"golang.org/x/time/rate",
+	},
+	module + "/ownership": {},
+	// The simulation runs the real writer and planner against stand-ins:
+	// no client of Kafka, etcd or Postgres gets into it.
+	module + "/sim": {
+		module + "/protocol",
+		module + "/logrecord",
+		module + "/shardcore",
+		module + "/ownership",
 	},
 }
 

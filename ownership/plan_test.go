@@ -1,4 +1,4 @@
-package lease_test
+package ownership_test
 
 import (
 	"fmt"
@@ -7,32 +7,32 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/ownership"
 )
 
 // row builds an owner row.
-func row(worker string, gen, epoch, modRev int64) lease.Row {
-	return lease.Row{Owner: lease.Owner{Worker: worker, Gen: gen, Epoch: epoch}, ModRevision: modRev}
+func row(worker string, gen, epoch, modRev int64) ownership.Row {
+	return ownership.Row{Owner: ownership.Owner{Worker: worker, Gen: gen, Epoch: epoch}, ModRevision: modRev}
 }
 
-func workers(gens map[string]int64) map[string]lease.WorkerInfo {
-	w := make(map[string]lease.WorkerInfo, len(gens))
+func workers(gens map[string]int64) map[string]ownership.WorkerInfo {
+	w := make(map[string]ownership.WorkerInfo, len(gens))
 	for id, g := range gens {
-		w[id] = lease.WorkerInfo{Addr: id + ":7000", Gen: g}
+		w[id] = ownership.WorkerInfo{Addr: id + ":7000", Gen: g}
 	}
 	return w
 }
 
-func cloneView(v lease.View) lease.View {
-	c := lease.View{}
+func cloneView(v ownership.View) ownership.View {
+	c := ownership.View{}
 	if v.Shards != nil {
-		c.Shards = make(map[int]lease.Row, len(v.Shards))
+		c.Shards = make(map[int]ownership.Row, len(v.Shards))
 		for k, r := range v.Shards {
 			c.Shards[k] = r
 		}
 	}
 	if v.Workers != nil {
-		c.Workers = make(map[string]lease.WorkerInfo, len(v.Workers))
+		c.Workers = make(map[string]ownership.WorkerInfo, len(v.Workers))
 		for k, w := range v.Workers {
 			c.Workers[k] = w
 		}
@@ -42,7 +42,7 @@ func cloneView(v lease.View) lease.View {
 
 // loads counts the vshards in [0, vshards) with a live owner, per live
 // worker (workers owning nothing included).
-func loads(v lease.View, vshards int) map[string]int {
+func loads(v ownership.View, vshards int) map[string]int {
 	l := make(map[string]int, len(v.Workers))
 	for id := range v.Workers {
 		l[id] = 0
@@ -73,11 +73,11 @@ func spread(l map[string]int) (lo, hi int) {
 // compare-and-swap at a time on the row's ModRevision, checking each move
 // against the row it replaces. It returns the resulting view; v is not
 // modified.
-func applyMoves(t *testing.T, v lease.View, vshards int, moves []lease.Move) lease.View {
+func applyMoves(t *testing.T, v ownership.View, vshards int, moves []ownership.Move) ownership.View {
 	t.Helper()
 	out := cloneView(v)
 	if out.Shards == nil {
-		out.Shards = map[int]lease.Row{}
+		out.Shards = map[int]ownership.Row{}
 	}
 	var rev int64 = 1 << 40 // revisions written by this apply; above any in the input
 	for i, m := range moves {
@@ -109,10 +109,10 @@ func applyMoves(t *testing.T, v lease.View, vshards int, moves []lease.Move) lea
 
 // checkPlan runs Plan on v, checks its invariants, and returns the moves and
 // the view after applying them.
-func checkPlan(t *testing.T, v lease.View, vshards int) ([]lease.Move, lease.View) {
+func checkPlan(t *testing.T, v ownership.View, vshards int) ([]ownership.Move, ownership.View) {
 	t.Helper()
 	before := cloneView(v)
-	moves := lease.Plan(v, vshards)
+	moves := ownership.Plan(v, vshards)
 	if !reflect.DeepEqual(v, before) {
 		t.Fatal("Plan modified its input view")
 	}
@@ -161,26 +161,26 @@ func checkPlan(t *testing.T, v lease.View, vshards int) ([]lease.Move, lease.Vie
 }
 
 func TestPlanNoWorkers(t *testing.T) {
-	for _, v := range []lease.View{
+	for _, v := range []ownership.View{
 		{},
-		{Shards: map[int]lease.Row{}, Workers: map[string]lease.WorkerInfo{}},
-		{Shards: map[int]lease.Row{0: row("w1", 1, 3, 10), 1: row("w2", 1, 1, 11)}},
+		{Shards: map[int]ownership.Row{}, Workers: map[string]ownership.WorkerInfo{}},
+		{Shards: map[int]ownership.Row{0: row("w1", 1, 3, 10), 1: row("w2", 1, 1, 11)}},
 	} {
-		if moves := lease.Plan(v, 64); len(moves) != 0 {
+		if moves := ownership.Plan(v, 64); len(moves) != 0 {
 			t.Errorf("Plan(%+v) = %+v, want no moves", v, moves)
 		}
 	}
 }
 
 func TestPlanNoVShards(t *testing.T) {
-	v := lease.View{Workers: workers(map[string]int64{"w1": 1})}
-	if moves := lease.Plan(v, 0); len(moves) != 0 {
+	v := ownership.View{Workers: workers(map[string]int64{"w1": 1})}
+	if moves := ownership.Plan(v, 0); len(moves) != 0 {
 		t.Errorf("Plan with 0 vshards = %+v, want no moves", moves)
 	}
 }
 
 func TestPlanEmptyRows(t *testing.T) {
-	v := lease.View{Shards: map[int]lease.Row{}, Workers: workers(map[string]int64{"w1": 5, "w2": 9})}
+	v := ownership.View{Shards: map[int]ownership.Row{}, Workers: workers(map[string]int64{"w1": 5, "w2": 9})}
 	moves, after := checkPlan(t, v, 64)
 	if len(moves) != 64 {
 		t.Fatalf("got %d moves, want 64", len(moves))
@@ -211,8 +211,8 @@ func TestPlanEmptyRows(t *testing.T) {
 
 // threeWay returns 64 rows spread w1: 0..21, w2: 22..42, w3: 43..63, all gen
 // 1, with distinct epochs and revisions.
-func threeWay() map[int]lease.Row {
-	rows := map[int]lease.Row{}
+func threeWay() map[int]ownership.Row {
+	rows := map[int]ownership.Row{}
 	for s := 0; s < 64; s++ {
 		w := "w1"
 		switch {
@@ -241,7 +241,7 @@ func TestPlanDeadWorker(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			v := lease.View{Shards: threeWay(), Workers: workers(tc.workers)}
+			v := ownership.View{Shards: threeWay(), Workers: workers(tc.workers)}
 			moves, after := checkPlan(t, v, 64)
 			if len(moves) != 21 {
 				t.Fatalf("got %d moves, want the 21 shards of w3: %+v", len(moves), moves)
@@ -271,7 +271,7 @@ func TestPlanDeadWorker(t *testing.T) {
 }
 
 func TestPlanMixedDeadAndMissingRows(t *testing.T) {
-	rows := map[int]lease.Row{}
+	rows := map[int]ownership.Row{}
 	for s := 0; s < 40; s++ {
 		switch s % 4 {
 		case 0:
@@ -284,7 +284,7 @@ func TestPlanMixedDeadAndMissingRows(t *testing.T) {
 		// s%4 == 3: no row (nor for vshards 40..47)
 	}
 	rows[70] = row("gone", 1, 1, 5) // outside [0, vshards): ignored
-	v := lease.View{Shards: rows, Workers: workers(map[string]int64{"w1": 3, "w2": 2, "w3": 1})}
+	v := ownership.View{Shards: rows, Workers: workers(map[string]int64{"w1": 3, "w2": 2, "w3": 1})}
 	moves, _ := checkPlan(t, v, 48)
 	for _, m := range moves {
 		old, ok := v.Shards[m.VShard]
@@ -299,11 +299,11 @@ func TestPlanMixedDeadAndMissingRows(t *testing.T) {
 
 func TestPlanJoiningWorker(t *testing.T) {
 	t.Run("second worker", func(t *testing.T) {
-		rows := map[int]lease.Row{}
+		rows := map[int]ownership.Row{}
 		for s := 0; s < 64; s++ {
 			rows[s] = row("w1", 4, int64(s+1), int64(1000+s))
 		}
-		v := lease.View{Shards: rows, Workers: workers(map[string]int64{"w1": 4, "w2": 8})}
+		v := ownership.View{Shards: rows, Workers: workers(map[string]int64{"w1": 4, "w2": 8})}
 		moves, after := checkPlan(t, v, 64)
 		if len(moves) != 32 {
 			t.Fatalf("got %d moves, want 32", len(moves))
@@ -319,11 +319,11 @@ func TestPlanJoiningWorker(t *testing.T) {
 		}
 	})
 	t.Run("third worker", func(t *testing.T) {
-		rows := map[int]lease.Row{}
+		rows := map[int]ownership.Row{}
 		for s := 0; s < 64; s++ {
 			rows[s] = row(fmt.Sprintf("w%d", s%2+1), 1, 2, int64(50+s))
 		}
-		v := lease.View{Shards: rows, Workers: workers(map[string]int64{"w1": 1, "w2": 1, "w3": 6})}
+		v := ownership.View{Shards: rows, Workers: workers(map[string]int64{"w1": 1, "w2": 1, "w3": 6})}
 		moves, after := checkPlan(t, v, 64)
 		// 32/32/0 -> 22/21/21 or 21/22/21: 21 moves, all to w3.
 		if len(moves) != 21 {
@@ -340,11 +340,11 @@ func TestPlanJoiningWorker(t *testing.T) {
 	})
 	t.Run("uneven", func(t *testing.T) {
 		// 5 shards, w1 has all, two workers join: 5/0/0 -> 2/2/1 in 3 moves.
-		rows := map[int]lease.Row{}
+		rows := map[int]ownership.Row{}
 		for s := 0; s < 5; s++ {
 			rows[s] = row("w1", 1, 1, int64(s+1))
 		}
-		v := lease.View{Shards: rows, Workers: workers(map[string]int64{"w1": 1, "w2": 1, "w3": 1})}
+		v := ownership.View{Shards: rows, Workers: workers(map[string]int64{"w1": 1, "w2": 1, "w3": 1})}
 		moves, _ := checkPlan(t, v, 5)
 		if len(moves) != 3 {
 			t.Fatalf("got %d moves, want 3: %+v", len(moves), moves)
@@ -355,19 +355,19 @@ func TestPlanJoiningWorker(t *testing.T) {
 func TestPlanBalanced(t *testing.T) {
 	tests := []struct {
 		name    string
-		rows    map[int]lease.Row
+		rows    map[int]ownership.Row
 		workers map[string]int64
 		vshards int
 	}{
 		{name: "three way 22/21/21", rows: threeWay(), workers: map[string]int64{"w1": 1, "w2": 1, "w3": 1}, vshards: 64},
-		{name: "off by one", rows: map[int]lease.Row{0: row("a", 1, 1, 1), 1: row("a", 1, 1, 2), 2: row("b", 1, 1, 3)}, workers: map[string]int64{"a": 1, "b": 1}, vshards: 3},
-		{name: "more workers than shards", rows: map[int]lease.Row{0: row("a", 1, 1, 1), 1: row("c", 1, 1, 2)}, workers: map[string]int64{"a": 1, "b": 1, "c": 1}, vshards: 2},
-		{name: "single worker", rows: map[int]lease.Row{0: row("a", 2, 9, 1), 1: row("a", 2, 1, 2)}, workers: map[string]int64{"a": 2}, vshards: 2},
+		{name: "off by one", rows: map[int]ownership.Row{0: row("a", 1, 1, 1), 1: row("a", 1, 1, 2), 2: row("b", 1, 1, 3)}, workers: map[string]int64{"a": 1, "b": 1}, vshards: 3},
+		{name: "more workers than shards", rows: map[int]ownership.Row{0: row("a", 1, 1, 1), 1: row("c", 1, 1, 2)}, workers: map[string]int64{"a": 1, "b": 1, "c": 1}, vshards: 2},
+		{name: "single worker", rows: map[int]ownership.Row{0: row("a", 2, 9, 1), 1: row("a", 2, 1, 2)}, workers: map[string]int64{"a": 2}, vshards: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			v := lease.View{Shards: tc.rows, Workers: workers(tc.workers)}
-			if moves := lease.Plan(v, tc.vshards); len(moves) != 0 {
+			v := ownership.View{Shards: tc.rows, Workers: workers(tc.workers)}
+			if moves := ownership.Plan(v, tc.vshards); len(moves) != 0 {
 				t.Errorf("balanced view: Plan = %+v, want no moves", moves)
 			}
 		})
@@ -378,11 +378,11 @@ func TestPlanDeterministic(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	for i := 0; i < 50; i++ {
 		v, vshards := randomView(rng)
-		first := lease.Plan(v, vshards)
+		first := ownership.Plan(v, vshards)
 		for j := 0; j < 5; j++ {
 			// A copy has maps built in another order; map iteration order
 			// varies between runs too.
-			if again := lease.Plan(cloneView(v), vshards); !reflect.DeepEqual(first, again) {
+			if again := ownership.Plan(cloneView(v), vshards); !reflect.DeepEqual(first, again) {
 				t.Fatalf("view %d: Plan is not deterministic:\n%+v\n%+v", i, first, again)
 			}
 		}
@@ -392,19 +392,19 @@ func TestPlanDeterministic(t *testing.T) {
 // randomView builds a view with some live workers, rows owned by live
 // workers, by workers that are gone, by earlier gens of live workers, rows
 // outside the vshard range, and vshards without a row.
-func randomView(rng *rand.Rand) (lease.View, int) {
+func randomView(rng *rand.Rand) (ownership.View, int) {
 	vshards := rng.IntN(130)
 	nw := rng.IntN(8)
-	w := map[string]lease.WorkerInfo{}
+	w := map[string]ownership.WorkerInfo{}
 	var ids []string
 	for i := 0; i < nw; i++ {
 		id := fmt.Sprintf("w%02d", rng.IntN(20))
-		w[id] = lease.WorkerInfo{Addr: id + ":1", Gen: rng.Int64N(4) + 1}
+		w[id] = ownership.WorkerInfo{Addr: id + ":1", Gen: rng.Int64N(4) + 1}
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	owners := append(append([]string{}, ids...), "dead1", "dead2")
-	rows := map[int]lease.Row{}
+	rows := map[int]ownership.Row{}
 	var rev int64
 	for s := -2; s < vshards+3; s++ {
 		if rng.IntN(5) == 0 {
@@ -425,7 +425,7 @@ func randomView(rng *rand.Rand) (lease.View, int) {
 		rev += rng.Int64N(5) + 1
 		rows[s] = row(o, gen, rng.Int64N(50), rev)
 	}
-	return lease.View{Shards: rows, Workers: w}, vshards
+	return ownership.View{Shards: rows, Workers: w}, vshards
 }
 
 func TestPlanRandomViews(t *testing.T) {
@@ -440,7 +440,7 @@ func TestPlanRandomViews(t *testing.T) {
 					return
 				}
 				// Planning again on the result moves nothing.
-				if again := lease.Plan(after, vshards); len(again) != 0 {
+				if again := ownership.Plan(after, vshards); len(again) != 0 {
 					t.Fatalf("second plan on the applied view moves %d shards: %+v", len(again), again)
 				}
 			})
