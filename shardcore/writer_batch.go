@@ -1,0 +1,206 @@
+package shardcore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// A Writer's batch: collected, its missing state loaded, decided in
+// arrival order, committed, and only then answered.
+
+// startBatch takes up to MaxBatch queued commands, answering the ones past
+// their deadline, and asks for the state the batch lacks.
+func (m *Writer) startBatch(now time.Time) {
+	m.collecting, m.wake = false, time.Time{}
+	n := min(len(m.queue), m.cfg.MaxBatch)
+	for _, c := range m.queue[:n] {
+		if c.expired(now) {
+			// The gateway gave up on it (its client heard "outcome
+			// unknown" and may have retried): deciding it now would apply
+			// it late. Nothing was written.
+			m.answer(c, unavailable(c.ReqID, "the command waited past its deadline; nothing was written"), true, false)
+			continue
+		}
+		m.batch = append(m.batch, c)
+	}
+	clear(m.queue[:n])
+	m.queue = m.queue[n:]
+	if len(m.queue) == 0 {
+		m.queue = m.queue[:0:0]
+	}
+	if len(m.batch) == 0 {
+		m.idle(now)
+		return
+	}
+	m.decideAt = now
+	var need []string
+	var keys []DedupeKey
+	seenConv, seenKey := map[string]bool{}, map[DedupeKey]bool{}
+	for _, c := range m.batch {
+		cid := c.Cmd.ConversationID
+		conv, loaded := m.convs[cid]
+		if !loaded && !seenConv[cid] {
+			seenConv[cid] = true
+			need = append(need, cid)
+		}
+		k := DedupeKey{cid, c.Cmd.ClientMessageID}
+		if c.Cmd.ClientMessageID != "" && !seenKey[k] && (!loaded || NeedsDedupeLookup(conv, &c.Cmd)) {
+			seenKey[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(need) > 0 || len(keys) > 0 {
+		m.phase = PhaseLoading
+		m.effect = &Effect{Kind: EffectLoadState, Convs: need, Keys: keys}
+		return
+	}
+	m.decide(now)
+}
+
+// decide decides the batch in arrival order, applying each event at once
+// so that the next command of the conversation sees it, and asks for the
+// commit.
+func (m *Writer) decide(now time.Time) {
+	m.phase = PhaseLoading // until the commit is asked for
+	m.replies = make([]Answer, len(m.batch))
+	var seqs int
+	decided := false // some answer depends on the conversation's state
+	for i, c := range m.batch {
+		if c.expired(now) { // collected in time, but the state lookup took the rest
+			m.replies[i] = Answer{Call: c, Reply: unavailable(c.ReqID, "the command waited past its deadline; nothing was written")}
+			continue
+		}
+		conv := m.convs[c.Cmd.ConversationID]
+		if conv == nil { // not loaded: cannot happen after a successful load
+			conv = NewConv()
+			m.convs[c.Cmd.ConversationID] = conv
+		}
+		if wait, ok := m.allowSend(conv, &c.Cmd, now); !ok {
+			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", m.cfg.ConvRate, c.Cmd.ConversationID)
+			e.RetryAfterMS = max(wait.Milliseconds(), 1)
+			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, e)}
+			continue
+		}
+		id, err := m.cfg.NewID(now)
+		if err != nil {
+			m.failBatch(now, fmt.Errorf("shardcore: message id: %w", err))
+			return
+		}
+		seen := conv
+		if c.members != nil {
+			stale := *conv
+			stale.Members = c.members
+			seen = &stale
+		}
+		d := Decide(seen, &c.Cmd, Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch}, m.cfg.Limits)
+		decided = true
+		switch {
+		case d.Reject != nil:
+			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject)}
+			// Another attempt of the key gets this answer too, for a
+			// while: one decided later must not be accepted after it.
+			Refuse(conv, &c.Cmd, d.Reject, now, m.cfg.RefusalMemory)
+		case d.Event != nil:
+			Apply(conv, d.Event)
+			m.events = append(m.events, d.Event)
+			seqs++
+			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Event.Seq, d.Event.MessageID), Wrote: true}
+		default:
+			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Seq, d.MessageID)}
+		}
+	}
+	// A batch that writes nothing still answers from the writer's state (a
+	// retry's first result, forbidden, not_found, …), and a writer fenced
+	// without knowing it would answer from a stale one: so such a batch
+	// commits a takeover marker first, which succeeds only while no other
+	// writer has taken the vshard over since this one did.
+	if seqs == 0 && (!decided || m.cfg.Faults.NoEmptyBatchMarker) {
+		for _, r := range m.replies {
+			m.answers = append(m.answers, r)
+		}
+		m.endBatch()
+		m.afterBatch(now)
+		return
+	}
+	open := false
+	if !m.opened {
+		// AcceptBeforeMarker: fence and mark only now, the marker last.
+		open, m.opened = true, true
+		m.events = append(m.events, m.marker(now))
+	} else if seqs == 0 {
+		m.events = append(m.events, m.marker(now))
+	}
+	m.phase = PhaseCommitting
+	m.effect = &Effect{Kind: EffectCommit, Events: m.events, Open: open}
+	if m.cfg.Faults.AcceptedBeforeCommit {
+		m.answers = append(m.answers, m.replies...)
+		m.replies = nil
+	}
+}
+
+// commitDone answers the batch after its commit returned: accepted and the
+// other decided answers on success, unavailable on an error.
+func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
+	if err != nil {
+		m.failBatch(now, fmt.Errorf("shardcore: commit: %w", err))
+		return
+	}
+	m.answers = append(m.answers, m.replies...)
+	n := 0
+	for i, e := range m.events {
+		if e.Kind == logrecord.KindTakeover || i >= len(offsets) {
+			continue
+		}
+		m.markUnstored(e.ConversationID, e.Seq, offsets[i])
+		n++
+	}
+	m.notice.Committed = n
+	var cycle time.Duration // from the previous batch's start (none for the first)
+	if !m.prevStart.IsZero() {
+		cycle = m.batchStart.Sub(m.prevStart)
+	}
+	m.gc.observe(len(m.batch), cycle, now.Sub(m.decideAt))
+	m.prevStart = m.batchStart
+	m.endBatch()
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	if len(m.convs) > m.cfg.MaxConvs || now.Sub(m.lastTrim) >= m.cfg.TrimInterval {
+		m.lastTrim = now
+		m.phase = PhaseHousekeep
+		m.effect = &Effect{Kind: EffectPersistOffset}
+		return
+	}
+	m.afterBatch(now)
+}
+
+// failBatch answers the batch in hand unavailable (unless it was answered
+// already) and ends the session.
+func (m *Writer) failBatch(now time.Time, err error) {
+	// (With AcceptedBeforeCommit the batch was answered when its commit
+	// was sent.)
+	if !(m.cfg.Faults.AcceptedBeforeCommit && m.phase == PhaseCommitting) {
+		for _, c := range m.batch {
+			m.answer(c, unavailable(c.ReqID, "the writer failed; retry with the same ids"), false, false)
+		}
+	}
+	m.endBatch()
+	m.fail(now, err)
+}
+
+func (m *Writer) endBatch() {
+	m.batch, m.replies, m.events = nil, nil, nil
+}
+
+// afterBatch returns to accepting once a batch is over.
+func (m *Writer) afterBatch(now time.Time) {
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	m.idle(now)
+}

@@ -1,0 +1,144 @@
+package shardcore
+
+import (
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// What a Writer remembers and how it bounds it: the events persist may not
+// have stored yet, dedupe trimming, eviction, and the per-conversation
+// rate limits.
+
+// housekept bounds the writer's memory once persist's offset is known: it
+// forgets what persist has stored, trims every cached conversation's
+// dedupe to the configured bounds, and evicts conversations beyond
+// MaxConvs. Without persist's offset it trims nothing.
+func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
+	defer m.afterBatch(now)
+	if !ok {
+		return
+	}
+	n := 0
+	for ; n < len(m.unstored) && m.unstored[n].off < persisted; n++ {
+		u := m.unstored[n]
+		st := m.stored[u.conv]
+		st.seq = max(st.seq, u.seq)
+		if st.pending--; st.pending == 0 {
+			delete(m.stored, u.conv)
+		}
+	}
+	if n > 0 {
+		m.unstored = append(m.unstored[:0], m.unstored[n:]...)
+	}
+	cutoff := now.Add(-m.cfg.DedupeMemory)
+	refusedBefore := now.Add(-m.cfg.RefusalMemory)
+	trimmed, held := 0, 0
+	for cid, conv := range m.convs {
+		trimmed += TrimDedupe(conv, m.storedUpTo(cid, conv), m.cfg.DedupeKeep, cutoff)
+		held += len(conv.Dedupe)
+		TrimRefusals(conv, refusedBefore)
+	}
+	m.notice.Trimmed, m.notice.DedupeHeld = trimmed, held
+	if len(m.convs) > m.cfg.MaxConvs {
+		m.notice.Evicted = m.evict()
+	}
+}
+
+// evict drops cached conversations whose events are all in durable state
+// (none listed unstored, as of the last read of persist's offset) and that
+// remember no rejection, until the cache is at 3/4 of MaxConvs; they are
+// reloaded on their next command. Conversations persist has not caught up
+// with stay: reloading them would miss their newest events, so the cache
+// is bounded by MaxConvs plus persist's lag.
+func (m *Writer) evict() int {
+	target := m.cfg.MaxConvs * 3 / 4
+	n := 0
+	for cid := range m.convs {
+		if len(m.convs) <= target {
+			break
+		}
+		// A conversation with remembered rejections stays: reloaded, it
+		// would decide their keys again (they expire within RefusalMemory).
+		if m.stored[cid] == nil && len(m.convs[cid].Refused) == 0 {
+			delete(m.convs, cid)
+			delete(m.rates, cid)
+			n++
+		}
+	}
+	return n
+}
+
+// unstoredEvent is an event at a log offset that persist may not have
+// stored yet.
+type unstoredEvent struct {
+	conv string
+	seq  int64
+	off  int64
+}
+
+// storedSeq is what the writer knows of a conversation with unstored
+// events: how many are listed, and the highest seq known stored.
+type storedSeq struct {
+	pending int
+	seq     int64
+}
+
+// markUnstored lists conversation cid's event seq at log offset off as not
+// yet known stored. Seqs of a conversation grow with offsets, so when the
+// conversation had nothing pending, everything below seq is stored.
+func (m *Writer) markUnstored(cid string, seq, off int64) {
+	st := m.stored[cid]
+	if st == nil {
+		st = &storedSeq{seq: seq - 1}
+		m.stored[cid] = st
+	}
+	st.pending++
+	m.unstored = append(m.unstored, unstoredEvent{cid, seq, off})
+}
+
+// storedUpTo is the highest seq of conversation cid known to be in
+// durable state: every seq of a conversation with nothing pending.
+func (m *Writer) storedUpTo(cid string, conv *Conv) int64 {
+	if st := m.stored[cid]; st != nil {
+		return st.seq
+	}
+	return conv.LastSeq
+}
+
+// allowSend takes a token from the conversation's message bucket for a new
+// send; a retry that dedupe answers costs nothing (it writes nothing). It
+// runs in the mailbox, before any seq is assigned.
+func (m *Writer) allowSend(conv *Conv, cmd *Command, now time.Time) (time.Duration, bool) {
+	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 {
+		return 0, true
+	}
+	if _, dup := conv.Dedupe[cmd.ClientMessageID]; dup {
+		return 0, true
+	}
+	if m.rates == nil {
+		m.rates = map[string]*rate.Limiter{}
+	}
+	lim := m.rates[cmd.ConversationID]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Limit(m.cfg.ConvRate), m.cfg.ConvBurst)
+		m.rates[cmd.ConversationID] = lim
+	}
+	r := lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}
+
+// DedupeHeld is the number of dedupe results the writer holds.
+func (m *Writer) DedupeHeld() int {
+	n := 0
+	for _, c := range m.convs {
+		n += len(c.Dedupe)
+	}
+	return n
+}
