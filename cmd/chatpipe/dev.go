@@ -27,8 +27,6 @@ import (
 	"github.com/chatpipe/chatpipe/gateway"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/persist"
-	"github.com/chatpipe/chatpipe/projection"
 	"github.com/chatpipe/chatpipe/schema"
 	"github.com/chatpipe/chatpipe/shardworker"
 )
@@ -150,8 +148,11 @@ func runDev(ctx context.Context, args []string) error {
 		}()
 	}
 	var metrics []prometheus.Collector
+	deps := func(role string) consumerDeps {
+		return consumerDeps{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", role)}
+	}
 	if *runPersist {
-		p, err := persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
+		p, err := newPersist(deps("persist"))
 		if err != nil {
 			return err
 		}
@@ -159,7 +160,7 @@ func runDev(ctx context.Context, args []string) error {
 		start("persist", p.Run)
 	}
 	if *runProj {
-		p, err := projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "projection")})
+		p, err := newProjection(deps("projection"), 0, false)
 		if err != nil {
 			return err
 		}

@@ -147,13 +147,22 @@ type logConsumer interface {
 	Degraded(ctx context.Context) string
 }
 
+// consumerDeps is what a consumer of the log is made from.
+type consumerDeps struct {
+	Brokers   []string
+	KafkaOpts []kgo.Opt
+	Topic     string
+	DB        *pgxpool.Pool
+	Log       *slog.Logger
+}
+
 // runLogConsumer runs a consumer of the log as its own process: flags,
 // Postgres with migrations, and an admin server whose /readyz is "caught
 // up" (503 while behind or stopped at a record of a newer schema version;
 // 200 "ready, degraded: N dead letters …" once it has dead letters).
 // addFlags adds the role's own flags; build makes the consumer.
 func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
-	build func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
+	build func(consumerDeps) (logConsumer, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
@@ -179,7 +188,7 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 		return err
 	}
 	defer db.Close()
-	c, err := build(splitList(*inf.kafka), kopts, *inf.topic, db, log)
+	c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
 	if err != nil {
 		return err
 	}
@@ -194,9 +203,12 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 }
 
 func runPersist(ctx context.Context, args []string) error {
-	return runLogConsumer(ctx, "persist", args, nil, func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-		return persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Log: log})
-	})
+	return runLogConsumer(ctx, "persist", args, nil, newPersist)
+}
+
+// newPersist makes the persist role's consumer.
+func newPersist(d consumerDeps) (logConsumer, error) {
+	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Log: d.Log})
 }
 
 func runGateway(ctx context.Context, args []string) error {
