@@ -180,34 +180,24 @@ func runDev(ctx context.Context, args []string) error {
 	// Ready means every vshard has a writer accepting commands.
 	waitAccepting(ctx, ws, cfg.VShards, log)
 
-	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, db, lim, log)
+	g, err := newGatewayRole(roleCtx, key, *httpAddr, lim, dlv, metrics,
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, KafkaOpts: kopts, Secret: key, Dev: true, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
 	}
-	feed := dlv.feed(db, gw, log)
-	metrics = append(metrics, feed.Collectors()...)
-	start("delivery", feed.Run)
-	reg := newRegistry(append(metrics, gw.Collectors()...)...)
-	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, KafkaOpts: kopts, Secret: key, Dev: true, Log: log.With("role", "web")})
-	closers = append(closers, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		gw.Shutdown(sctx)
-	})
+	start("delivery", g.feed.Run)
+	closers = append(closers, g.shutdown)
 	adminURL := ""
-	if *adminAddr != "" {
-		aln, err := listenAdmin(*adminAddr)
-		if err != nil {
-			return err
-		}
-		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
+	admin, err := g.serveAdmin(*adminAddr, log)
+	if err != nil {
+		return err
+	}
+	if admin != nil {
 		closers = append(closers, admin.Close)
 		adminURL = "http://" + admin.Addr()
 	}
-	srvErr := make(chan error, 1)
-	go func() { srvErr <- srv.Serve(ln) }()
+	srvErr := g.serve()
+	ln := g.ln
 
 	httpURL := "http://" + ln.Addr().String()
 	ep := Endpoints{

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"path/filepath"
 	"time"
@@ -17,7 +18,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/gateway"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
@@ -252,30 +255,25 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, db, lim, log)
+	g, err := newGatewayRole(ctx, key, *httpAddr, lim, dlv, nil,
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
 	}
-	feed := dlv.feed(db, gw, log)
-	reg := newRegistry(append(gw.Collectors(), feed.Collectors()...)...)
-	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")})
-	if *adminAddr != "" {
-		aln, err := listenAdmin(*adminAddr)
-		if err != nil {
-			return err
-		}
-		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
+	admin, err := g.serveAdmin(*adminAddr, log)
+	if err != nil {
+		return err
+	}
+	if admin != nil {
 		defer admin.Close()
 		log.Info("gateway admin listening", "admin", admin.Addr())
 	}
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
-	go func() { defer close(feedDone); feed.Run(feedCtx) }()
+	go func() { defer close(feedDone); g.feed.Run(feedCtx) }()
 	defer func() { stopFeed(); <-feedDone }()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("gateway listening", "addr", ln.Addr().String())
+	errc := g.serve()
+	log.Info("gateway listening", "addr", g.ln.Addr().String())
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -283,11 +281,65 @@ func runGateway(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	gw.Shutdown(sctx)
+	g.shutdown()
 	return nil
+}
+
+// gatewayRole is a gateway with its HTTP server (websocket, browser pages,
+// /metrics), its delivery feed and the registry its /metrics serves.
+type gatewayRole struct {
+	gw   *gateway.Gateway
+	srv  *http.Server
+	ln   net.Listener
+	feed *delivery.Feed
+	reg  *prometheus.Registry
+}
+
+// newGatewayRole makes a gateway listening on addr that reads web.DB and
+// follows owners in web.Etcd until ctx ends, and its feed; the registry
+// holds the gateway's and the feed's metrics and more (other roles of the
+// process). Run the feed and call serve to start it.
+func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags, dlv deliveryFlags,
+	more []prometheus.Collector, web webDeps, log *slog.Logger) (*gatewayRole, error) {
+	gw, srv, ln, err := startGateway(ctx, web.Etcd, web.Config, key, addr, web.DB, lim, log)
+	if err != nil {
+		return nil, err
+	}
+	g := &gatewayRole{gw: gw, srv: srv, ln: ln, feed: dlv.feed(web.DB, gw, log)}
+	metrics := append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...)
+	g.reg = newRegistry(metrics...)
+	withMetrics(srv, gw, g.reg, web)
+	return g, nil
+}
+
+// serveAdmin serves the gateway's metrics and readiness on addr; an empty
+// addr serves none and returns nil.
+func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := listenAdmin(addr)
+	if err != nil {
+		return nil, err
+	}
+	return serveAdmin(ln, g.reg, g.gw.Ready, nil, log), nil
+}
+
+// serve serves HTTP on the gateway's listener; the channel gets the
+// server's error (http.ErrServerClosed after shutdown).
+func (g *gatewayRole) serve() <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- g.srv.Serve(g.ln) }()
+	return errc
+}
+
+// shutdown stops the HTTP server, then the gateway's connections, in 10 s
+// at most.
+func (g *gatewayRole) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = g.srv.Shutdown(ctx)
+	g.gw.Shutdown(ctx)
 }
 
 func runKafka(ctx context.Context, args []string) error {
