@@ -15,7 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/delivery"
@@ -340,6 +342,70 @@ func (g *gatewayRole) shutdown() {
 	defer cancel()
 	_ = g.srv.Shutdown(ctx)
 	g.gw.Shutdown(ctx)
+}
+
+func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, kopts []kgo.Opt, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
+	wc := shardworker.Config{
+		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
+		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
+		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
+	}
+	lim.worker(&wc)
+	return shardworker.New(wc)
+}
+
+// startGateway makes a gateway and its listener; with db it answers sync and
+// history (run a delivery.Feed beside it to push events).
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
+	if db != nil {
+		gcfg.Reads = &delivery.Store{DB: db}
+	}
+	lim.gateway(&gcfg)
+	gw, err := gateway.New(gcfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("gateway listen: %w", err)
+	}
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return gw, srv, ln, nil
+}
+
+// webDeps is what the web pages (mountWeb) may use.
+type webDeps struct {
+	Etcd    *clientv3.Client
+	Config  lease.Config
+	DB      *pgxpool.Pool // nil when the gateway has no database
+	Brokers []string
+	// KafkaOpts are the Kafka client options (TLS, SASL) of the ops page.
+	KafkaOpts []kgo.Opt
+	Secret    []byte // JWT secret; used only when Dev is set
+	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
+	NoPages   bool   // serve no browser pages (chatpipe gateway --pages=false)
+	Log       *slog.Logger
+}
+
+// mountWeb, when set (from web.go), adds the browser pages to the gateway's
+// HTTP server.
+var mountWeb func(mux *http.ServeMux, d webDeps)
+
+// withMetrics adds /metrics (and the web pages, if built in) to the
+// gateway's HTTP server.
+func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
+	mux := http.NewServeMux()
+	mux.Handle("/", gw.Handler())
+	if mountWeb != nil && !d.NoPages {
+		mountWeb(mux, d)
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv.Handler = mux
 }
 
 func runKafka(ctx context.Context, args []string) error {
