@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,210 +15,308 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/atomicfile"
 	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
-	"github.com/chatpipe/chatpipe/gateway"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/persist"
-	"github.com/chatpipe/chatpipe/projection"
-	"github.com/chatpipe/chatpipe/schema"
 	"github.com/chatpipe/chatpipe/shardworker"
 )
 
+// runDev runs the whole pipeline in one process. On exit it stops, in
+// this order: endpoints.json, the admin server, the gateway, the other
+// roles (delivery feed, workers, persist, projection), then Postgres
+// connections, etcd client and the embedded Postgres, Kafka and etcd.
 func runDev(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	dataDir := fs.String("data-dir", "chatpipe-data", "directory for all state (etcd, Kafka, Postgres, the JWT secret)")
-	httpAddr := fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
-	workers := fs.Int("workers", 2, "shard workers to run in this process (0: run none; add them with 'chatpipe worker')")
-	vshards := fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
-	partitions := fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
-	dbURL := fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
-	kafkaAddrs := fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
-	etcdAddrs := fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
-	runPersist := fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
-	runProj := fs.Bool("projection", true, "run projection in this process (false: run 'chatpipe projection' yourself)")
-	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
-	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
-	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
-	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ of the whole process (empty: none; in endpoints.json as admin)")
-	lim := addLimitFlags(fs)
-	dlv := addDeliveryFlags(fs)
-	sec := addSecFlags(fs)
-	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1),
-		notNegative("linger"), atLeast("cache-convs", 1))
-	level, format := logFlags(fs)
+	f := addDevFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *kafkaAddrs == "" && sec.kafka.On() {
+	if *f.kafka == "" && f.sec.kafka.On() {
 		return errEmbeddedSecured
 	}
-	log, err := newLogger(*level, *format)
+	log, err := newLogger(*f.level, *f.format)
 	if err != nil {
 		return err
 	}
-	dir, err := filepath.Abs(*dataDir)
+	dir, err := makeDataDir(*f.dataDir)
 	if err != nil {
 		return err
+	}
+	key, err := auth.LoadSecret(*f.secret, dir, true)
+	if err != nil {
+		return err
+	}
+	s := &devStack{}
+	defer s.close()
+	if err := s.start(ctx, f, dir, log); err != nil {
+		return err
+	}
+	roles := newRoleGroup(log)
+	s.onClose(roles.stop)
+	metrics, err := s.startBackends(ctx, f, roles, log)
+	if err != nil {
+		return err
+	}
+	g, err := newGatewayRole(roles.ctx, key, *f.httpAddr, f.lim, f.dlv, metrics, s.webDeps(key, log), log)
+	if err != nil {
+		return err
+	}
+	roles.start("delivery", g.feed.Run)
+	s.onClose(g.shutdown)
+	admin, err := g.serveAdmin(*f.admin, log)
+	if err != nil {
+		return err
+	}
+	if admin != nil {
+		s.onClose(admin.Close)
+	}
+	srvErr := g.serve()
+	ep := s.endpoints(g, admin)
+	epPath, err := writeEndpoints(dir, ep)
+	if err != nil {
+		return err
+	}
+	s.onClose(func() { os.Remove(epPath) })
+	printDevBanner(dir, epPath, ep)
+	log.Info("ready", "websocket", ep.WebSocket)
+	return waitDev(ctx, srvErr, log)
+}
+
+// devFlags are the flags of chatpipe dev.
+type devFlags struct {
+	dataDir, httpAddr, dbURL, kafka, etcd, secret, admin *string
+	workers, vshards, partitions, cacheConvs             *int
+	persist, projection                                  *bool
+	linger                                               *time.Duration
+	lim                                                  limitFlags
+	dlv                                                  deliveryFlags
+	sec                                                  *secFlags
+	level, format                                        *string
+}
+
+func addDevFlags(fs *flag.FlagSet) devFlags {
+	var f devFlags
+	f.dataDir = fs.String("data-dir", "chatpipe-data", "directory for all state (etcd, Kafka, Postgres, the JWT secret)")
+	f.httpAddr = fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
+	f.workers = fs.Int("workers", 2, "shard workers to run in this process (0: run none; add them with 'chatpipe worker')")
+	f.vshards = fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
+	f.partitions = fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
+	f.dbURL = fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
+	f.kafka = fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
+	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
+	f.persist = fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
+	f.projection = fs.Bool("projection", true, "run projection in this process (false: run 'chatpipe projection' yourself)")
+	f.secret = fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
+	f.linger = fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
+	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
+	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ of the whole process (empty: none; in endpoints.json as admin)")
+	f.lim = addLimitFlags(fs)
+	f.dlv = addDeliveryFlags(fs)
+	f.sec = addSecFlags(fs)
+	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1),
+		notNegative("linger"), atLeast("cache-convs", 1))
+	f.level, f.format = logFlags(fs)
+	return f
+}
+
+// makeDataDir makes the data dir and returns its absolute path.
+func makeDataDir(dataDir string) (string, error) {
+	dir, err := filepath.Abs(dataDir)
+	if err != nil {
+		return "", err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+		return "", fmt.Errorf("data dir: %w", err)
 	}
-	key, err := auth.LoadSecret(*secret, dir, true)
+	return dir, nil
+}
+
+// devStack is the infrastructure of chatpipe dev (etcd, Kafka and
+// Postgres, embedded unless given) and what to close on exit, last opened
+// first.
+type devStack struct {
+	etcd    []string
+	brokers []string
+	kopts   []kgo.Opt
+	pgURL   string
+	cli     *clientv3.Client
+	cfg     lease.Config
+	db      *pgxpool.Pool
+	closers []func()
+}
+
+func (s *devStack) onClose(f func()) { s.closers = append(s.closers, f) }
+
+func (s *devStack) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// start brings up etcd, Kafka and Postgres, the deployment's config in
+// etcd, the topic and the schema.
+func (s *devStack) start(ctx context.Context, f devFlags, dir string, log *slog.Logger) error {
+	if err := s.startEtcd(ctx, *f.etcd, dir, log); err != nil {
+		return err
+	}
+	if err := s.startKafka(ctx, *f.kafka, f.sec, dir, log); err != nil {
+		return err
+	}
+	if err := s.startPostgres(ctx, *f.dbURL, dir, log); err != nil {
+		return err
+	}
+	return s.prepare(ctx, f)
+}
+
+func (s *devStack) startEtcd(ctx context.Context, addrs, dir string, log *slog.Logger) error {
+	if s.etcd = splitList(addrs); len(s.etcd) > 0 {
+		return nil
+	}
+	etcd, err := devstack.StartEtcd(ctx, filepath.Join(dir, "etcd"), 0, log)
 	if err != nil {
 		return err
 	}
-	var closers []func()
-	defer func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}()
+	s.onClose(func() { etcd.Close() })
+	s.etcd = etcd.Endpoints()
+	return nil
+}
 
-	// Infrastructure.
-	etcdEndpoints := splitList(*etcdAddrs)
-	if len(etcdEndpoints) == 0 {
-		etcd, err := devstack.StartEtcd(ctx, filepath.Join(dir, "etcd"), 0, log)
-		if err != nil {
-			return err
-		}
-		closers = append(closers, func() { etcd.Close() })
-		etcdEndpoints = etcd.Endpoints()
-	}
-	brokers := splitList(*kafkaAddrs)
-	if len(brokers) == 0 {
+func (s *devStack) startKafka(ctx context.Context, addrs string, sec *secFlags, dir string, log *slog.Logger) error {
+	if s.brokers = splitList(addrs); len(s.brokers) == 0 {
 		kafka, err := devstack.StartKafka(filepath.Join(dir, "kafka"), 0, log)
 		if err != nil {
 			return err
 		}
-		closers = append(closers, kafka.Close)
-		brokers = []string{kafka.Addr()}
+		s.onClose(kafka.Close)
+		s.brokers = []string{kafka.Addr()}
 	}
-	kopts, err := sec.kafkaOpts(ctx, brokers)
-	if err != nil {
-		return err
-	}
-	pgURL := *dbURL
-	if pgURL == "" {
-		pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
-		if err != nil {
-			return err
-		}
-		closers = append(closers, func() { pg.Close() })
-		pgURL = pg.URL()
-	}
-	cli, err := dialEtcd(ctx, etcdEndpoints, sec)
-	if err != nil {
-		return err
-	}
-	closers = append(closers, func() { cli.Close() })
-	cfg, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: logrecord.DefaultTopic})
-	if err != nil {
-		return err
-	}
-	if err := devstack.EnsureTopic(ctx, brokers, cfg.Topic, cfg.Partitions, kopts...); err != nil {
-		return err
-	}
-	db, err := openDB(ctx, pgURL)
-	if err != nil {
-		return err
-	}
-	closers = append(closers, db.Close)
-	if err := schema.Migrate(ctx, db); err != nil {
-		return err
-	}
+	var err error
+	s.kopts, err = sec.kafkaOpts(ctx, s.brokers)
+	return err
+}
 
-	// Roles.
-	roleCtx, stopRoles := context.WithCancel(context.Background())
-	var roles sync.WaitGroup
-	closers = append(closers, func() { stopRoles(); roles.Wait() })
-	start := func(name string, run func(context.Context) error) {
-		roles.Add(1)
-		go func() {
-			defer roles.Done()
-			if err := run(roleCtx); err != nil {
-				log.Error("role failed", "role", name, "err", err)
-			}
-		}()
+func (s *devStack) startPostgres(ctx context.Context, url, dir string, log *slog.Logger) error {
+	if s.pgURL = url; url != "" {
+		return nil
 	}
-	var metrics []prometheus.Collector
-	if *runPersist {
-		p, err := persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "persist")})
-		if err != nil {
-			return err
-		}
-		metrics = append(metrics, p.Collectors()...)
-		start("persist", p.Run)
+	pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
+	if err != nil {
+		return err
 	}
-	if *runProj {
-		p, err := projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, DB: db, Log: log.With("role", "projection")})
-		if err != nil {
-			return err
-		}
-		metrics = append(metrics, p.Collectors()...)
-		start("projection", p.Run)
+	s.onClose(func() { pg.Close() })
+	s.pgURL = pg.URL()
+	return nil
+}
+
+// prepare writes (or checks) the deployment's config in etcd, makes the
+// topic and migrates the schema.
+func (s *devStack) prepare(ctx context.Context, f devFlags) error {
+	cli, err := dialEtcd(ctx, s.etcd, f.sec)
+	if err != nil {
+		return err
+	}
+	s.cli = cli
+	s.onClose(func() { cli.Close() })
+	want := lease.Config{VShards: *f.vshards, Partitions: *f.partitions, Topic: logrecord.DefaultTopic}
+	if s.cfg, err = lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, want); err != nil {
+		return err
+	}
+	if err := devstack.EnsureTopic(ctx, s.brokers, s.cfg.Topic, s.cfg.Partitions, s.kopts...); err != nil {
+		return err
+	}
+	if s.db, err = openMigratedDB(ctx, s.pgURL); err != nil {
+		return err
+	}
+	s.onClose(s.db.Close)
+	return nil
+}
+
+// startBackends starts persist, projection and the shard workers that f
+// asks for, waits until every vshard has a writer accepting commands, and
+// returns their metrics.
+func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGroup, log *slog.Logger) ([]prometheus.Collector, error) {
+	metrics, err := s.startConsumers(f, roles, log)
+	if err != nil {
+		return nil, err
 	}
 	var ws []*shardworker.Worker
-	for i := 1; i <= *workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", cli, cfg, brokers, kopts, db, *linger, *cacheConvs, lim, log)
+	for i := 1; i <= *f.workers; i++ {
+		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", s.cli, s.cfg, s.brokers, s.kopts, s.db, *f.linger, *f.cacheConvs, f.lim, log)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		metrics = append(metrics, w.Collectors()...)
-		start("worker", w.Run)
+		roles.start("worker", w.Run)
 		ws = append(ws, w)
 	}
-	// Ready means every vshard has a writer accepting commands.
-	waitAccepting(ctx, ws, cfg.VShards, log)
+	waitAccepting(ctx, ws, s.cfg.VShards, log)
+	return metrics, nil
+}
 
-	gw, srv, ln, err := startGateway(roleCtx, cli, cfg, key, *httpAddr, db, lim, log)
-	if err != nil {
-		return err
+// startConsumers starts persist and projection (with chatpipe
+// projection's defaults) unless f turns them off, and returns their
+// metrics.
+func (s *devStack) startConsumers(f devFlags, roles *roleGroup, log *slog.Logger) ([]prometheus.Collector, error) {
+	consumers := []struct {
+		name  string
+		on    bool
+		build func(consumerDeps) (logConsumer, error)
+	}{
+		{"persist", *f.persist, newPersist},
+		{"projection", *f.projection, func(d consumerDeps) (logConsumer, error) { return newProjection(d, 0, false) }},
 	}
-	feed := dlv.feed(db, gw, log)
-	metrics = append(metrics, feed.Collectors()...)
-	start("delivery", feed.Run)
-	reg := newRegistry(append(metrics, gw.Collectors()...)...)
-	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: brokers, KafkaOpts: kopts, Secret: key, Dev: true, Log: log.With("role", "web")})
-	closers = append(closers, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		gw.Shutdown(sctx)
-	})
-	adminURL := ""
-	if *adminAddr != "" {
-		aln, err := listenAdmin(*adminAddr)
-		if err != nil {
-			return err
+	var metrics []prometheus.Collector
+	for _, c := range consumers {
+		if !c.on {
+			continue
 		}
-		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
-		closers = append(closers, admin.Close)
+		lc, err := c.build(consumerDeps{Brokers: s.brokers, KafkaOpts: s.kopts, Topic: s.cfg.Topic, DB: s.db, Log: log.With("role", c.name)})
+		if err != nil {
+			return nil, err
+		}
+		metrics = append(metrics, lc.Collectors()...)
+		roles.start(c.name, lc.Run)
+	}
+	return metrics, nil
+}
+
+// webDeps are the web pages' dependencies in dev: the dev-only endpoints
+// (minting tokens with key) are on.
+func (s *devStack) webDeps(key []byte, log *slog.Logger) webDeps {
+	return webDeps{Etcd: s.cli, Config: s.cfg, DB: s.db, Brokers: s.brokers, KafkaOpts: s.kopts, Secret: key, Dev: true, Log: log.With("role", "web")}
+}
+
+// endpoints describes the running stack; admin may be nil.
+func (s *devStack) endpoints(g *gatewayRole, admin *adminServer) Endpoints {
+	addr := g.ln.Addr().String()
+	httpURL := "http://" + addr
+	adminURL := ""
+	if admin != nil {
 		adminURL = "http://" + admin.Addr()
 	}
-	srvErr := make(chan error, 1)
-	go func() { srvErr <- srv.Serve(ln) }()
+	return Endpoints{
+		WebSocket: "ws://" + addr + "/v1/ws", HTTP: httpURL,
+		Kafka: s.brokers, Topic: s.cfg.Topic, Postgres: s.pgURL, Etcd: s.etcd, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics", Admin: adminURL,
+		VShards: s.cfg.VShards, Partitions: s.cfg.Partitions, PID: os.Getpid(),
+	}
+}
 
-	httpURL := "http://" + ln.Addr().String()
-	ep := Endpoints{
-		WebSocket: "ws://" + ln.Addr().String() + "/v1/ws", HTTP: httpURL,
-		Kafka: brokers, Topic: cfg.Topic, Postgres: pgURL, Etcd: etcdEndpoints, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics", Admin: adminURL,
-		VShards: cfg.VShards, Partitions: cfg.Partitions, PID: os.Getpid(),
-	}
+// writeEndpoints writes ep to DIR/endpoints.json and returns its path.
+func writeEndpoints(dir string, ep Endpoints) (string, error) {
 	b, _ := json.MarshalIndent(ep, "", "  ")
-	epPath := filepath.Join(dir, "endpoints.json")
-	if err := atomicfile.Write(epPath, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write endpoints: %w", err)
+	path := filepath.Join(dir, "endpoints.json")
+	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
+		return "", fmt.Errorf("write endpoints: %w", err)
 	}
-	closers = append(closers, func() { os.Remove(epPath) })
+	return path, nil
+}
+
+func printDevBanner(dir, epPath string, ep Endpoints) {
 	fmt.Printf(`chatpipe dev is running (data in %s)
   websocket  %s
   pages      %s/?user=alice (chat)   %s/ops (pipeline)
@@ -229,9 +326,11 @@ func runDev(ctx context.Context, args []string) error {
   endpoints  %s
   get a token: chatpipe token --data-dir %s --user alice
 Press Ctrl-C to stop.
-`, dir, ep.WebSocket, httpURL, httpURL, brokers[0], cfg.Topic, pgURL, etcdEndpoints[0], epPath, dir)
-	log.Info("ready", "websocket", ep.WebSocket)
+`, dir, ep.WebSocket, ep.HTTP, ep.HTTP, ep.Kafka[0], ep.Topic, ep.Postgres, ep.Etcd[0], epPath, dir)
+}
 
+// waitDev waits for ctx to end or the gateway's HTTP server to fail.
+func waitDev(ctx context.Context, srvErr <-chan error, log *slog.Logger) error {
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
@@ -241,6 +340,36 @@ Press Ctrl-C to stop.
 		}
 	}
 	return nil
+}
+
+// roleGroup runs the roles of chatpipe dev on one context until stop; a
+// role's error is logged.
+type roleGroup struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    *slog.Logger
+}
+
+func newRoleGroup(log *slog.Logger) *roleGroup {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &roleGroup{ctx: ctx, cancel: cancel, log: log}
+}
+
+func (g *roleGroup) start(name string, run func(context.Context) error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := run(g.ctx); err != nil {
+			g.log.Error("role failed", "role", name, "err", err)
+		}
+	}()
+}
+
+// stop cancels the roles' context and waits for them to return.
+func (g *roleGroup) stop() {
+	g.cancel()
+	g.wg.Wait()
 }
 
 // waitAccepting waits (at most a minute) until the workers accept commands
@@ -261,68 +390,4 @@ func waitAccepting(ctx context.Context, ws []*shardworker.Worker, vshards int, l
 		time.Sleep(50 * time.Millisecond)
 	}
 	log.Warn("not every vshard has an accepting writer yet; starting anyway")
-}
-
-func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, kopts []kgo.Opt, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
-	wc := shardworker.Config{
-		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
-		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
-		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
-	}
-	lim.worker(&wc)
-	return shardworker.New(wc)
-}
-
-// startGateway makes a gateway and its listener; with db it answers sync and
-// history (run a delivery.Feed beside it to push events).
-func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
-	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
-	if db != nil {
-		gcfg.Reads = &delivery.Store{DB: db}
-	}
-	lim.gateway(&gcfg)
-	gw, err := gateway.New(gcfg)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("gateway listen: %w", err)
-	}
-	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	return gw, srv, ln, nil
-}
-
-// webDeps is what the web pages (mountWeb) may use.
-type webDeps struct {
-	Etcd    *clientv3.Client
-	Config  lease.Config
-	DB      *pgxpool.Pool // nil when the gateway has no database
-	Brokers []string
-	// KafkaOpts are the Kafka client options (TLS, SASL) of the ops page.
-	KafkaOpts []kgo.Opt
-	Secret    []byte // JWT secret; used only when Dev is set
-	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
-	NoPages   bool   // serve no browser pages (chatpipe gateway --pages=false)
-	Log       *slog.Logger
-}
-
-// mountWeb, when set (from web.go), adds the browser pages to the gateway's
-// HTTP server.
-var mountWeb func(mux *http.ServeMux, d webDeps)
-
-// withMetrics adds /metrics (and the web pages, if built in) to the
-// gateway's HTTP server.
-func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
-	mux := http.NewServeMux()
-	mux.Handle("/", gw.Handler())
-	if mountWeb != nil && !d.NoPages {
-		mountWeb(mux, d)
-	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv.Handler = mux
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/gateway"
@@ -48,7 +47,12 @@ func runProjection(ctx context.Context, args []string) error {
 			listen = fs.Bool("persist-listen", true, "LISTEN for persist's commits instead of only polling for them (false: e.g. behind a transaction-pooling proxy)")
 			checkFlags(fs, notNegative("retain"))
 		},
-		func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-			return projection.New(projection.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Retain: *retain, Log: log, NoListen: !*listen})
-		})
+		func(d consumerDeps) (logConsumer, error) { return newProjection(d, *retain, !*listen) })
+}
+
+// newProjection makes the projection role's consumer; retain 0 keeps
+// delivery outbox rows for the default time, noListen polls for persist's
+// commits only.
+func newProjection(d consumerDeps, retain time.Duration, noListen bool) (logConsumer, error) {
+	return projection.New(projection.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Retain: retain, Log: d.Log, NoListen: noListen})
 }

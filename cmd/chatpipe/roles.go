@@ -8,16 +8,21 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/gateway"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
@@ -147,13 +152,22 @@ type logConsumer interface {
 	Degraded(ctx context.Context) string
 }
 
+// consumerDeps is what a consumer of the log is made from.
+type consumerDeps struct {
+	Brokers   []string
+	KafkaOpts []kgo.Opt
+	Topic     string
+	DB        *pgxpool.Pool
+	Log       *slog.Logger
+}
+
 // runLogConsumer runs a consumer of the log as its own process: flags,
 // Postgres with migrations, and an admin server whose /readyz is "caught
 // up" (503 while behind or stopped at a record of a newer schema version;
 // 200 "ready, degraded: N dead letters …" once it has dead letters).
 // addFlags adds the role's own flags; build makes the consumer.
 func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
-	build func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error)) error {
+	build func(consumerDeps) (logConsumer, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
@@ -179,7 +193,7 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 		return err
 	}
 	defer db.Close()
-	c, err := build(splitList(*inf.kafka), kopts, *inf.topic, db, log)
+	c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
 	if err != nil {
 		return err
 	}
@@ -194,9 +208,12 @@ func runLogConsumer(ctx context.Context, name string, args []string, addFlags fu
 }
 
 func runPersist(ctx context.Context, args []string) error {
-	return runLogConsumer(ctx, "persist", args, nil, func(brokers []string, kopts []kgo.Opt, topic string, db *pgxpool.Pool, log *slog.Logger) (logConsumer, error) {
-		return persist.New(persist.Config{Brokers: brokers, KafkaOpts: kopts, Topic: topic, DB: db, Log: log})
-	})
+	return runLogConsumer(ctx, "persist", args, nil, newPersist)
+}
+
+// newPersist makes the persist role's consumer.
+func newPersist(d consumerDeps) (logConsumer, error) {
+	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Log: d.Log})
 }
 
 func runGateway(ctx context.Context, args []string) error {
@@ -240,30 +257,25 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	gw, srv, ln, err := startGateway(ctx, cli, cfg, key, *httpAddr, db, lim, log)
+	g, err := newGatewayRole(ctx, key, *httpAddr, lim, dlv, nil,
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
 	}
-	feed := dlv.feed(db, gw, log)
-	reg := newRegistry(append(gw.Collectors(), feed.Collectors()...)...)
-	withMetrics(srv, gw, reg,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")})
-	if *adminAddr != "" {
-		aln, err := listenAdmin(*adminAddr)
-		if err != nil {
-			return err
-		}
-		admin := serveAdmin(aln, reg, gw.Ready, nil, log)
+	admin, err := g.serveAdmin(*adminAddr, log)
+	if err != nil {
+		return err
+	}
+	if admin != nil {
 		defer admin.Close()
 		log.Info("gateway admin listening", "admin", admin.Addr())
 	}
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
-	go func() { defer close(feedDone); feed.Run(feedCtx) }()
+	go func() { defer close(feedDone); g.feed.Run(feedCtx) }()
 	defer func() { stopFeed(); <-feedDone }()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("gateway listening", "addr", ln.Addr().String())
+	errc := g.serve()
+	log.Info("gateway listening", "addr", g.ln.Addr().String())
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -271,11 +283,129 @@ func runGateway(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	gw.Shutdown(sctx)
+	g.shutdown()
 	return nil
+}
+
+// gatewayRole is a gateway with its HTTP server (websocket, browser pages,
+// /metrics), its delivery feed and the registry its /metrics serves.
+type gatewayRole struct {
+	gw   *gateway.Gateway
+	srv  *http.Server
+	ln   net.Listener
+	feed *delivery.Feed
+	reg  *prometheus.Registry
+}
+
+// newGatewayRole makes a gateway listening on addr that reads web.DB and
+// follows owners in web.Etcd until ctx ends, and its feed; the registry
+// holds the gateway's and the feed's metrics and more (other roles of the
+// process). Run the feed and call serve to start it.
+func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags, dlv deliveryFlags,
+	more []prometheus.Collector, web webDeps, log *slog.Logger) (*gatewayRole, error) {
+	gw, srv, ln, err := startGateway(ctx, web.Etcd, web.Config, key, addr, web.DB, lim, log)
+	if err != nil {
+		return nil, err
+	}
+	g := &gatewayRole{gw: gw, srv: srv, ln: ln, feed: dlv.feed(web.DB, gw, log)}
+	metrics := append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...)
+	g.reg = newRegistry(metrics...)
+	withMetrics(srv, gw, g.reg, web)
+	return g, nil
+}
+
+// serveAdmin serves the gateway's metrics and readiness on addr; an empty
+// addr serves none and returns nil.
+func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := listenAdmin(addr)
+	if err != nil {
+		return nil, err
+	}
+	return serveAdmin(ln, g.reg, g.gw.Ready, nil, log), nil
+}
+
+// serve serves HTTP on the gateway's listener; the channel gets the
+// server's error (http.ErrServerClosed after shutdown).
+func (g *gatewayRole) serve() <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- g.srv.Serve(g.ln) }()
+	return errc
+}
+
+// shutdown stops the HTTP server, then the gateway's connections, in 10 s
+// at most.
+func (g *gatewayRole) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = g.srv.Shutdown(ctx)
+	g.gw.Shutdown(ctx)
+}
+
+func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, kopts []kgo.Opt, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
+	wc := shardworker.Config{
+		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
+		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
+		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
+	}
+	lim.worker(&wc)
+	return shardworker.New(wc)
+}
+
+// startGateway makes a gateway and its listener; with db it answers sync and
+// history (run a delivery.Feed beside it to push events).
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
+	if db != nil {
+		gcfg.Reads = &delivery.Store{DB: db}
+	}
+	lim.gateway(&gcfg)
+	gw, err := gateway.New(gcfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("gateway listen: %w", err)
+	}
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return gw, srv, ln, nil
+}
+
+// webDeps is what the web pages (mountWeb) may use.
+type webDeps struct {
+	Etcd    *clientv3.Client
+	Config  lease.Config
+	DB      *pgxpool.Pool // nil when the gateway has no database
+	Brokers []string
+	// KafkaOpts are the Kafka client options (TLS, SASL) of the ops page.
+	KafkaOpts []kgo.Opt
+	Secret    []byte // JWT secret; used only when Dev is set
+	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
+	NoPages   bool   // serve no browser pages (chatpipe gateway --pages=false)
+	Log       *slog.Logger
+}
+
+// mountWeb, when set (from web.go), adds the browser pages to the gateway's
+// HTTP server.
+var mountWeb func(mux *http.ServeMux, d webDeps)
+
+// withMetrics adds /metrics (and the web pages, if built in) to the
+// gateway's HTTP server.
+func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
+	mux := http.NewServeMux()
+	mux.Handle("/", gw.Handler())
+	if mountWeb != nil && !d.NoPages {
+		mountWeb(mux, d)
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv.Handler = mux
 }
 
 func runKafka(ctx context.Context, args []string) error {
