@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -30,6 +31,12 @@ type adminServer struct {
 }
 
 func listenAdmin(addr string) (net.Listener, error) {
+	// net.Listen reads "" as every interface on a free port: the role's
+	// pprof would be open to the network. Roles whose admin listener is
+	// optional check for "" before they get here.
+	if addr == "" {
+		return nil, errors.New("--admin: this role always serves /metrics, /healthz and /readyz; give an address such as 127.0.0.1:0")
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)

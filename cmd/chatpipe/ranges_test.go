@@ -28,3 +28,18 @@ func TestRoleRanges(t *testing.T) {
 		}
 	}
 }
+
+// An empty --admin of a role that always serves its admin endpoints is an
+// error, not every interface on a free port (which would open pprof to the
+// network).
+func TestEmptyAdminAddressIsRefused(t *testing.T) {
+	if ln, err := listenAdmin(""); err == nil {
+		ln.Close()
+		t.Fatal(`listenAdmin("") listened; want an error`)
+	}
+	ln, err := listenAdmin("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+}
