@@ -84,7 +84,7 @@ func runDev(ctx context.Context, args []string) error {
 	s.onClose(func() { os.Remove(epPath) })
 	printDevBanner(dir, epPath, ep)
 	log.Info("ready", "websocket", ep.WebSocket)
-	return waitDev(ctx, srvErr, log)
+	return waitDev(ctx, srvErr, roles.failed, log)
 }
 
 // devFlags are the flags of chatpipe dev.
@@ -329,11 +329,14 @@ Press Ctrl-C to stop.
 `, dir, ep.WebSocket, ep.HTTP, ep.HTTP, ep.Kafka[0], ep.Topic, ep.Postgres, ep.Etcd[0], epPath, dir)
 }
 
-// waitDev waits for ctx to end or the gateway's HTTP server to fail.
-func waitDev(ctx context.Context, srvErr <-chan error, log *slog.Logger) error {
+// waitDev waits for ctx to end, the gateway's HTTP server to fail or a
+// role to fail.
+func waitDev(ctx context.Context, srvErr <-chan error, roleErr <-chan error, log *slog.Logger) error {
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
+	case err := <-roleErr:
+		return err
 	case err := <-srvErr:
 		if !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
@@ -342,26 +345,33 @@ func waitDev(ctx context.Context, srvErr <-chan error, log *slog.Logger) error {
 	return nil
 }
 
-// roleGroup runs the roles of chatpipe dev on one context until stop; a
-// role's error is logged.
+// roleGroup runs the roles of chatpipe dev on one context until stop. A
+// role that returns an error before stop is logged and reported on failed:
+// chatpipe dev then stops (exit status 1) rather than go on, and keep
+// reporting ready, without it.
 type roleGroup struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	log    *slog.Logger
+	failed chan error // the first role error, buffered
 }
 
 func newRoleGroup(log *slog.Logger) *roleGroup {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &roleGroup{ctx: ctx, cancel: cancel, log: log}
+	return &roleGroup{ctx: ctx, cancel: cancel, log: log, failed: make(chan error, 1)}
 }
 
 func (g *roleGroup) start(name string, run func(context.Context) error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if err := run(g.ctx); err != nil {
+		if err := run(g.ctx); err != nil && g.ctx.Err() == nil {
 			g.log.Error("role failed", "role", name, "err", err)
+			select {
+			case g.failed <- fmt.Errorf("role %s failed: %w", name, err):
+			default:
+			}
 		}
 	}()
 }
