@@ -23,15 +23,25 @@ import (
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/delivery"
-	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/wire"
 )
 
+// Owners is the gateway's view of who owns each vshard: *lease.Watcher,
+// which keeps it current from etcd, or lease.Static.
+type Owners interface {
+	// Route returns vshard v's live owner row and the worker's address;
+	// false when no live worker owns it.
+	Route(v int) (ownership.Row, ownership.WorkerInfo, bool)
+	// Changed returns a channel closed at the next change of the view.
+	Changed() <-chan struct{}
+}
+
 // Config configures a Gateway.
 type Config struct {
-	Owners         *lease.Watcher
+	Owners         Owners
 	VShards        int
 	Secret         []byte
 	Limits         protocol.Limits
@@ -195,9 +205,8 @@ func (g *Gateway) Handler() http.Handler {
 // Ready reports whether the gateway can route: the ownership view from etcd
 // has at least one live worker.
 func (g *Gateway) Ready() error {
-	v := g.cfg.Owners.Snapshot()
 	for s := 0; s < g.cfg.VShards; s++ {
-		if _, _, ok := v.Live(s); ok {
+		if _, _, ok := g.cfg.Owners.Route(s); ok {
 			return nil
 		}
 	}
