@@ -39,6 +39,31 @@ type Owners interface {
 	Changed() <-chan struct{}
 }
 
+// Link is a pipelined connection to one worker (*wire.Client).
+type Link interface {
+	// Do sends a command and waits for its answer. An error wrapping
+	// wire.ErrNotSent means the command was not sent; any other error
+	// means its outcome is unknown. The context's deadline travels with
+	// the command as its budget.
+	Do(ctx context.Context, user string, req *protocol.Request) (*wire.Response, error)
+	// Done is closed when the link is gone: the pool then dials a new one.
+	Done() <-chan struct{}
+	// Close closes the link; pending calls end as unknown outcomes.
+	Close()
+}
+
+// DialFunc opens a link to the worker at addr.
+type DialFunc func(ctx context.Context, addr string, cfg wire.Config) (Link, error)
+
+// dialWire is the default DialFunc: wire.Dial.
+func dialWire(ctx context.Context, addr string, cfg wire.Config) (Link, error) {
+	cl, err := wire.Dial(ctx, addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
+
 // Config configures a Gateway.
 type Config struct {
 	Owners         Owners
@@ -73,6 +98,8 @@ type Config struct {
 	// Wire tunes the links to the workers: write deadline, health pings
 	// and read timeout (defaults: wire.Default*).
 	Wire wire.Config
+	// Dial opens the links to the workers (default: wire.Dial).
+	Dial DialFunc
 	Log  *slog.Logger
 }
 
@@ -116,6 +143,9 @@ func (c *Config) validate() error {
 	if c.MaxConvsPerUser == 0 {
 		c.MaxConvsPerUser = 5000
 	}
+	if c.Dial == nil {
+		c.Dial = dialWire
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -144,7 +174,7 @@ type Gateway struct {
 	histories   atomic.Int64
 
 	pmu  sync.Mutex
-	pool map[string]*wire.Client
+	pool map[string]Link
 
 	cmu      sync.Mutex
 	conns    map[*websocket.Conn]struct{}
@@ -161,7 +191,7 @@ func New(cfg Config) (*Gateway, error) {
 	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_rejected_by_code_total",
 			Help: "Commands and frames answered rejected, by code."}, []string{"code"}),
-		pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
 }
 
 // Stats returns the counters.
@@ -640,7 +670,7 @@ func unavailable(id, msg string, after int64) *protocol.Reply {
 	return protocol.Rejected(id, e)
 }
 
-func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error) {
+func (g *Gateway) client(ctx context.Context, addr string) (Link, error) {
 	g.pmu.Lock()
 	cl := g.pool[addr]
 	g.pmu.Unlock()
@@ -653,7 +683,7 @@ func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ncl, err := wire.Dial(dctx, addr, g.cfg.Wire)
+	ncl, err := g.cfg.Dial(dctx, addr, g.cfg.Wire)
 	if err != nil {
 		return nil, err
 	}
