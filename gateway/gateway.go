@@ -64,6 +64,27 @@ func dialWire(ctx context.Context, addr string, cfg wire.Config) (Link, error) {
 	return cl, nil
 }
 
+// ReadModel answers the reads a session makes and the checks before a
+// write (*delivery.Store, over Postgres).
+type ReadModel interface {
+	// Sync returns the events of all the user's conversations after the
+	// cursors, at most limit of them.
+	Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error)
+	// History returns up to limit events of conv before beforeSeq (0: the
+	// newest), in ascending seq, within the user's membership periods;
+	// delivery.ErrForbidden if the user never was a member.
+	History(ctx context.Context, user, conv string, beforeSeq int64, limit int) ([]*protocol.Event, error)
+	// Conversations returns the conversations user is a member of now,
+	// most recently active first, at most limit.
+	Conversations(ctx context.Context, user string, limit int) ([]*protocol.ConversationInfo, error)
+	// OpenMemberships counts, for each of users, the conversations other
+	// than except they are a member of now.
+	OpenMemberships(ctx context.Context, users []string, except string) (map[string]int, error)
+	// Covered returns, for each of convs the read model knows, the seq up
+	// to which history, sync and conversations include its events.
+	Covered(ctx context.Context, convs []string) (map[string]int64, error)
+}
+
 // Config configures a Gateway.
 type Config struct {
 	Owners         Owners
@@ -83,7 +104,7 @@ type Config struct {
 	PingInterval    time.Duration // websocket ping period; a missed pong closes the connection (default 30 s)
 	// Reads answers sync and history from the read model; nil answers
 	// them unavailable.
-	Reads   *delivery.Store
+	Reads   ReadModel
 	SyncMax int // events in one sync reply before it says more (default 500)
 	// ReadYourWrites is how long a session's history, sync or
 	// conversations waits for the read model to include that session's own

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/wire"
 )
@@ -9,3 +10,5 @@ import (
 var _ Owners = (*lease.Watcher)(nil)
 
 var _ Link = (*wire.Client)(nil)
+
+var _ ReadModel = (*delivery.Store)(nil)
