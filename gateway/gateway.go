@@ -467,12 +467,14 @@ func (s *session) run(parent context.Context) {
 		if err != nil {
 			return
 		}
+		var (
+			req  *protocol.Request
+			id   string
+			perr *protocol.Error
+		)
 		if typ != websocket.MessageText {
-			s.send(protocol.Rejected("", protocol.Errorf(protocol.CodeBadRequest, "frames must be text")))
-			continue
-		}
-		req, id, perr := protocol.Decode(frame, s.g.cfg.Limits)
-		if perr == nil {
+			perr = protocol.Errorf(protocol.CodeBadRequest, "frames must be text")
+		} else if req, id, perr = protocol.Decode(frame, s.g.cfg.Limits); perr == nil {
 			perr = s.admit(time.Now())
 		}
 		if perr != nil {
