@@ -216,6 +216,14 @@ func (f *fakeReads) Covered(_ context.Context, convs []string) (map[string]int64
 	return out, nil
 }
 
+// lastHistory returns the last History call's arguments and what Covered
+// said for its conversation then.
+func (f *fakeReads) lastHistory() ([]any, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.histArgs, f.histCover
+}
+
 // cover sets the seq up to which the read model includes conv.
 func (f *fakeReads) cover(conv string, seq int64) {
 	f.mu.Lock()
