@@ -44,12 +44,13 @@ func send(id, conv string) *protocol.Request {
 func TestCommandsGoToTheOwnerOfTheirVShard(t *testing.T) {
 	const vshards = 8
 	owners, n := newFakeOwners(), newFakeNet()
-	addr := func(v int) string { return "w" + strconv.Itoa(v%2) }
+	addr := func(v int) string { return "w" + strconv.Itoa(v%3) }
 	for v := range vshards {
 		owners.set(v, addr(v), 1)
 	}
-	n.worker("w0", acceptAs("w0", 1))
-	n.worker("w1", acceptAs("w1", 1))
+	for _, w := range []string{"w0", "w1", "w2"} {
+		n.worker(w, acceptAs(w, 1))
+	}
 	g := fakeGateway(t, owners, n, func(c *Config) { c.VShards = vshards })
 	for i := range 32 {
 		conv := "c" + strconv.Itoa(i)
@@ -59,10 +60,10 @@ func TestCommandsGoToTheOwnerOfTheirVShard(t *testing.T) {
 			t.Fatalf("%s (vshard %d): reply %+v, want accepted by %s", conv, logrecord.VShard(conv, vshards), rep, want)
 		}
 	}
-	for _, w := range []string{"w0", "w1"} {
+	for _, w := range []string{"w0", "w1", "w2"} {
 		calls := n.calls(w)
 		if len(calls) == 0 {
-			t.Fatalf("%s got no command: the test's conversations all hash to one parity", w)
+			t.Fatalf("%s got no command: pick conversations that hash to every worker", w)
 		}
 		for _, r := range calls {
 			if got := addr(logrecord.VShard(r.ConversationID, vshards)); got != w {
