@@ -23,15 +23,71 @@ import (
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/delivery"
-	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/wire"
 )
 
+// Owners is the gateway's view of who owns each vshard: *lease.Watcher,
+// which keeps it current from etcd, or lease.Static.
+type Owners interface {
+	// Route returns vshard v's live owner row and the worker's address;
+	// false when no live worker owns it.
+	Route(v int) (ownership.Row, ownership.WorkerInfo, bool)
+	// Changed returns a channel closed at the next change of the view.
+	Changed() <-chan struct{}
+}
+
+// Link is a pipelined connection to one worker (*wire.Client).
+type Link interface {
+	// Do sends a command and waits for its answer. An error wrapping
+	// wire.ErrNotSent means the command was not sent; any other error
+	// means its outcome is unknown. The context's deadline travels with
+	// the command as its budget.
+	Do(ctx context.Context, user string, req *protocol.Request) (*wire.Response, error)
+	// Done is closed when the link is gone: the pool then dials a new one.
+	Done() <-chan struct{}
+	// Close closes the link; pending calls end as unknown outcomes.
+	Close()
+}
+
+// DialFunc opens a link to the worker at addr.
+type DialFunc func(ctx context.Context, addr string, cfg wire.Config) (Link, error)
+
+// dialWire is the default DialFunc: wire.Dial.
+func dialWire(ctx context.Context, addr string, cfg wire.Config) (Link, error) {
+	cl, err := wire.Dial(ctx, addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
+
+// ReadModel answers the reads a session makes and the checks before a
+// write (*delivery.Store, over Postgres).
+type ReadModel interface {
+	// Sync returns the events of all the user's conversations after the
+	// cursors, at most limit of them.
+	Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error)
+	// History returns up to limit events of conv before beforeSeq (0: the
+	// newest), in ascending seq, within the user's membership periods;
+	// delivery.ErrForbidden if the user never was a member.
+	History(ctx context.Context, user, conv string, beforeSeq int64, limit int) ([]*protocol.Event, error)
+	// Conversations returns the conversations user is a member of now,
+	// most recently active first, at most limit.
+	Conversations(ctx context.Context, user string, limit int) ([]*protocol.ConversationInfo, error)
+	// OpenMemberships counts, for each of users, the conversations other
+	// than except they are a member of now.
+	OpenMemberships(ctx context.Context, users []string, except string) (map[string]int, error)
+	// Covered returns, for each of convs the read model knows, the seq up
+	// to which history, sync and conversations include its events.
+	Covered(ctx context.Context, convs []string) (map[string]int64, error)
+}
+
 // Config configures a Gateway.
 type Config struct {
-	Owners         *lease.Watcher
+	Owners         Owners
 	VShards        int
 	Secret         []byte
 	Limits         protocol.Limits
@@ -48,7 +104,7 @@ type Config struct {
 	PingInterval    time.Duration // websocket ping period; a missed pong closes the connection (default 30 s)
 	// Reads answers sync and history from the read model; nil answers
 	// them unavailable.
-	Reads   *delivery.Store
+	Reads   ReadModel
 	SyncMax int // events in one sync reply before it says more (default 500)
 	// ReadYourWrites is how long a session's history, sync or
 	// conversations waits for the read model to include that session's own
@@ -63,6 +119,8 @@ type Config struct {
 	// Wire tunes the links to the workers: write deadline, health pings
 	// and read timeout (defaults: wire.Default*).
 	Wire wire.Config
+	// Dial opens the links to the workers (default: wire.Dial).
+	Dial DialFunc
 	Log  *slog.Logger
 }
 
@@ -106,6 +164,9 @@ func (c *Config) validate() error {
 	if c.MaxConvsPerUser == 0 {
 		c.MaxConvsPerUser = 5000
 	}
+	if c.Dial == nil {
+		c.Dial = dialWire
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -134,7 +195,7 @@ type Gateway struct {
 	histories   atomic.Int64
 
 	pmu  sync.Mutex
-	pool map[string]*wire.Client
+	pool map[string]Link
 
 	cmu      sync.Mutex
 	conns    map[*websocket.Conn]struct{}
@@ -151,7 +212,7 @@ func New(cfg Config) (*Gateway, error) {
 	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_rejected_by_code_total",
 			Help: "Commands and frames answered rejected, by code."}, []string{"code"}),
-		pool: map[string]*wire.Client{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
 }
 
 // Stats returns the counters.
@@ -195,9 +256,8 @@ func (g *Gateway) Handler() http.Handler {
 // Ready reports whether the gateway can route: the ownership view from etcd
 // has at least one live worker.
 func (g *Gateway) Ready() error {
-	v := g.cfg.Owners.Snapshot()
 	for s := 0; s < g.cfg.VShards; s++ {
-		if _, _, ok := v.Live(s); ok {
+		if _, _, ok := g.cfg.Owners.Route(s); ok {
 			return nil
 		}
 	}
@@ -407,12 +467,14 @@ func (s *session) run(parent context.Context) {
 		if err != nil {
 			return
 		}
+		var (
+			req  *protocol.Request
+			id   string
+			perr *protocol.Error
+		)
 		if typ != websocket.MessageText {
-			s.send(protocol.Rejected("", protocol.Errorf(protocol.CodeBadRequest, "frames must be text")))
-			continue
-		}
-		req, id, perr := protocol.Decode(frame, s.g.cfg.Limits)
-		if perr == nil {
+			perr = protocol.Errorf(protocol.CodeBadRequest, "frames must be text")
+		} else if req, id, perr = protocol.Decode(frame, s.g.cfg.Limits); perr == nil {
 			perr = s.admit(time.Now())
 		}
 		if perr != nil {
@@ -631,7 +693,7 @@ func unavailable(id, msg string, after int64) *protocol.Reply {
 	return protocol.Rejected(id, e)
 }
 
-func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error) {
+func (g *Gateway) client(ctx context.Context, addr string) (Link, error) {
 	g.pmu.Lock()
 	cl := g.pool[addr]
 	g.pmu.Unlock()
@@ -644,7 +706,7 @@ func (g *Gateway) client(ctx context.Context, addr string) (*wire.Client, error)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ncl, err := wire.Dial(dctx, addr, g.cfg.Wire)
+	ncl, err := g.cfg.Dial(dctx, addr, g.cfg.Wire)
 	if err != nil {
 		return nil, err
 	}
