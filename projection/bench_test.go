@@ -108,7 +108,7 @@ func BenchmarkHandle(b *testing.B) {
 				b.Fatal(err)
 			}
 			// Warm up: connect, prepare the statements, create the conversations.
-			if err := p.handle(ctx, benchRecords(b, max(n, 8), 0)); err != nil {
+			if err := p.consumer.Write(ctx, benchRecords(b, max(n, 8), 0)); err != nil {
 				b.Fatal(err)
 			}
 			batches := make([][]*kgo.Record, b.N)
@@ -120,7 +120,7 @@ func BenchmarkHandle(b *testing.B) {
 			b.ResetTimer()
 			cpu := cpuTime(b)
 			for _, recs := range batches {
-				if err := p.handle(ctx, recs); err != nil {
+				if err := p.consumer.Write(ctx, recs); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -57,7 +57,7 @@ func TestDeadLetteredByPersistDoesNotHang(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u1", Body: "ok", CreatedAt: at}, 2),
 	}
 	p := newTestProjector(t, db)
-	if err := p.handle(ctx, recs); err != nil {
+	if err := p.consumer.Write(ctx, recs); err != nil {
 		t.Fatal(err)
 	}
 	var last int64
@@ -78,8 +78,8 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1"}}, 0),
 		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
-	if err := p.handle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
-		t.Fatalf("handle = %v, want ErrUnsupportedVersion", err)
+	if err := p.consumer.Write(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
+		t.Fatalf("Write = %v, want ErrUnsupportedVersion", err)
 	}
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM conversations`).Scan(&n); err != nil || n != 0 {
@@ -115,7 +115,7 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c0", Seq: 1, MessageID: "m4", Sender: "u3", CreatedAt: at}, 3),
 	}
 	p := newTestProjector(t, db)
-	if err := p.handle(ctx, recs); err != nil {
+	if err := p.consumer.Write(ctx, recs); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := db.Query(ctx, `SELECT conversation_id || ':' || user_id || ':' || joined_seq || ':' || coalesce(left_seq::text, '-')
@@ -153,7 +153,7 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	}
 
 	// A second batch takes the next id.
-	if err := p.handle(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c0", Seq: 2, MessageID: "m5",
+	if err := p.consumer.Write(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c0", Seq: 2, MessageID: "m5",
 		Sender: "u3", Body: "x", CreatedAt: at}, 4)}); err != nil {
 		t.Fatal(err)
 	}
