@@ -26,17 +26,17 @@ func TestCommitIsOneTransaction(t *testing.T) {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("second: %w", err)
 		}
-		return ExecOffsets(br, "sink")
+		return execOffsets(br, "sink")
 	}
 	for _, hold := range []time.Duration{0, time.Millisecond} {
 		var b pgx.Batch
 		b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 		b.Queue(`SELECT 1 / 0`)
-		QueueOffsets(&b, "sink", testTopic, recs)
-		err := Commit(ctx, s.db, &b, hold, read)
+		queueOffsets(&b, "sink", testTopic, recs)
+		err := commit(ctx, s.db, &b, hold, read)
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "22012" {
-			t.Fatalf("hold %v: Commit = %v, want division by zero", hold, err)
+			t.Fatalf("hold %v: commit = %v, want division by zero", hold, err)
 		}
 		var n int
 		if err := s.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM sink) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
@@ -46,8 +46,8 @@ func TestCommitIsOneTransaction(t *testing.T) {
 	var b pgx.Batch
 	b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 	b.Queue(`SELECT 1`)
-	QueueOffsets(&b, "sink", testTopic, recs)
-	if err := Commit(ctx, s.db, &b, 0, read); err != nil {
+	queueOffsets(&b, "sink", testTopic, recs)
+	if err := commit(ctx, s.db, &b, 0, read); err != nil {
 		t.Fatal(err)
 	}
 	offs, err := Offsets(ctx, s.db, "sink", testTopic)

@@ -119,9 +119,9 @@ const storeOffsetsSQL = `INSERT INTO consumer_offsets (consumer, topic, log_part
 		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
 		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`
 
-// StoreOffsets records, inside tx, the next offset of each partition the
+// storeOffsets records, inside tx, the next offset of each partition the
 // records came from. Offsets only move forward.
-func StoreOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
+func storeOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
 	parts, offs := nextOffsetArrays(recs)
 	if _, err := tx.Exec(ctx, storeOffsetsSQL, consumer, topic, parts, offs); err != nil {
 		return fmt.Errorf("store %s offsets: %w", consumer, err)
@@ -129,17 +129,17 @@ func StoreOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs [
 	return nil
 }
 
-// QueueOffsets queues on b the statement StoreOffsets runs, so that it goes
-// to Postgres with the rest of a batch (see Commit); read its result with
-// ExecOffsets.
-func QueueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
+// queueOffsets queues on b the statement storeOffsets runs, so that it goes
+// to Postgres with the rest of a batch (see commit); read its result with
+// execOffsets.
+func queueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
 	parts, offs := nextOffsetArrays(recs)
 	b.Queue(storeOffsetsSQL, consumer, topic, parts, offs)
 }
 
-// ExecOffsets reads the result of the statement QueueOffsets queued, which
+// execOffsets reads the result of the statement queueOffsets queued, which
 // must be the next result of br.
-func ExecOffsets(br pgx.BatchResults, consumer string) error {
+func execOffsets(br pgx.BatchResults, consumer string) error {
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("store %s offsets: %w", consumer, err)
 	}
@@ -166,7 +166,7 @@ func nextOffsetArrays(recs []*kgo.Record) ([]int32, []int64) {
 	return parts, offs
 }
 
-// Commit runs the statements queued on b as one Postgres transaction, in
+// commit runs the statements queued on b as one Postgres transaction, in
 // one round trip, and gives their results to read, which must read them in
 // order and return the first error. Nothing of b is written unless all of
 // it is.
@@ -183,7 +183,7 @@ func nextOffsetArrays(recs []*kgo.Record) ([]int32, []int64) {
 //
 // hold > 0 (fault tests only) runs b in an explicit transaction instead and
 // holds it open that long before its commit, so that a kill lands inside it.
-func Commit(ctx context.Context, db DB, b *pgx.Batch, hold time.Duration, read func(br pgx.BatchResults) error) error {
+func commit(ctx context.Context, db DB, b *pgx.Batch, hold time.Duration, read func(br pgx.BatchResults) error) error {
 	if hold > 0 {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			if err := readBatch(tx.SendBatch(ctx, b), read); err != nil {
@@ -227,19 +227,22 @@ type Config struct {
 	// Topic, in offset order per partition) and returns how to read their
 	// results. It may be given any part of a poll, in order. The Consumer
 	// then queues the statement storing the records' offsets (and Announce)
-	// after them and sends b as one transaction, in one round trip (see
-	// Commit). Handle may read Postgres or wait before it queues (those are
-	// round trips of its own), but writes only through b. An error, from
-	// Handle or from reading the results, is retried or leads to dead
-	// letters as the package documentation says.
+	// after them and sends b as one pipeline, which Postgres runs as one
+	// implicit transaction, in one round trip: so b must not hold BEGIN,
+	// COMMIT or a statement that cannot run in a transaction. Handle may
+	// read Postgres or wait before it queues (round trips of its own), but
+	// writes only through b. An error, from Handle or from reading the
+	// results, is retried or leads to dead letters as the package
+	// documentation says.
 	Handle func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error)
 	// Announce, if set, is a channel every batch Handle wrote is announced
 	// on (pg_notify with an empty payload, queued after the offsets, so
 	// delivered at the commit). A dead letter's transaction is not
 	// announced.
 	Announce string
-	// HoldBeforeCommit (fault tests only) holds every batch's transaction
-	// open that long before its commit (see Commit).
+	// HoldBeforeCommit (fault tests only) runs every batch in an explicit
+	// transaction held open that long before its commit, so that a kill
+	// lands inside it.
 	HoldBeforeCommit time.Duration
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
@@ -257,7 +260,10 @@ type Config struct {
 type Queued struct {
 	// Read reads the results of the statements Handle queued, in order,
 	// and returns the first error; nil reads each of them with Exec. It
-	// must not fail on results that are fine (see Commit).
+	// must not fail on results that are fine: Postgres commits whatever
+	// the client makes of them, so an error Read makes up comes after the
+	// commit, and the records are written again (which must be harmless,
+	// as after a connection lost during a commit).
 	Read func(br pgx.BatchResults) error
 	// Committed, if set, runs once the batch is committed (counters, logs).
 	Committed func()
@@ -502,11 +508,11 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 		return err
 	}
 	queued := b.Len()
-	QueueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, recs)
+	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, recs)
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, '')`, c.cfg.Announce) // delivered at commit
 	}
-	err = Commit(ctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
+	err = commit(ctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
 		if q.Read != nil {
 			if err := q.Read(br); err != nil {
 				return err
@@ -518,7 +524,7 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 				}
 			}
 		}
-		if err := ExecOffsets(br, c.cfg.Consumer); err != nil {
+		if err := execOffsets(br, c.cfg.Consumer); err != nil {
 			return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
 		}
 		if c.cfg.Announce != "" {
@@ -649,7 +655,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
 				return fmt.Errorf("insert dead letter: %w", err)
 			}
-			return StoreOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
+			return storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
 		})
 		if err == nil {
 			c.deadLetters.Inc()
