@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,5 +160,36 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	}
 	if n, err := listener.Conn().WaitForNotification(ctx); err != nil || n.Payload != "2" {
 		t.Errorf("second notification = %+v, %v; want 2", n, err)
+	}
+}
+
+// TestBatchIsTwoRoundTrips: a batch persist has stored costs two round
+// trips: reading persist's offsets, then the batch (read model, delivery
+// row, offsets, commit).
+func TestBatchIsTwoRoundTrips(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base := pgtest.DB(t, pgtest.Options{})
+	if _, err := base.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
+		logrecord.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int64
+	db := countingPool(t, base, &writes)
+	p := newTestProjector(t, db)
+	at := time.Unix(1, 0).UTC()
+	if err := p.consumer.Write(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1,
+		MessageID: "m1", Sender: "u1", Members: []string{"u1"}, CreatedAt: at}, 0)}); err != nil {
+		t.Fatal(err) // connects and prepares
+	}
+	writes.Store(0)
+	if err := p.consumer.Write(ctx, []*kgo.Record{
+		rec(t, &logrecord.Event{Kind: logrecord.KindJoin, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", UserID: "u2", CreatedAt: at}, 1),
+		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u2", Body: "hi", CreatedAt: at}, 2),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load(); n != 2 {
+		t.Errorf("%d round trips for a batch, want 2", n)
 	}
 }
