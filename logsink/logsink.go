@@ -21,6 +21,12 @@
 //     never dead-lettered, since upgrading this consumer makes it readable.
 //     The consumer stops there, logs an error at every retry (every 5 s),
 //     reports itself not ready and sets its halted gauge.
+//
+// The Consumer owns each batch's transaction: Config.Handle only queues the
+// statements that apply the records on a pgx.Batch, and the Consumer
+// queues the statement storing their offsets after them and sends it all
+// as one transaction, in one round trip (Write). So no consumer can write
+// records without their offsets, nor offsets without the records.
 package logsink
 
 import (
