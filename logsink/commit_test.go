@@ -26,17 +26,17 @@ func TestCommitIsOneTransaction(t *testing.T) {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("second: %w", err)
 		}
-		return ExecOffsets(br, "sink")
+		return execOffsets(br, "sink")
 	}
 	for _, hold := range []time.Duration{0, time.Millisecond} {
 		var b pgx.Batch
 		b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 		b.Queue(`SELECT 1 / 0`)
-		QueueOffsets(&b, "sink", testTopic, recs)
-		err := Commit(ctx, s.db, &b, hold, read)
+		queueOffsets(&b, "sink", testTopic, recs)
+		err := commit(ctx, s.db, &b, hold, read)
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "22012" {
-			t.Fatalf("hold %v: Commit = %v, want division by zero", hold, err)
+			t.Fatalf("hold %v: commit = %v, want division by zero", hold, err)
 		}
 		var n int
 		if err := s.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM sink) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
@@ -46,8 +46,8 @@ func TestCommitIsOneTransaction(t *testing.T) {
 	var b pgx.Batch
 	b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 	b.Queue(`SELECT 1`)
-	QueueOffsets(&b, "sink", testTopic, recs)
-	if err := Commit(ctx, s.db, &b, 0, read); err != nil {
+	queueOffsets(&b, "sink", testTopic, recs)
+	if err := commit(ctx, s.db, &b, 0, read); err != nil {
 		t.Fatal(err)
 	}
 	offs, err := Offsets(ctx, s.db, "sink", testTopic)
@@ -63,5 +63,68 @@ func TestNextOffsetArrays(t *testing.T) {
 	parts, offs := nextOffsetArrays(recs)
 	if fmt.Sprint(parts, offs) != "[2 0 1] [5 11 2]" {
 		t.Errorf("nextOffsetArrays = %v %v, want [2 0 1] [5 11 2]", parts, offs)
+	}
+}
+
+// TestWriteStoresOffsetsAndAnnounces: Write sends what Handle queued with
+// the records' offsets and the announcement after them, in one transaction;
+// Committed runs only once it is committed. When a statement Handle queued
+// fails, neither the rows nor the offsets are written, nothing is
+// announced, and Committed does not run.
+func TestWriteStoresOffsetsAndAnnounces(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newSink(t)
+	s.c.cfg.Announce = "sink_written"
+	listener, err := s.db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, "LISTEN sink_written"); err != nil {
+		t.Fatal(err)
+	}
+	committed := 0
+	fail := false
+	s.c.cfg.Handle = func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
+		q, err := s.handle(ctx, b, recs)
+		if fail {
+			b.Queue(`SELECT 1 / 0`)
+		}
+		q.Committed = func() { committed++ }
+		return q, err
+	}
+	recs := records(2, 3, nil)
+
+	fail = true
+	var pe *pgconn.PgError
+	if err := s.c.Write(ctx, recs); !errors.As(err, &pe) || pe.Code != "22012" {
+		t.Fatalf("Write = %v, want division by zero", err)
+	}
+	var n int
+	if err := s.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM sink) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows written (%v), want none", n, err)
+	}
+	if committed != 0 {
+		t.Errorf("Committed ran %d times after a failed batch", committed)
+	}
+
+	fail = false
+	if err := s.c.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	s.check(t, 2, 3, nil)
+	if committed != 1 {
+		t.Errorf("Committed ran %d times, want 1", committed)
+	}
+	note, err := listener.Conn().WaitForNotification(ctx)
+	if err != nil || note.Channel != "sink_written" {
+		t.Fatalf("notification = %+v, %v; want one on sink_written", note, err)
+	}
+	// The failed batch announced nothing: this is the only notification.
+	wctx, wcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer wcancel()
+	if note, err := listener.Conn().WaitForNotification(wctx); err == nil {
+		t.Errorf("second notification %+v: the failed batch was announced", note)
 	}
 }

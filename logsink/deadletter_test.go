@@ -47,7 +47,7 @@ func newSink(t *testing.T) *sink {
 	return s
 }
 
-func (s *sink) handle(ctx context.Context, recs []*kgo.Record) error {
+func (s *sink) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
 	s.calls++
 	var parts []int32
 	var offs []int64
@@ -55,17 +55,13 @@ func (s *sink) handle(ctx context.Context, recs []*kgo.Record) error {
 	for _, r := range recs {
 		if s.fail != nil {
 			if err := s.fail(r); err != nil {
-				return fmt.Errorf("sink: record at %d/%d: %w", r.Partition, r.Offset, err)
+				return Queued{}, fmt.Errorf("sink: record at %d/%d: %w", r.Partition, r.Offset, err)
 			}
 		}
 		parts, offs, bodies = append(parts, r.Partition), append(offs, r.Offset), append(bodies, string(r.Value))
 	}
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO sink SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[])`, parts, offs, bodies); err != nil {
-			return fmt.Errorf("sink: insert: %w", err)
-		}
-		return StoreOffsets(ctx, tx, "sink", testTopic, recs)
-	})
+	b.Queue(`INSERT INTO sink SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[])`, parts, offs, bodies)
+	return Queued{}, nil
 }
 
 // records makes n records per partition in poll order (partition by
@@ -172,10 +168,10 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 	// rows, no second dead letter.
 	s.fail = nil
 	s2 := &sink{db: s.db}
-	s2.c = New(Config{Topic: testTopic, Consumer: "sink", DB: s.db, Log: s.c.cfg.Log, Handle: func(ctx context.Context, recs []*kgo.Record) error {
+	s2.c = New(Config{Topic: testTopic, Consumer: "sink", DB: s.db, Log: s.c.cfg.Log, Handle: func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
 		next, err := Offsets(ctx, s.db, "sink", testTopic)
 		if err != nil {
-			return err
+			return Queued{}, err
 		}
 		var todo []*kgo.Record
 		for _, r := range recs {
@@ -184,9 +180,9 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 			}
 		}
 		if len(todo) == 0 {
-			return nil
+			return Queued{}, nil
 		}
-		return s2.handle(ctx, todo)
+		return s2.handle(ctx, b, todo)
 	}}, "chatpipe_sink", "lag")
 	s2.c.handleRetrying(context.Background(), recs)
 	s.check(t, 2, 10, map[[2]int]bool{{0, 3}: true, {1, 7}: true})

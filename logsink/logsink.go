@@ -21,6 +21,12 @@
 //     never dead-lettered, since upgrading this consumer makes it readable.
 //     The consumer stops there, logs an error at every retry (every 5 s),
 //     reports itself not ready and sets its halted gauge.
+//
+// The Consumer owns each batch's transaction: Config.Handle only queues the
+// statements that apply the records on a pgx.Batch, and the Consumer
+// queues the statement storing their offsets after them and sends it all
+// as one transaction, in one round trip (Write). So no consumer can write
+// records without their offsets, nor offsets without the records.
 package logsink
 
 import (
@@ -48,10 +54,11 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// DB is what a Consumer needs of Postgres: queries, and transactions for
-// its dead letters. A *pgxpool.Pool is one.
+// DB is what a Consumer needs of Postgres: queries, pipelines for its
+// batches, and transactions for its dead letters. A *pgxpool.Pool is one.
 type DB interface {
 	Querier
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -118,9 +125,9 @@ const storeOffsetsSQL = `INSERT INTO consumer_offsets (consumer, topic, log_part
 		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
 		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`
 
-// StoreOffsets records, inside tx, the next offset of each partition the
+// storeOffsets records, inside tx, the next offset of each partition the
 // records came from. Offsets only move forward.
-func StoreOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
+func storeOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
 	parts, offs := nextOffsetArrays(recs)
 	if _, err := tx.Exec(ctx, storeOffsetsSQL, consumer, topic, parts, offs); err != nil {
 		return fmt.Errorf("store %s offsets: %w", consumer, err)
@@ -128,17 +135,17 @@ func StoreOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs [
 	return nil
 }
 
-// QueueOffsets queues on b the statement StoreOffsets runs, so that it goes
-// to Postgres with the rest of a batch (see Commit); read its result with
-// ExecOffsets.
-func QueueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
+// queueOffsets queues on b the statement storeOffsets runs, so that it goes
+// to Postgres with the rest of a batch (see commit); read its result with
+// execOffsets.
+func queueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
 	parts, offs := nextOffsetArrays(recs)
 	b.Queue(storeOffsetsSQL, consumer, topic, parts, offs)
 }
 
-// ExecOffsets reads the result of the statement QueueOffsets queued, which
+// execOffsets reads the result of the statement queueOffsets queued, which
 // must be the next result of br.
-func ExecOffsets(br pgx.BatchResults, consumer string) error {
+func execOffsets(br pgx.BatchResults, consumer string) error {
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("store %s offsets: %w", consumer, err)
 	}
@@ -165,14 +172,7 @@ func nextOffsetArrays(recs []*kgo.Record) ([]int32, []int64) {
 	return parts, offs
 }
 
-// Batcher is what Commit needs of Postgres: pipelines, and transactions.
-// A *pgxpool.Pool is one.
-type Batcher interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Commit runs the statements queued on b as one Postgres transaction, in
+// commit runs the statements queued on b as one Postgres transaction, in
 // one round trip, and gives their results to read, which must read them in
 // order and return the first error. Nothing of b is written unless all of
 // it is.
@@ -189,7 +189,7 @@ type Batcher interface {
 //
 // hold > 0 (fault tests only) runs b in an explicit transaction instead and
 // holds it open that long before its commit, so that a kill lands inside it.
-func Commit(ctx context.Context, db Batcher, b *pgx.Batch, hold time.Duration, read func(br pgx.BatchResults) error) error {
+func commit(ctx context.Context, db DB, b *pgx.Batch, hold time.Duration, read func(br pgx.BatchResults) error) error {
 	if hold > 0 {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			if err := readBatch(tx.SendBatch(ctx, b), read); err != nil {
@@ -229,11 +229,27 @@ type Config struct {
 	DB       DB
 	MaxBatch int
 	Log      *slog.Logger
-	// Handle applies one poll's records (of Topic, in offset order per
-	// partition) and stores their offsets, in one Postgres transaction. It
-	// may be given any part of a poll, in order. An error is retried or
-	// leads to dead letters as the package documentation says.
-	Handle func(ctx context.Context, recs []*kgo.Record) error
+	// Handle queues on b the statements that apply one poll's records (of
+	// Topic, in offset order per partition) and returns how to read their
+	// results. It may be given any part of a poll, in order. The Consumer
+	// then queues the statement storing the records' offsets (and Announce)
+	// after them and sends b as one pipeline, which Postgres runs as one
+	// implicit transaction, in one round trip: so b must not hold BEGIN,
+	// COMMIT or a statement that cannot run in a transaction. Handle may
+	// read Postgres or wait before it queues (round trips of its own), but
+	// writes only through b. An error, from Handle or from reading the
+	// results, is retried or leads to dead letters as the package
+	// documentation says.
+	Handle func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error)
+	// Announce, if set, is a channel every batch Handle wrote is announced
+	// on (pg_notify with an empty payload, queued after the offsets, so
+	// delivered at the commit). A dead letter's transaction is not
+	// announced.
+	Announce string
+	// HoldBeforeCommit (fault tests only) runs every batch in an explicit
+	// transaction held open that long before its commit, so that a kill
+	// lands inside it.
+	HoldBeforeCommit time.Duration
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
 	// MaxDeadLetters caps the records dead-lettered in any minute (default
@@ -244,6 +260,19 @@ type Config struct {
 
 	// KafkaOpts are appended to the consumer's options (TLS, SASL).
 	KafkaOpts []kgo.Opt
+}
+
+// Queued is what Config.Handle queued on a batch.
+type Queued struct {
+	// Read reads the results of the statements Handle queued, in order,
+	// and returns the first error; nil reads each of them with Exec. It
+	// must not fail on results that are fine: Postgres commits whatever
+	// the client makes of them, so an error Read makes up comes after the
+	// commit, and the records are written again (which must be harmless,
+	// as after a connection lost during a commit).
+	Read func(br pgx.BatchResults) error
+	// Committed, if set, runs once the batch is committed (counters, logs).
+	Committed func()
 }
 
 // Consumer runs Config.Handle over the log and tracks its lag.
@@ -420,8 +449,8 @@ func (k errClass) String() string {
 	return [...]string{"transient", "permanent", "halt"}[k]
 }
 
-// classify tells what err, returned by Handle, leads to, and its SQLSTATE
-// if Postgres raised it.
+// classify tells what err, returned by Write (by Handle or by reading the
+// batch's results), leads to, and its SQLSTATE if Postgres raised it.
 //
 // Permanent are the errors the same records will always cause again: class
 // 22 (data exception: invalid byte sequence, value out of range, bad
@@ -474,7 +503,53 @@ func (c *Consumer) Settle(ctx context.Context, recs []*kgo.Record) error {
 	return ctx.Err()
 }
 
-// settle runs Handle on recs until they are all written or dead-lettered,
+// Write runs Handle on recs once and commits what it queued together with
+// the records' offsets, in one transaction and one round trip: an error
+// leaves nothing written, and is neither retried nor dead-lettered (Settle
+// does that).
+func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
+	var b pgx.Batch
+	q, err := c.cfg.Handle(ctx, &b, recs)
+	if err != nil {
+		return err
+	}
+	queued := b.Len()
+	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, recs)
+	if c.cfg.Announce != "" {
+		b.Queue(`SELECT pg_notify($1, '')`, c.cfg.Announce) // delivered at commit
+	}
+	err = commit(ctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
+		if q.Read != nil {
+			if err := q.Read(br); err != nil {
+				return err
+			}
+		} else {
+			for range queued {
+				if _, err := br.Exec(); err != nil {
+					return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
+				}
+			}
+		}
+		if err := execOffsets(br, c.cfg.Consumer); err != nil {
+			return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
+		}
+		if c.cfg.Announce != "" {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("%s: notify: %w", c.cfg.Consumer, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if q.Committed != nil {
+		q.Committed()
+	}
+	return nil
+}
+
+// settle writes recs (Write) until they are all written or dead-lettered,
 // or ctx ends. After tries permanent failures it splits recs in two halves
 // and settles each in turn (order per partition is kept); a single record
 // that fails permanently is dead-lettered. A halt is retried forever, or
@@ -483,7 +558,7 @@ func (c *Consumer) settle(ctx context.Context, recs []*kgo.Record, tries int, ha
 	backoff := 100 * time.Millisecond
 	fails := 0
 	for {
-		err := c.cfg.Handle(ctx, recs)
+		err := c.Write(ctx, recs)
 		if err == nil {
 			c.setHalted(nil)
 			return nil
@@ -586,7 +661,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
 				return fmt.Errorf("insert dead letter: %w", err)
 			}
-			return StoreOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
+			return storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
 		})
 		if err == nil {
 			c.deadLetters.Inc()

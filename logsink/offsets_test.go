@@ -10,14 +10,14 @@ import (
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
 
-// TestReadOffsets: Offset, Offsets and AllOffsets read what StoreOffsets
+// TestReadOffsets: Offset, Offsets and AllOffsets read what storeOffsets
 // wrote, per consumer and topic; a partition with nothing stored is not ok.
 func TestReadOffsets(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.DB(t, pgtest.Options{})
 	store := func(consumer, topic string, recs ...*kgo.Record) {
 		t.Helper()
-		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return StoreOffsets(ctx, tx, consumer, topic, recs) }); err != nil {
+		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return storeOffsets(ctx, tx, consumer, topic, recs) }); err != nil {
 			t.Fatal(err)
 		}
 	}

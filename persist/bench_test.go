@@ -32,10 +32,12 @@ func (c countingConn) Write(b []byte) (int, error) {
 }
 
 // countingPool is a pool on db's database whose connections count their
-// writes in writes.
+// writes in writes. It never pings a connection it hands out (the pool
+// does after a second idle), so that only the batches' writes count.
 func countingPool(tb testing.TB, db *pgxpool.Pool, writes *atomic.Int64) *pgxpool.Pool {
 	tb.Helper()
 	cfg := db.Config().Copy()
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	dial := cfg.ConnConfig.DialFunc
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)

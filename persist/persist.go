@@ -99,7 +99,8 @@ func New(cfg Config) (*Persister, error) {
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle},
+		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle,
+		Announce: pglisten.Persisted, HoldBeforeCommit: faultSleepBeforeCommit},
 		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p, nil
 }
@@ -131,17 +132,6 @@ func (p *Persister) Collectors() []prometheus.Collector {
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.
 func (p *Persister) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
-
-// handle writes one poll's records, timing it.
-func (p *Persister) handle(ctx context.Context, recs []*kgo.Record) error {
-	start := time.Now()
-	if err := p.write(ctx, recs); err != nil {
-		return err
-	}
-	p.batchSeconds.Observe(time.Since(start).Seconds())
-	p.batchSize.Observe(float64(len(recs)))
-	return nil
-}
 
 // insertSQL inserts a batch in one statement, records in seq_conflicts
 // every row it did not insert that a different message holds, and returns
@@ -187,7 +177,9 @@ SELECT conversation_id, seq, existing_message_id, incoming_message_id, log_parti
 // Write stores records (of one topic, any partitions, in offset order per
 // partition) and their partitions' next offsets in one transaction, as the
 // consumer does with a batch; an error leaves nothing written.
-func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error { return p.write(ctx, recs) }
+func (p *Persister) Write(ctx context.Context, recs []*kgo.Record) error {
+	return p.consumer.Write(ctx, recs)
+}
 
 // Settle writes records as the consumer does: transient errors retried,
 // records that can never be written dead-lettered; a record of a newer
@@ -200,82 +192,83 @@ func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
 // DeadLetters is the number of records dead-lettered by this Persister.
 func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 
-// write stores one poll's records and the partitions' next offsets in one
-// transaction, sent to Postgres in one round trip (logsink.Commit).
+// handle queues one poll's rows on b; logsink queues the partitions' next
+// offsets and the announcement on pglisten.Persisted after them and sends
+// it all as one transaction, in one round trip. Once it is committed, the
+// rows are counted, the conflicts logged and the batch timed.
 //
 // ON CONFLICT DO NOTHING has no target on purpose: events has two unique
 // keys and a clash on either must neither abort the batch (which would stall
 // the partition forever) nor go unnoticed, so every row not inserted is
 // compared with the row holding its (conversation_id, seq) and any
 // difference is reported as a conflict.
-func (p *Persister) write(ctx context.Context, recs []*kgo.Record) error {
+func (p *Persister) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
+	start := time.Now()
 	var cols columns
 	if err := cols.decode(recs); err != nil {
-		return err
+		return logsink.Queued{}, err
 	}
-	var b pgx.Batch
 	if cols.len() > 0 {
 		b.Queue(insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
 			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
 	}
-	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
-	b.Queue(`SELECT pg_notify($1, '')`, pglisten.Persisted) // delivered at commit
 	var skipped int64
 	var cs []conflict
-	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
+	read := func(br pgx.BatchResults) error {
 		skipped, cs = 0, nil
-		if cols.len() > 0 {
-			rows, err := br.Query()
-			if err != nil {
-				return fmt.Errorf("persist: insert: %w", err)
-			}
-			var c conflict
-			_, err = pgx.ForEachRow(rows, []any{&c.conv, &c.seq, &c.existing, &c.incoming, &c.part, &c.offset}, func() error {
-				if c.existing != nil && *c.existing == c.incoming {
-					skipped++ // already stored: a replay after a crash
-					return nil
-				}
-				cs = append(cs, c)
+		if cols.len() == 0 {
+			return nil
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("persist: insert: %w", err)
+		}
+		var c conflict
+		_, err = pgx.ForEachRow(rows, []any{&c.conv, &c.seq, &c.existing, &c.incoming, &c.part, &c.offset}, func() error {
+			if c.replayed() {
+				skipped++
 				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("persist: insert: %w", err)
 			}
-		}
-		if err := logsink.ExecOffsets(br, p.cfg.Consumer); err != nil {
-			return fmt.Errorf("persist: %w", err)
-		}
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("persist: notify: %w", err)
+			cs = append(cs, c)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("persist: insert: %w", err)
 		}
 		return nil
-	})
-	if err != nil {
-		return err
 	}
-	for _, c := range cs {
-		p.cfg.Log.Error("BROKEN INVARIANT: a different message holds this conversation's seq or client_message_id; not overwritten (recorded in seq_conflicts)",
-			"conversation", c.conv, "seq", c.seq, "existing_message_id", c.existing, "incoming_message_id", c.incoming,
-			"partition", c.part, "offset", c.offset)
+	committed := func() {
+		for _, c := range cs {
+			p.cfg.Log.Error("BROKEN INVARIANT: a different message holds this conversation's seq or client_message_id; not overwritten (recorded in seq_conflicts)",
+				"conversation", c.conv, "seq", c.seq, "existing_message_id", c.existing, "incoming_message_id", c.incoming,
+				"partition", c.part, "offset", c.offset)
+		}
+		conflicts := int64(len(cs))
+		p.stats.Batches.Add(1)
+		p.stats.Inserted.Add(int64(cols.len()) - skipped - conflicts)
+		p.stats.Skipped.Add(skipped)
+		p.stats.Conflicts.Add(conflicts)
+		p.batchSeconds.Observe(time.Since(start).Seconds())
+		p.batchSize.Observe(float64(len(recs)))
 	}
-	conflicts := int64(len(cs))
-	p.stats.Batches.Add(1)
-	p.stats.Inserted.Add(int64(cols.len()) - skipped - conflicts)
-	p.stats.Skipped.Add(skipped)
-	p.stats.Conflicts.Add(conflicts)
-	return nil
+	return logsink.Queued{Read: read, Committed: committed}, nil
 }
 
-// conflict is a row insertSQL did not insert because a different message
-// holds its seq or client_message_id.
+// conflict is a row insertSQL did not insert: replayed, or a conflict
+// because a different message holds its seq or client_message_id.
 type conflict struct {
 	conv     string
 	seq      int64
-	existing *string
+	existing *string // message_id of the row holding its seq, if any
 	incoming string
 	part     int32
 	offset   int64
 }
+
+// replayed reports whether the row is already stored (the same message
+// holds its seq: a replay after a crash) rather than a conflict. A row
+// whose seq is free is a conflict: its client_message_id is taken.
+func (c conflict) replayed() bool { return c.existing != nil && *c.existing == c.incoming }
 
 // columns are a batch's events as the arrays insertSQL takes.
 type columns struct {

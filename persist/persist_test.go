@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -238,5 +240,121 @@ func TestWriteNotifies(t *testing.T) {
 	}
 	if n.Channel != pglisten.Persisted {
 		t.Fatalf("notification on %q, want %q", n.Channel, pglisten.Persisted)
+	}
+}
+
+// TestWriteStoresEventColumns: a stored row holds its event's fields and
+// its log position; empty client_message_id, body and user_id are NULL, as
+// are the members of an event that lists none.
+func TestWriteStoresEventColumns(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	at := time.Unix(1_700_000_000, 0).UTC()
+	create := &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1",
+		Members: []string{"u1", "u2"}, CreatedAt: at, VShard: 3, Epoch: 2}
+	msg := &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 2, MessageID: "m2", ClientMessageID: "k2",
+		Sender: "u2", Body: "hi", CreatedAt: at.Add(time.Second), VShard: 3, Epoch: 2}
+	recs := []*kgo.Record{record(t, create, 4), record(t, msg, 5)}
+	if err := p.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(ctx, `SELECT conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members,
+		created_at, vshard, epoch, log_partition, log_offset FROM events ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Conv, Kind, MID, Sender string
+		CMID, Body, User        *string
+		Members                 []string
+		Seq, Epoch, Offset      int64
+		At                      time.Time
+		VShard, Part            int32
+	}
+	var got []string
+	var r row
+	if _, err := pgx.ForEachRow(rows, []any{&r.Conv, &r.Seq, &r.Kind, &r.MID, &r.CMID, &r.Sender, &r.Body, &r.User, &r.Members,
+		&r.At, &r.VShard, &r.Epoch, &r.Part, &r.Offset}, func() error {
+		str := func(s *string) string {
+			if s == nil {
+				return "NULL"
+			}
+			return *s
+		}
+		got = append(got, fmt.Sprintf("%s/%d %s %s cmid=%s sender=%s body=%s user=%s members=%v at=%d vshard=%d epoch=%d at %d/%d",
+			r.Conv, r.Seq, r.Kind, r.MID, str(r.CMID), r.Sender, str(r.Body), str(r.User), r.Members, r.At.Unix(), r.VShard, r.Epoch, r.Part, r.Offset))
+		r.Members = nil
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"c1/1 create m1 cmid=NULL sender=u1 body=NULL user=NULL members=[u1 u2] at=1700000000 vshard=3 epoch=2 at 0/4",
+		"c1/2 message m2 cmid=k2 sender=u2 body=hi user=NULL members=[] at=1700000001 vshard=3 epoch=2 at 0/5",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var membersNull bool
+	if err := db.QueryRow(ctx, `SELECT members IS NULL FROM events WHERE seq = 2`).Scan(&membersNull); err != nil || !membersNull {
+		t.Errorf("members of a message IS NULL = %v, %v; want true", membersNull, err)
+	}
+	if ins, b := p.Stats().Inserted.Load(), p.Stats().Batches.Load(); ins != 2 || b != 1 {
+		t.Errorf("inserted, batches = %d, %d; want 2, 1", ins, b)
+	}
+}
+
+// TestTakeoverOnlyBatchMovesOffsets: a batch of takeover markers writes no
+// event but still moves the stored offset past them, and is announced.
+func TestTakeoverOnlyBatchMovesOffsets(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := pgtest.DB(t, pgtest.Options{})
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+pglisten.Persisted); err != nil {
+		t.Fatal(err)
+	}
+	p := newTestPersister(t, db)
+	takeover := &logrecord.Event{Kind: logrecord.KindTakeover, VShard: 1, Epoch: 4, Worker: "w1", CreatedAt: time.Unix(1, 0).UTC()}
+	if err := p.Write(ctx, []*kgo.Record{record(t, takeover, 7), record(t, takeover, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d events (%v), want none", n, err)
+	}
+	offs, err := logsink.Offsets(ctx, db, "persist", logrecord.DefaultTopic)
+	if err != nil || offs[0] != 9 {
+		t.Errorf("persist offsets = %v, %v; want partition 0 at 9", offs, err)
+	}
+	if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+		t.Errorf("no notification: %v", err)
+	}
+	if b, ins := p.Stats().Batches.Load(), p.Stats().Inserted.Load(); b != 1 || ins != 0 {
+		t.Errorf("batches, inserted = %d, %d; want 1, 0", b, ins)
+	}
+}
+
+// TestWriteIsOneRoundTrip: a batch (rows, offsets, announcement, commit) is
+// sent to Postgres in one round trip, once its statements are prepared.
+func TestWriteIsOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	var writes atomic.Int64
+	db := countingPool(t, pgtest.DB(t, pgtest.Options{}), &writes)
+	p := newTestPersister(t, db)
+	if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", 1, "m1", "k1"), 0)}); err != nil {
+		t.Fatal(err) // connects and prepares
+	}
+	writes.Store(0)
+	if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", 2, "m2", "k2"), 1), record(t, message("c2", 1, "m3", "k3"), 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load(); n != 1 {
+		t.Errorf("%d round trips for a batch, want 1", n)
 	}
 }

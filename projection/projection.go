@@ -102,7 +102,7 @@ func New(cfg Config) (*Projector, error) {
 			Help: "Time a batch waited for persist to store its records.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim},
+		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim, HoldBeforeCommit: faultSleepBeforeCommit},
 		"chatpipe_projection", "Records of a partition not yet projected, as of the last fetch.")
 	return p, nil
 }
@@ -165,31 +165,27 @@ func (p *Projector) trim(ctx context.Context) {
 	}
 }
 
-// handle decodes the batch, waits until persist has stored it, then
-// applies it. Decoding comes first so that a record this build cannot read
-// stops the projection itself (visibly), not only persist.
-func (p *Projector) handle(ctx context.Context, recs []*kgo.Record) error {
+// handle decodes the batch, waits until persist has stored it, then queues
+// its changes on b (logsink adds the offsets and commits). Decoding comes
+// first so that a record this build cannot read stops the projection itself
+// (visibly), not only persist.
+func (p *Projector) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
 	events := make([]*logrecord.Event, 0, len(recs))
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
 		if err != nil {
 			// Never skipped: a newer version stops the projection until it
 			// is upgraded, a malformed record becomes a dead letter (logsink).
-			return fmt.Errorf("projection: record at %d/%d: %w", r.Partition, r.Offset, err)
+			return logsink.Queued{}, fmt.Errorf("projection: record at %d/%d: %w", r.Partition, r.Offset, err)
 		}
 		events = append(events, e)
 	}
 	// A record persist dead-lettered is covered by its stored offset like
 	// any other: the projection applies what it can read of it.
 	if err := p.waitForPersist(ctx, logsink.NextOffsets(recs)); err != nil {
-		return err
+		return logsink.Queued{}, err
 	}
-	start := time.Now()
-	if err := p.apply(ctx, recs, events); err != nil {
-		return err
-	}
-	p.batchSeconds.Observe(time.Since(start).Seconds())
-	return nil
+	return p.queue(b, events), nil
 }
 
 // waitForPersist returns once persist's stored offsets reach next for every
@@ -256,12 +252,13 @@ const (
 		SELECT pg_notify($4, id::text) FROM outbox`
 )
 
-// apply writes one batch's read-model changes (events are recs decoded),
-// its delivery row and the partitions' next offsets in one transaction, sent
-// to Postgres in one round trip (logsink.Commit).
-func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*logrecord.Event) error {
+// queue queues one batch's read-model changes (events are its records
+// decoded) and its delivery row on b; logsink queues the partitions' next
+// offsets after them and sends it all as one transaction, in one round
+// trip.
+func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
+	start := time.Now()
 	plan := PlanBatch(events)
-	var b pgx.Batch
 	for _, m := range plan.Members {
 		if m.Join {
 			b.Queue(joinSQL, m.Conv, m.User, m.Seq)
@@ -277,8 +274,7 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*log
 		b.Queue(conversationsSQL, convs, to, at)
 		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery)
 	}
-	logsink.QueueOffsets(&b, p.cfg.Consumer, p.cfg.Topic, recs)
-	err := logsink.Commit(ctx, p.cfg.DB, &b, faultSleepBeforeCommit, func(br pgx.BatchResults) error {
+	read := func(br pgx.BatchResults) error {
 		for range plan.Members {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: memberships: %w", err)
@@ -292,16 +288,13 @@ func (p *Projector) apply(ctx context.Context, recs []*kgo.Record, events []*log
 				return fmt.Errorf("projection: delivery row: %w", err)
 			}
 		}
-		if err := logsink.ExecOffsets(br, p.cfg.Consumer); err != nil {
-			return fmt.Errorf("projection: %w", err)
-		}
 		return nil
-	})
-	if err != nil {
-		return err
 	}
-	p.batches.Add(1)
-	p.events.Add(int64(len(events)))
-	p.memberOps.Add(int64(len(plan.Members)))
-	return nil
+	committed := func() {
+		p.batches.Add(1)
+		p.events.Add(int64(len(events)))
+		p.memberOps.Add(int64(len(plan.Members)))
+		p.batchSeconds.Observe(time.Since(start).Seconds())
+	}
+	return logsink.Queued{Read: read, Committed: committed}
 }

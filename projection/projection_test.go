@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,7 +58,7 @@ func TestDeadLetteredByPersistDoesNotHang(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u1", Body: "ok", CreatedAt: at}, 2),
 	}
 	p := newTestProjector(t, db)
-	if err := p.handle(ctx, recs); err != nil {
+	if err := p.consumer.Write(ctx, recs); err != nil {
 		t.Fatal(err)
 	}
 	var last int64
@@ -78,8 +79,8 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1"}}, 0),
 		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
-	if err := p.handle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
-		t.Fatalf("handle = %v, want ErrUnsupportedVersion", err)
+	if err := p.consumer.Write(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
+		t.Fatalf("Write = %v, want ErrUnsupportedVersion", err)
 	}
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM conversations`).Scan(&n); err != nil || n != 0 {
@@ -115,7 +116,7 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c0", Seq: 1, MessageID: "m4", Sender: "u3", CreatedAt: at}, 3),
 	}
 	p := newTestProjector(t, db)
-	if err := p.handle(ctx, recs); err != nil {
+	if err := p.consumer.Write(ctx, recs); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := db.Query(ctx, `SELECT conversation_id || ':' || user_id || ':' || joined_seq || ':' || coalesce(left_seq::text, '-')
@@ -153,11 +154,42 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	}
 
 	// A second batch takes the next id.
-	if err := p.handle(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c0", Seq: 2, MessageID: "m5",
+	if err := p.consumer.Write(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c0", Seq: 2, MessageID: "m5",
 		Sender: "u3", Body: "x", CreatedAt: at}, 4)}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := listener.Conn().WaitForNotification(ctx); err != nil || n.Payload != "2" {
 		t.Errorf("second notification = %+v, %v; want 2", n, err)
+	}
+}
+
+// TestBatchIsTwoRoundTrips: a batch persist has stored costs two round
+// trips: reading persist's offsets, then the batch (read model, delivery
+// row, offsets, commit).
+func TestBatchIsTwoRoundTrips(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base := pgtest.DB(t, pgtest.Options{})
+	if _, err := base.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
+		logrecord.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int64
+	db := countingPool(t, base, &writes)
+	p := newTestProjector(t, db)
+	at := time.Unix(1, 0).UTC()
+	if err := p.consumer.Write(ctx, []*kgo.Record{rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1,
+		MessageID: "m1", Sender: "u1", Members: []string{"u1"}, CreatedAt: at}, 0)}); err != nil {
+		t.Fatal(err) // connects and prepares
+	}
+	writes.Store(0)
+	if err := p.consumer.Write(ctx, []*kgo.Record{
+		rec(t, &logrecord.Event{Kind: logrecord.KindJoin, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", UserID: "u2", CreatedAt: at}, 1),
+		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u2", Body: "hi", CreatedAt: at}, 2),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load(); n != 2 {
+		t.Errorf("%d round trips for a batch, want 2", n)
 	}
 }
