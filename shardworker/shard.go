@@ -372,7 +372,14 @@ func (s *shard) loadState(ctx context.Context, e *shardcore.Effect) (map[string]
 			}
 		}
 	}
-	loaded, found, err := fetchState(ctx, s.w.cfg.DB, convs, e.Keys)
+	var loaded map[string]*shardcore.Conv
+	var found map[shardcore.DedupeKey]shardcore.First
+	var err error
+	if l := s.w.loader; l != nil && !e.Abandon && !e.AllOfVShard {
+		loaded, found, err = l.load(ctx, convs, e.Keys) // a batch's load: shared with other writers'
+	} else {
+		loaded, found, err = fetchState(ctx, s.w.cfg.DB, convs, e.Keys)
+	}
 	if err == nil && e.AllOfVShard {
 		s.log.Warn("FAULT: accepting without a takeover marker")
 		time.Sleep(faultAcceptDelay)

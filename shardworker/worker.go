@@ -171,6 +171,10 @@ type Stats struct {
 	UnknownCommits atomic.Int64
 	Evictions      atomic.Int64 // cached conversations dropped (reloaded on next use)
 	DedupeTrimmed  atomic.Int64 // dedupe results dropped from memory (found in Postgres on a retry)
+	// StateLoads counts batches that asked Postgres for state they lacked;
+	// StateRoundTrips the round trips that answered them (loader.go).
+	StateLoads      atomic.Int64
+	StateRoundTrips atomic.Int64
 }
 
 // Worker owns some vshards and runs their writers.
@@ -190,6 +194,7 @@ type Worker struct {
 	addr   string
 	ready  chan struct{}
 	view   atomic.Pointer[lease.Watcher]
+	loader *loader // the writers' shared state loads; nil until Run
 }
 
 // Advertised returns addr as others should dial it: a wildcard listen
@@ -237,6 +242,8 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		counter("chatpipe_worker_lease_renewals_total", "Lease keep-alive responses (one stream per worker).", &w.stats.LeaseRenewals),
 		counter("chatpipe_worker_evictions_total", "Cached conversations evicted.", &w.stats.Evictions),
 		counter("chatpipe_worker_dedupe_trimmed_total", "Dedupe results dropped from memory (a later retry is answered from Postgres).", &w.stats.DedupeTrimmed),
+		counter("chatpipe_worker_state_loads_total", "Batches whose writer asked Postgres for conversations or client_message_ids it lacked.", &w.stats.StateLoads),
+		counter("chatpipe_worker_state_round_trips_total", "Postgres round trips that answered those loads (several writers' loads share one).", &w.stats.StateRoundTrips),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_dedupe_entries", Help: "Dedupe results held in memory by this worker's writers, as of their last trim.", ConstLabels: l},
 			func() float64 { return float64(w.dedupeHeld()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
@@ -333,7 +340,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.view.Store(watcher)
-	bgwg.Add(2)
+	w.loader = newLoader(w.cfg.DB, w.cfg.CommitTimeout, &w.stats.StateRoundTrips, &w.stats.StateLoads)
+	bgwg.Add(3)
+	go func() {
+		defer bgwg.Done()
+		w.loader.run(bg)
+	}()
 	go func() {
 		defer bgwg.Done()
 		if err := wire.Serve(bg, ln, w.handle, w.cfg.Wire, w.log); err != nil {

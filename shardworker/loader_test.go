@@ -1,0 +1,82 @@
+package shardworker
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/internal/pgtest"
+	"github.com/chatpipe/chatpipe/shardcore"
+)
+
+// TestLoaderMergesLoads: loads queued together are answered by a few
+// shared round trips, and each gets exactly what fetchState gives it
+// alone: its conversations (a new state for one with no events) and the
+// keys it asked for that Postgres holds, nothing of the other loads.
+func TestLoaderMergesLoads(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	const n = 60
+	for i := range n {
+		if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, members, client_message_id, created_at, vshard, epoch, log_partition, log_offset)
+			VALUES ($1, 1, 'create', $2, 'u1', '{u1,u2}', NULL, now(), 0, 1, 0, $3), ($1, 2, 'message', $4, 'u2', NULL, 'k1', now(), 0, 1, 0, $5)`,
+			fmt.Sprintf("c%d", i), fmt.Sprintf("m%d-1", i), 2*i, fmt.Sprintf("m%d-2", i), 2*i+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var trips, loads atomic.Int64
+	l := newLoader(db, 10*time.Second, &trips, &loads)
+	type want struct {
+		convs map[string]*shardcore.Conv
+		found map[shardcore.DedupeKey]shardcore.First
+	}
+	reqs := make([][2]any, n)
+	wants := make([]want, n)
+	for i := range n {
+		convs := []string{fmt.Sprintf("c%d", i), fmt.Sprintf("new%d", i)} // one with events, one without
+		keys := []shardcore.DedupeKey{{Conv: fmt.Sprintf("c%d", i), CMID: "k1"}, {Conv: fmt.Sprintf("c%d", i), CMID: "k-missing"}}
+		c, f, err := fetchState(ctx, db, convs, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs[i], wants[i] = [2]any{convs, keys}, want{c, f}
+	}
+	// Every load is queued before the loader runs, so they are merged.
+	got := make([]want, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, f, err := l.load(ctx, reqs[i][0].([]string), reqs[i][1].([]shardcore.DedupeKey))
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = want{c, f}
+		}()
+	}
+	for len(l.reqs) < n {
+		time.Sleep(time.Millisecond)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	go l.run(lctx)
+	wg.Wait()
+	cancel()
+	<-l.done
+	for i := range n {
+		if !reflect.DeepEqual(got[i], wants[i]) {
+			t.Fatalf("load %d got %+v, want what fetchState gives it alone: %+v", i, got[i], wants[i])
+		}
+	}
+	if loads.Load() != n || trips.Load() > loaderTrips {
+		t.Fatalf("%d loads in %d round trips, want %d loads in at most %d", loads.Load(), trips.Load(), n, loaderTrips)
+	}
+	// A stopped loader answers at once.
+	if _, _, err := l.load(ctx, []string{"c0"}, nil); err != errLoaderStopped {
+		t.Fatalf("load after the loader stopped: %v, want errLoaderStopped", err)
+	}
+}
