@@ -267,7 +267,7 @@ profile_tops() {
 measured() {
   local name=$1; shift
   local prof=0
-  if [ "${1:-}" = --pprof ]; then prof=1; shift; fi
+  if [ "${1:-}" = --pprof ]; then prof=1; shift; set -- --cpuprofile "$R/prof/loadgen.pb.gz" "$@"; fi
   metrics before "$name"
   echo "$BIN loadgen --endpoints $SEP --data-dir $DATA --out $R/runs --run $name --progress=false $*" >> "$R/commands.txt"
   "$BIN" loadgen --endpoints "$SEP" --data-dir "$DATA" --out "$R/runs" --run "$name" --progress=false "$@" > "$L/$name.out" 2>&1 &

@@ -277,7 +277,7 @@ func render(dir string) (string, error) {
 		{figure: fmt.Sprintf("gateway CPU per delivered event, peak mix at %.0f msg/s (%d events)", mid.rep.Rate, mid.delivered), measured: mid.gatewayPerDelivery(), unit: "µs", target: 2, atMost: true,
 			why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway")))},
 		{figure: fmt.Sprintf("loadgen CPU per message, peak mix at %.0f msg/s", mid.rep.Rate), measured: mid.roleUS("loadgen"), unit: "µs", target: 15, atMost: true,
-			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs (loadgen is not profiled here)", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen")))},
+			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen")))},
 		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
 			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
 			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
@@ -389,8 +389,8 @@ func render(dir string) (string, error) {
 
 	// Profile tops.
 	fmt.Fprintf(&b, "## CPU profile tops, by role (during %s)\n\n", profRunName)
-	fmt.Fprintf(&b, "Each role's `/debug/pprof/profile` for %.0f s inside the send phase of %s: `go tool pprof -top -nodecount=15` (flat: where the CPU is spent), then the same with `-cum` (which calls it is spent under). The raw profiles are in results/prof/. dev's profile is etcd's, and the idle gateway inside dev polling the delivery outbox.\n\n", orNaN(knobs, "prof_secs"), profRunName)
-	for _, role := range append(append([]string{}, chatpipeRoles...), "dev") {
+	fmt.Fprintf(&b, "Each role's `/debug/pprof/profile` for %.0f s inside the send phase of %s: `go tool pprof -top -nodecount=15` (flat: where the CPU is spent), then the same with `-cum` (which calls it is spent under). The raw profiles are in results/prof/. dev's profile is etcd's, and the idle gateway inside dev polling the delivery outbox. loadgen's (`--cpuprofile`) covers its whole run, connecting and conversation setup included.\n\n", orNaN(knobs, "prof_secs"), profRunName)
+	for _, role := range append(append([]string{}, chatpipeRoles...), "dev", "loadgen") {
 		top, err := os.ReadFile(filepath.Join(dir, "prof", role+".top"))
 		if err != nil || len(top) == 0 {
 			fmt.Fprintf(&b, "### %s\n\nno profile\n\n", role)

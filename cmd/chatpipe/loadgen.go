@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -60,6 +61,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	seed := fs.Uint64("seed", 1, "seed of the plan and the schedule's choices")
 	shard := fs.String("shard", "", "K/N: run part K of N of the plan (its own users and conversations, at rate/N) into the run directory NAME-KofN; then 'chatpipe loadgen merge'")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	checkFlags(fs, positive("scale"), notNegative("rate"), positive("duration"), notNegative("devices"),
 		notNegative("users"), notNegative("conversations"), inRange("groups", math.Inf(-1), 1, "at most 1 (negative: the profile's)"),
 		inRange("dup", 0, 1, "a share, 0 to 1"), notNegative("reconnects"), atLeast("body-bytes", 1), positive("timeout"),
@@ -151,6 +153,13 @@ func runLoadgen(ctx context.Context, args []string) error {
 	} else {
 		fmt.Fprintf(os.Stderr, "loadgen %s shard %s: profile %s at %.0f of %.0f msg/s for %v → %s\n", *run, sh, p.Name, r/float64(sh.N), r, *duration, filepath.Join(*out, cfg.DirName()))
 	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if rep != nil {
 		fmt.Print(rep.Markdown())
@@ -226,4 +235,17 @@ func runLoadgenReport(args []string) error {
 	}
 	fmt.Print(rep.Markdown())
 	return nil
+}
+
+// startCPUProfile profiles the process into path until the returned stop.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
