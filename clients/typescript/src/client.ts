@@ -440,6 +440,7 @@ export class Client extends EventTarget {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onClose);
         ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
         try {
           ws.close();
@@ -449,10 +450,13 @@ export class Client extends EventTarget {
         reject(new Error(`chatpipe: dial ${this.url}: ${why}`));
       };
       const timer = setTimeout(() => fail("timeout"), this.opts.dialTimeoutMs);
+      const onClose = () => fail("the client is closed");
+      this.closing.signal.addEventListener("abort", onClose, { once: true });
       ws.onopen = () => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onClose);
         ws.onclose = ws.onerror = null;
         resolve(ws);
       };

@@ -20,9 +20,9 @@ import { join } from "node:path";
 import { after, test } from "node:test";
 import WebSocket from "ws";
 
-import { type ChatEvent, Client, type ClientOptions, type WebSocketConstructor } from "../src/index.js";
+import { type ChatEvent, Client, type ClientOptions } from "../src/index.js";
 
-const WS = WebSocket as unknown as WebSocketConstructor;
+const WS = WebSocket; // the `ws` package fits the client's WebSocketConstructor as it is
 const wsURL = process.env.CHATPIPE_WS_URL ?? "";
 const secret = process.env.CHATPIPE_JWT_SECRET ?? "";
 const controlDir = process.env.CHATPIPE_CONTROL_DIR ?? "";
