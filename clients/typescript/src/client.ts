@@ -1,0 +1,784 @@
+// A client of the chatpipe websocket protocol (docs/protocol.md) that
+// follows the contract's rules for client authors, like the Go client
+// (client/client.go):
+//
+//   - every write carries a client_message_id chosen once and kept across
+//     retries and reconnects, so a retried command takes effect once;
+//   - a lost connection is dialled again with full-jitter exponential
+//     backoff, and every command that had no answer is sent again with the
+//     same ids;
+//   - after each (re)connect the client syncs from the cursors of its last
+//     complete `synced` reply, paging while the server says `more`;
+//   - `unavailable`, `rate_limited` and unanswered commands are retried,
+//     honouring `retry_after_ms`; `unauthorized` (a token that expired on an
+//     open connection) makes the client dial again with a fresh token from
+//     its token provider and retry;
+//   - events are de-duplicated by (conversation_id, seq) and kept ordered by
+//     seq per conversation.
+//
+// It has no runtime dependency: it uses the WebSocket implementation it is
+// given (options.WebSocket) or the global one (browsers, Node 22+).
+
+import {
+  type Accepted,
+  type ChatEvent,
+  ChatpipeError,
+  type ConversationInfo,
+  type Cursors,
+  eventFromWire,
+  SUBPROTOCOL_BATCH,
+  type WireEvent,
+  type WireFrame,
+  type WireRequest,
+} from "./protocol.js";
+
+/**
+ * The part of the WebSocket interface the client uses. The browser's
+ * WebSocket, Node 22's global one and the `ws` package all fit.
+ */
+export interface WebSocketLike {
+  readonly readyState: number;
+  onopen: ((ev: any) => void) | null;
+  onmessage: ((ev: any) => void) | null;
+  onclose: ((ev: any) => void) | null;
+  onerror: ((ev: any) => void) | null;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+}
+
+/** A WebSocket constructor (`WebSocket` of the browser, `ws`'s default export). */
+export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocketLike;
+
+/**
+ * Returns the bearer token to present at the next dial. It is called before
+ * every (re)connect, so it may refresh an expiring token.
+ */
+export type TokenProvider = () => string | Promise<string>;
+
+/** Options of Client.connect. All are optional. */
+export interface ClientOptions {
+  /** The WebSocket implementation (default: globalThis.WebSocket). */
+  WebSocket?: WebSocketConstructor;
+  /**
+   * Ask for the chatpipe.v1.batch subprotocol: the server may send several
+   * frames in one websocket message.
+   */
+  batch?: boolean;
+  /**
+   * Called with every event new to the client's view (a duplicate by
+   * conversation and seq is not passed again), in the order the events
+   * arrived. The same events are dispatched as "event" (ClientEvent).
+   */
+  onEvent?: (e: ChatEvent) => void;
+  /** Called with every server frame received, before it is handled. For logging and tests. */
+  onFrame?: (raw: string) => void;
+  /** Cursors of a previous complete sync (kept by the app); the first sync starts from them. */
+  cursors?: Cursors;
+  /**
+   * How long a command waits for its answer before it is sent again with
+   * the same ids (default 20 s, above the gateway's 15 s call timeout).
+   */
+  requestTimeoutMs?: number;
+  /**
+   * Bounds of the reconnect wait: before attempt n the client waits
+   * random(0, min(maxBackoffMs, baseBackoffMs × 2^n)) (defaults 250 ms and 30 s).
+   */
+  baseBackoffMs?: number;
+  maxBackoffMs?: number;
+  /** How long a connection must live for the backoff to start again from attempt 0 (default 1 min). */
+  stableAfterMs?: number;
+  /** Bounds one websocket dial (default 10 s). */
+  dialTimeoutMs?: number;
+  /**
+   * Returns a fresh client_message_id (default: "m-" and 16 random bytes in
+   * hex). Ids must be of [A-Za-z0-9._:-], at most 128 bytes.
+   */
+  newId?: () => string;
+}
+
+/** Options of one call. */
+export interface CallOptions {
+  /** Ends the call's retries (the call rejects with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/**
+ * The events a Client dispatches:
+ *  - "event": detail is a ChatEvent new to the view;
+ *  - "connect": detail is { connects } after each (re)connect;
+ *  - "disconnect": detail is { code, reason } when a connection is lost;
+ *  - "synced": detail is the cursors after a sync paged to its end.
+ */
+export class ClientEvent<T = unknown> extends Event {
+  readonly detail: T;
+  constructor(type: string, detail: T) {
+    super(type);
+    this.detail = detail;
+  }
+}
+
+/**
+ * The full-jitter wait before reconnect attempt n:
+ * random(0, min(maxMs, baseMs × 2^n)), in milliseconds.
+ */
+export function backoff(n: number, baseMs: number, maxMs: number, random: () => number = Math.random): number {
+  let ceiling = baseMs;
+  for (let i = 0; i < n && ceiling < maxMs; i++) ceiling *= 2;
+  ceiling = Math.min(ceiling, maxMs);
+  if (ceiling <= 0) return 0;
+  return Math.floor(random() * (ceiling + 1));
+}
+
+/** A fresh client_message_id: "m-" and 16 random bytes in hex. */
+export function randomId(): string {
+  const b = new Uint8Array(16);
+  const c = (globalThis as { crypto?: { getRandomValues?: (a: Uint8Array) => Uint8Array } }).crypto;
+  if (c?.getRandomValues) c.getRandomValues(b);
+  else for (let i = 0; i < b.length; i++) b[i] = Math.floor(Math.random() * 256);
+  let s = "m-";
+  for (const x of b) s += x.toString(16).padStart(2, "0");
+  return s;
+}
+
+const OPEN = 1;
+
+/** A request waiting for its answer. */
+interface Call {
+  req: WireRequest;
+  gen: number; // connection generation it was last written on (0: none)
+  resend: boolean; // send again on a new connection
+  resolve: (f: WireFrame) => void;
+  reject: (err: unknown) => void;
+}
+
+interface Waiter {
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+function closedError(op: string): ChatpipeError {
+  return new ChatpipeError("closed", op, "the client is closed");
+}
+
+function isTimeout(err: unknown): boolean {
+  return err instanceof ChatpipeError && err.code === "timeout";
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  return signal.reason ?? new Error("aborted");
+}
+
+/**
+ * One device of a user: a websocket kept open until close(), and the
+ * ordered, de-duplicated view of the events it has seen.
+ */
+export class Client extends EventTarget {
+  private readonly url: string;
+  private readonly token: TokenProvider;
+  private readonly WS: WebSocketConstructor;
+  private readonly opts: Required<Omit<ClientOptions, "WebSocket" | "onEvent" | "onFrame" | "cursors">> &
+    Pick<ClientOptions, "onEvent" | "onFrame">;
+
+  private closed = false;
+  private readonly closing = new AbortController(); // aborted by close()
+  private ws: WebSocketLike | null = null; // null while disconnected
+  private connAbort: AbortController | null = null; // aborted when the connection is lost
+  private gen = 0; // connection generation, bumped on each connect
+  private connectedAt = 0;
+  private attempt = 0; // reconnect attempt, reset after a stable connection
+  private nextId = 0;
+  private readonly pending = new Map<string, Call>();
+  private readonly cursorsSynced: Cursors = {}; // of the last complete synced reply only
+  private readonly view = new Map<string, Map<number, ChatEvent>>();
+  private syncedNow = false; // the current connection's sync paged to its end
+  private readonly syncWaiters = new Set<Waiter>();
+  private connectCount = 0;
+
+  private constructor(url: string, token: string | TokenProvider, options: ClientOptions) {
+    super();
+    this.url = url;
+    this.token = typeof token === "string" ? () => token : token;
+    const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    if (!WS) {
+      throw new TypeError("chatpipe: no WebSocket implementation: pass options.WebSocket (e.g. the `ws` package on Node 20)");
+    }
+    this.WS = WS;
+    this.opts = {
+      batch: options.batch ?? false,
+      requestTimeoutMs: options.requestTimeoutMs ?? 20_000,
+      baseBackoffMs: options.baseBackoffMs ?? 250,
+      maxBackoffMs: options.maxBackoffMs ?? 30_000,
+      stableAfterMs: options.stableAfterMs ?? 60_000,
+      dialTimeoutMs: options.dialTimeoutMs ?? 10_000,
+      newId: options.newId ?? randomId,
+      onEvent: options.onEvent,
+      onFrame: options.onFrame,
+    };
+    for (const [k, v] of Object.entries(options.cursors ?? {})) this.cursorsSynced[k] = v;
+  }
+
+  /**
+   * Connects to the gateway at url (ws:// or wss://, e.g.
+   * ws://127.0.0.1:8080/v1/ws) as the user of token. The first dial must
+   * succeed; later connection losses are dialled again in the background
+   * until close(). The first sync runs in the background too: see
+   * waitSynced().
+   */
+  static async connect(url: string, token: string | TokenProvider, options: ClientOptions = {}): Promise<Client> {
+    const c = new Client(url, token, options);
+    const ws = await c.dial();
+    c.serve(ws);
+    return c;
+  }
+
+  /** How many connections the client has opened so far. */
+  get connects(): number {
+    return this.connectCount;
+  }
+
+  /** Whether a connection is open now. */
+  get connected(): boolean {
+    return this.ws !== null;
+  }
+
+  /** The cursors of the last complete sync: for each conversation, the last seq the client is sure to have seen. */
+  cursors(): Cursors {
+    return { ...this.cursorsSynced };
+  }
+
+  /** The events of a conversation the client has seen (pushed, synced or fetched with history), each once, in ascending seq. */
+  messages(conversationId: string): ChatEvent[] {
+    const m = this.view.get(conversationId);
+    if (!m) return [];
+    return [...m.values()].sort((a, b) => a.seq - b.seq).map((e) => ({ ...e }));
+  }
+
+  /** The ids of the conversations in the client's view, sorted. */
+  conversationIds(): string[] {
+    return [...this.view.keys()].sort();
+  }
+
+  /** Resolves once the sync that follows the current connection has paged to its end. */
+  waitSynced(options: CallOptions = {}): Promise<void> {
+    if (this.closed) return Promise.reject(closedError("sync"));
+    if (this.syncedNow) return Promise.resolve();
+    return new Promise<void>((resolve, reject) => {
+      const signal = options.signal;
+      const onAbort = () => {
+        this.syncWaiters.delete(w);
+        reject(abortReason(signal!));
+      };
+      const w: Waiter = {
+        resolve: () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve();
+        },
+        reject: (err) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(err);
+        },
+      };
+      if (signal?.aborted) return reject(abortReason(signal));
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.syncWaiters.add(w);
+    });
+  }
+
+  /**
+   * Ends the connection and stops reconnecting. Calls in flight reject with
+   * a ChatpipeError of code "closed".
+   */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.closing.abort(closedError("close"));
+    const ws = this.ws;
+    if (ws) this.drop(ws, 1000);
+    for (const cl of [...this.pending.values()]) cl.reject(closedError(cl.req.op));
+    for (const w of [...this.syncWaiters]) w.reject(closedError("sync"));
+    this.syncWaiters.clear();
+  }
+
+  // --- writes
+
+  /**
+   * Posts body to a conversation and resolves with its accepted answer (seq
+   * and message_id are final). It retries until the signal ends it, always
+   * with the same client_message_id, so the message is stored at most once.
+   */
+  send(conversationId: string, body: string, options: CallOptions = {}): Promise<Accepted> {
+    return this.sendWithId(conversationId, this.opts.newId(), body, options);
+  }
+
+  /**
+   * send with a client_message_id chosen by the caller (an app that keeps
+   * unsent messages across restarts passes the stored id again).
+   */
+  sendWithId(conversationId: string, clientMessageId: string, body: string, options: CallOptions = {}): Promise<Accepted> {
+    return this.writeCmd(
+      { op: "send", conversation_id: conversationId, client_message_id: clientMessageId, body },
+      options.signal,
+    );
+  }
+
+  /**
+   * Creates a conversation with members (the caller is added and becomes the
+   * owner). A retry that finds it created by this call answers accepted.
+   */
+  create(conversationId: string, members: string[] = [], options: CallOptions = {}): Promise<Accepted> {
+    return this.writeCmd(
+      { op: "create", conversation_id: conversationId, members, client_message_id: this.opts.newId() },
+      options.signal,
+    );
+  }
+
+  /** Adds a user to a conversation. */
+  join(conversationId: string, userId: string, options: CallOptions = {}): Promise<Accepted> {
+    return this.writeCmd(
+      { op: "join", conversation_id: conversationId, user_id: userId, client_message_id: this.opts.newId() },
+      options.signal,
+    );
+  }
+
+  /** Removes a user from a conversation (the owner only). */
+  kick(conversationId: string, userId: string, options: CallOptions = {}): Promise<Accepted> {
+    return this.writeCmd(
+      { op: "kick", conversation_id: conversationId, user_id: userId, client_message_id: this.opts.newId() },
+      options.signal,
+    );
+  }
+
+  /** Removes the caller from a conversation. */
+  leave(conversationId: string, options: CallOptions = {}): Promise<Accepted> {
+    return this.writeCmd({ op: "leave", conversation_id: conversationId, client_message_id: this.opts.newId() }, options.signal);
+  }
+
+  // --- reads
+
+  /**
+   * Asks for every event after the cursors of the last complete sync, paging
+   * while the server answers more, and records them (new ones are delivered
+   * as events). The client syncs by itself after every (re)connect; call
+   * sync to catch up at another moment.
+   */
+  sync(options: CallOptions = {}): Promise<void> {
+    return this.syncAll(options.signal);
+  }
+
+  /**
+   * One page of a conversation's events before beforeSeq (absent or 0: the
+   * newest), at most limit (absent: the server's default, 50), in ascending
+   * seq. A page shorter than limit means nothing older is left. The events
+   * are added to the view but not delivered as events.
+   */
+  async history(
+    conversationId: string,
+    options: CallOptions & { beforeSeq?: number; limit?: number } = {},
+  ): Promise<ChatEvent[]> {
+    const req: WireRequest = { op: "history", conversation_id: conversationId };
+    if (options.beforeSeq) req.before_seq = options.beforeSeq;
+    if (options.limit) req.limit = options.limit;
+    const f = await this.read(req, options.signal);
+    if (f.op !== "history") throw new ChatpipeError("protocol", "history", `answered with ${JSON.stringify(f.op)}`, conversationId);
+    const evs = f.events ?? [];
+    this.record(evs, false);
+    return evs.map(eventFromWire);
+  }
+
+  /**
+   * Pages history backwards from the newest event with pages of pageSize
+   * (default 50) and returns everything the caller may see of the
+   * conversation, in ascending seq.
+   */
+  async historyAll(conversationId: string, options: CallOptions & { pageSize?: number } = {}): Promise<ChatEvent[]> {
+    const pageSize = options.pageSize && options.pageSize > 0 ? options.pageSize : 50;
+    const pages: ChatEvent[][] = [];
+    let before = 0;
+    for (;;) {
+      const p = await this.history(conversationId, { beforeSeq: before, limit: pageSize, signal: options.signal });
+      pages.push(p);
+      if (p.length < pageSize || p[0]!.seq <= 1) break;
+      before = p[0]!.seq;
+    }
+    return pages.reverse().flat();
+  }
+
+  /** The caller's current conversations, most recently active first, at most limit (absent: the server's default). */
+  async listConversations(options: CallOptions & { limit?: number } = {}): Promise<ConversationInfo[]> {
+    const req: WireRequest = { op: "conversations" };
+    if (options.limit) req.limit = options.limit;
+    const f = await this.read(req, options.signal);
+    if (f.op !== "conversations") throw new ChatpipeError("protocol", "conversations", `answered with ${JSON.stringify(f.op)}`);
+    return (f.conversations ?? []).map((c) => ({
+      conversationId: c.conversation_id,
+      lastSeq: c.last_seq,
+      lastActivityAt: c.last_activity_at,
+    }));
+  }
+
+  // --- connection
+
+  private async dial(): Promise<WebSocketLike> {
+    let tok: string;
+    try {
+      tok = await this.token();
+    } catch (err) {
+      throw new Error(`chatpipe: token: ${String(err)}`, { cause: err });
+    }
+    const u = new URL(this.url);
+    u.searchParams.set("token", tok);
+    return new Promise<WebSocketLike>((resolve, reject) => {
+      let ws: WebSocketLike;
+      try {
+        ws = this.opts.batch ? new this.WS(u.toString(), [SUBPROTOCOL_BATCH]) : new this.WS(u.toString());
+      } catch (err) {
+        reject(err);
+        return;
+      }
+      let settled = false;
+      const fail = (why: string) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onClose);
+        ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+        try {
+          ws.close();
+        } catch {
+          // already closed
+        }
+        reject(new Error(`chatpipe: dial ${this.url}: ${why}`));
+      };
+      const timer = setTimeout(() => fail("timeout"), this.opts.dialTimeoutMs);
+      const onClose = () => fail("the client is closed");
+      this.closing.signal.addEventListener("abort", onClose, { once: true });
+      ws.onopen = () => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onClose);
+        ws.onclose = ws.onerror = null;
+        resolve(ws);
+      };
+      ws.onerror = (ev: any) => fail(ev?.message ?? ev?.error?.message ?? "connection error");
+      ws.onclose = (ev: any) => fail(`closed with ${ev?.code ?? "no code"}`);
+    });
+  }
+
+  /**
+   * Takes ws as the current connection: sends again every command that had
+   * no answer on an earlier connection and starts the sync.
+   */
+  private serve(ws: WebSocketLike): void {
+    if (this.closed) {
+      ws.close(1000);
+      return;
+    }
+    this.ws = ws;
+    this.gen++;
+    this.connectCount++;
+    this.connectedAt = Date.now();
+    this.syncedNow = false;
+    const gen = this.gen;
+    const abort = new AbortController();
+    this.connAbort = abort;
+    ws.onmessage = (ev: any) => this.onMessage(ev.data);
+    ws.onclose = (ev: any) => this.lost(ws, ev?.code, ev?.reason);
+    ws.onerror = () => {
+      // a close event follows
+    };
+    // In request-id order, so commands go out again in the order they were
+    // first sent.
+    const again = [...this.pending.values()]
+      .filter((cl) => cl.gen !== gen && cl.resend)
+      .sort((a, b) => Number(a.req.id!.slice(1)) - Number(b.req.id!.slice(1)));
+    for (const cl of again) {
+      cl.gen = gen;
+      this.write(ws, cl.req);
+    }
+    this.dispatchEvent(new ClientEvent("connect", { connects: this.connectCount }));
+    this.syncAll(abort.signal).then(
+      () => {
+        if (this.gen !== gen || this.ws !== ws) return;
+        this.syncedNow = true;
+        for (const w of [...this.syncWaiters]) w.resolve();
+        this.syncWaiters.clear();
+        this.dispatchEvent(new ClientEvent("synced", this.cursors()));
+      },
+      () => {
+        // the connection was lost or the client closed; the next
+        // connection syncs again
+      },
+    );
+  }
+
+  /** Drops ws at once (it is no longer read) and handles it as lost. */
+  private drop(ws: WebSocketLike, code = 1006): void {
+    ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+    try {
+      const t = (ws as { terminate?: () => void }).terminate;
+      if (code !== 1000 && typeof t === "function") t.call(ws);
+      else ws.close(code === 1006 ? 1000 : code);
+    } catch {
+      // already closed
+    }
+    this.lost(ws, code, "");
+  }
+
+  /** Handles the loss of ws: reconnects in the background unless closed. */
+  private lost(ws: WebSocketLike, code?: number, reason?: string): void {
+    if (this.ws !== ws) return;
+    ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+    this.ws = null;
+    this.syncedNow = false;
+    this.connAbort?.abort(new Error("connection lost"));
+    this.connAbort = null;
+    this.dispatchEvent(new ClientEvent("disconnect", { code: code ?? 1006, reason: reason ?? "" }));
+    if (this.closed) return;
+    if (Date.now() - this.connectedAt >= this.opts.stableAfterMs) this.attempt = 0;
+    void this.reconnect();
+  }
+
+  private async reconnect(): Promise<void> {
+    while (!this.closed) {
+      const wait = backoff(this.attempt, this.opts.baseBackoffMs, this.opts.maxBackoffMs);
+      this.attempt++;
+      if (!(await this.sleep(wait))) return;
+      let ws: WebSocketLike;
+      try {
+        ws = await this.dial();
+      } catch {
+        continue;
+      }
+      this.serve(ws);
+      return;
+    }
+  }
+
+  /**
+   * Drops the current connection so that the next one is dialled with a
+   * token fresh from the provider (the gateway answers unauthorized once
+   * the connection's token has expired).
+   */
+  private redial(): void {
+    if (this.ws) this.drop(this.ws);
+  }
+
+  private write(ws: WebSocketLike, req: WireRequest): void {
+    if (ws.readyState !== OPEN) return; // the loss is noticed; req goes out again on the next connection
+    try {
+      ws.send(JSON.stringify(req));
+    } catch {
+      // as above
+    }
+  }
+
+  private onMessage(data: unknown): void {
+    let text: string;
+    if (typeof data === "string") text = data;
+    else if (data instanceof ArrayBuffer) text = new TextDecoder().decode(data);
+    else if (ArrayBuffer.isView(data)) text = new TextDecoder().decode(data as Uint8Array);
+    else return;
+    for (const part of text.split("\n")) {
+      if (part.length > 0) this.handle(part);
+    }
+  }
+
+  /** Dispatches one server frame. */
+  private handle(raw: string): void {
+    if (this.opts.onFrame) this.opts.onFrame(raw);
+    let f: WireFrame;
+    try {
+      f = JSON.parse(raw) as WireFrame;
+    } catch {
+      return;
+    }
+    if (f === null || typeof f !== "object") return;
+    if (f.op === "event") {
+      this.record([f as WireEvent], true);
+      return;
+    }
+    if (!f.id) return;
+    this.pending.get(f.id)?.resolve(f);
+  }
+
+  /** Adds events to the view; those new to it are delivered when emit is set. */
+  private record(evs: WireEvent[], emit: boolean): void {
+    for (const w of evs) {
+      let m = this.view.get(w.conversation_id);
+      if (!m) {
+        m = new Map();
+        this.view.set(w.conversation_id, m);
+      }
+      if (m.has(w.seq)) continue;
+      const e = eventFromWire(w);
+      m.set(w.seq, e);
+      if (emit) this.deliver(e);
+    }
+  }
+
+  private deliver(e: ChatEvent): void {
+    try {
+      this.opts.onEvent?.({ ...e });
+      this.dispatchEvent(new ClientEvent("event", { ...e }));
+    } catch (err) {
+      // An exception of the app's handler must not stop the frames after
+      // this one: report it as uncaught, outside the client's code.
+      queueMicrotask(() => {
+        throw err;
+      });
+    }
+  }
+
+  // --- requests
+
+  /**
+   * Sends req (its id set here) and waits for the answer, at most
+   * requestTimeoutMs. With resend, a connection lost before the answer sends
+   * req again, same ids, on the next one.
+   */
+  private roundTrip(req: WireRequest, resend: boolean, signal?: AbortSignal): Promise<WireFrame> {
+    return new Promise<WireFrame>((resolve, reject) => {
+      if (this.closed) return reject(closedError(req.op));
+      if (signal?.aborted) return reject(abortReason(signal));
+      const id = "r" + ++this.nextId;
+      const onAbort = () => cl.reject(abortReason(signal!));
+      const finish = () => {
+        this.pending.delete(id);
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      };
+      const cl: Call = {
+        req: { ...req, id },
+        gen: 0,
+        resend,
+        resolve: (f) => {
+          finish();
+          resolve(f);
+        },
+        reject: (err) => {
+          finish();
+          reject(err);
+        },
+      };
+      const timer = setTimeout(
+        () => cl.reject(new ChatpipeError("timeout", req.op, "no answer in time", req.conversation_id)),
+        this.opts.requestTimeoutMs,
+      );
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.pending.set(id, cl);
+      if (this.ws) {
+        cl.gen = this.gen;
+        this.write(this.ws, cl.req);
+      }
+    });
+  }
+
+  /** Waits ms; false if the client closed or signal ended first. */
+  private sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
+    return new Promise<boolean>((resolve) => {
+      if (this.closed || signal?.aborted) return resolve(false);
+      const done = (ok: boolean) => {
+        clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onAbort);
+        signal?.removeEventListener("abort", onAbort);
+        resolve(ok);
+      };
+      const onAbort = () => done(false);
+      const timer = setTimeout(() => done(true), ms);
+      this.closing.signal.addEventListener("abort", onAbort, { once: true });
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  /** The wait before retrying an unavailable or rate_limited answer. */
+  private retryWait(f: WireFrame, attempt: number): number {
+    return Math.max(f.retry_after_ms ?? 0, backoff(Math.min(attempt, 4), this.opts.baseBackoffMs, this.opts.maxBackoffMs));
+  }
+
+  private async waitRetry(f: WireFrame, attempt: number, op: string, signal?: AbortSignal): Promise<void> {
+    if (await this.sleep(this.retryWait(f, attempt), signal)) return;
+    if (this.closed) throw closedError(op);
+    throw abortReason(signal!);
+  }
+
+  /**
+   * The retry loop of every write: the request is sent until it gets an
+   * answer other than unavailable or rate_limited, with the same
+   * client_message_id each time, waiting retry_after_ms (at least a
+   * jittered backoff) between tries.
+   */
+  private async writeCmd(req: WireRequest, signal?: AbortSignal): Promise<Accepted> {
+    let refreshes = 0;
+    for (let attempt = 0; ; attempt++) {
+      let f: WireFrame;
+      try {
+        f = await this.roundTrip(req, true, signal);
+      } catch (err) {
+        if (isTimeout(err)) continue;
+        throw err;
+      }
+      if (f.op === "accepted") {
+        const a: Accepted = { conversationId: f.conversation_id ?? "", seq: f.seq ?? 0, messageId: f.message_id ?? "" };
+        if (f.client_message_id !== undefined) a.clientMessageId = f.client_message_id;
+        return a;
+      }
+      if (f.op !== "rejected") throw new ChatpipeError("protocol", req.op, `answered with ${JSON.stringify(f.op)}`, req.conversation_id);
+      if (f.code === "unauthorized" && refreshes < MAX_REFRESHES) {
+        refreshes++;
+        this.redial();
+        continue;
+      }
+      if (f.code !== "unavailable" && f.code !== "rate_limited") throw rejection(req, f);
+      await this.waitRetry(f, attempt, req.op, signal);
+    }
+  }
+
+  /** Sends a read request (sync, history, conversations) until it gets an answer other than unavailable or rate_limited. */
+  private async read(req: WireRequest, signal?: AbortSignal): Promise<WireFrame> {
+    let refreshes = 0;
+    for (let attempt = 0; ; attempt++) {
+      let f: WireFrame;
+      try {
+        f = await this.roundTrip(req, true, signal);
+      } catch (err) {
+        if (isTimeout(err)) continue;
+        throw err;
+      }
+      if (f.op !== "rejected") return f;
+      if (f.code === "unauthorized" && refreshes < MAX_REFRESHES) {
+        refreshes++;
+        this.redial();
+        continue;
+      }
+      if (f.code !== "unavailable" && f.code !== "rate_limited") throw rejection(req, f);
+      await this.waitRetry(f, attempt, req.op, signal);
+    }
+  }
+
+  private async syncAll(signal?: AbortSignal): Promise<void> {
+    for (;;) {
+      const f = await this.read({ op: "sync", cursors: this.cursors() }, signal);
+      if (f.op !== "synced") throw new ChatpipeError("protocol", "sync", `answered with ${JSON.stringify(f.op)}`);
+      // The sync's event frames came before synced, on the same connection:
+      // everything up to these cursors is in the view.
+      for (const [k, v] of Object.entries(f.cursors ?? {})) {
+        if (v > (this.cursorsSynced[k] ?? 0)) this.cursorsSynced[k] = v;
+      }
+      if (!f.more) return;
+    }
+  }
+}
+
+/** How many times one command answered unauthorized makes the client dial again with a fresh token before it gives up. */
+const MAX_REFRESHES = 2;
+
+function rejection(req: WireRequest, f: WireFrame): ChatpipeError {
+  return new ChatpipeError(
+    (f.code ?? "protocol") as ChatpipeError["code"],
+    req.op,
+    f.message ?? "",
+    req.conversation_id,
+    f.retry_after_ms,
+  );
+}

@@ -1,0 +1,280 @@
+// Tests of the client against a real chatpipe stack. e2e/tsclient_test.go
+// starts `chatpipe dev` (two workers) and runs these with:
+//
+//   CHATPIPE_WS_URL      the gateway's websocket URL
+//   CHATPIPE_JWT_SECRET  the stack's HS256 secret (tokens are minted here)
+//   CHATPIPE_CONTROL_DIR where the worker-kill test writes "kill-worker" and
+//                        waits for "worker-killed" (the Go test kills one of
+//                        the two workers with kill -9 in between)
+//   CHATPIPE_RUN         a suffix that keeps ids apart across runs
+//   CHATPIPE_E2E_REQUIRED=1 makes missing variables a failure, not a skip.
+//
+// Without CHATPIPE_WS_URL they are skipped (npm test on its own runs the
+// fake-gateway tests only).
+
+import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
+import { existsSync, writeFileSync } from "node:fs";
+import net from "node:net";
+import { join } from "node:path";
+import { after, test } from "node:test";
+import WebSocket from "ws";
+
+import { type ChatEvent, Client, type ClientOptions } from "../src/index.js";
+
+const WS = WebSocket; // the `ws` package fits the client's WebSocketConstructor as it is
+const wsURL = process.env.CHATPIPE_WS_URL ?? "";
+const secret = process.env.CHATPIPE_JWT_SECRET ?? "";
+const controlDir = process.env.CHATPIPE_CONTROL_DIR ?? "";
+const run = process.env.CHATPIPE_RUN ?? String(Date.now());
+const required = process.env.CHATPIPE_E2E_REQUIRED === "1";
+
+if (required) {
+  test("the stack's environment is given", () => {
+    assert.ok(wsURL, "CHATPIPE_WS_URL is not set");
+    assert.ok(secret, "CHATPIPE_JWT_SECRET is not set");
+    assert.ok(controlDir, "CHATPIPE_CONTROL_DIR is not set");
+  });
+}
+const skip = wsURL && secret ? false : "CHATPIPE_WS_URL and CHATPIPE_JWT_SECRET not set: no chatpipe stack to test against";
+
+function b64url(s: string | Buffer): string {
+  return Buffer.from(s).toString("base64url");
+}
+
+/** An HS256 JWT for user, as `chatpipe token` mints it. */
+function mint(user: string, ttlSeconds = 3600): string {
+  const now = Math.floor(Date.now() / 1000);
+  const head = b64url(JSON.stringify({ alg: "HS256", typ: "JWT" }));
+  const body = b64url(JSON.stringify({ sub: user, iat: now, exp: now + ttlSeconds }));
+  const sig = createHmac("sha256", secret).update(`${head}.${body}`).digest("base64url");
+  return `${head}.${body}.${sig}`;
+}
+
+const clients: Client[] = [];
+const proxies: Proxy[] = [];
+
+after(async () => {
+  for (const c of clients) await c.close();
+  for (const p of proxies) await p.close();
+});
+
+async function connect(user: string, url = wsURL, opts: ClientOptions = {}): Promise<Client> {
+  const c = await Client.connect(url, () => mint(user), { WebSocket: WS, baseBackoffMs: 50, ...opts });
+  clients.push(c);
+  return c;
+}
+
+function id(name: string): string {
+  return `ts-${name}-${run}`;
+}
+
+async function waitUntil(what: string, cond: () => boolean | Promise<boolean>, ms = 30_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/**
+ * A TCP proxy in front of the gateway that can break connections under a
+ * client: cut closes them, swallow drops what the server sends (answers are
+ * lost, requests still arrive), offline refuses new connections.
+ */
+class Proxy {
+  swallow = false;
+  offline = false;
+  private readonly server: net.Server;
+  private readonly socks = new Set<net.Socket>();
+  private readonly upstream: URL;
+  url = "";
+
+  constructor(target: string) {
+    this.upstream = new URL(target);
+    this.server = net.createServer((down) => {
+      if (this.offline) return void down.destroy();
+      const up = net.connect(Number(this.upstream.port), this.upstream.hostname);
+      this.socks.add(down).add(up);
+      const end = () => {
+        down.destroy();
+        up.destroy();
+        this.socks.delete(down);
+        this.socks.delete(up);
+      };
+      down.on("data", (b) => up.write(b));
+      up.on("data", (b) => {
+        if (!this.swallow) down.write(b);
+      });
+      for (const s of [down, up]) {
+        s.on("error", end);
+        s.on("close", end);
+      }
+    });
+  }
+
+  async start(): Promise<this> {
+    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    const u = new URL(this.upstream);
+    u.host = `127.0.0.1:${(this.server.address() as net.AddressInfo).port}`;
+    this.url = u.toString();
+    proxies.push(this);
+    return this;
+  }
+
+  cut(): void {
+    for (const s of this.socks) s.destroy();
+    this.socks.clear();
+  }
+
+  close(): Promise<void> {
+    this.cut();
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+function bodies(evs: ChatEvent[]): Map<string, number> {
+  const m = new Map<string, number>();
+  for (const e of evs) if (e.kind === "message") m.set(e.body ?? "", (m.get(e.body ?? "") ?? 0) + 1);
+  return m;
+}
+
+function assertContiguous(conv: string, evs: ChatEvent[]): void {
+  evs.forEach((e, i) => assert.equal(e.seq, i + 1, `${conv}: seqs ${evs.map((x) => x.seq).join(",")}`));
+}
+
+test("history right after create returns the events", { skip }, async () => {
+  const alice = await connect(`ts-hist-a-${run}`);
+  const conv = id("hist");
+  const created = await alice.create(conv, [`ts-hist-b-${run}`]);
+  assert.equal(created.seq, 1);
+  const h1 = await alice.history(conv);
+  assert.deepEqual(h1.map((e) => [e.seq, e.kind]), [[1, "create"]]);
+  assert.deepEqual([...(h1[0]!.members ?? [])].sort(), [`ts-hist-a-${run}`, `ts-hist-b-${run}`].sort());
+  const sent = await alice.send(conv, "first");
+  const h2 = await alice.history(conv);
+  assert.deepEqual(h2.map((e) => [e.seq, e.kind, e.body]), [[1, "create", undefined], [sent.seq, "message", "first"]]);
+  assert.equal(h2[1]!.clientMessageId, sent.clientMessageId);
+  const list = await alice.listConversations({ limit: 10 });
+  assert.deepEqual(list.map((c) => [c.conversationId, c.lastSeq]), [[conv, 2]]);
+});
+
+test("a send survives a forced disconnect with exactly one message", { skip }, async () => {
+  const px = await new Proxy(wsURL).start();
+  const [ua, ub] = [`ts-cut-a-${run}`, `ts-cut-b-${run}`];
+  const alice = await connect(ua, px.url);
+  const bob = await connect(ub, wsURL, { batch: true });
+  await bob.waitSynced();
+  const conv = id("cut");
+  await alice.create(conv, [ub]);
+  await alice.history(conv); // read your writes: visible from here on
+
+  px.swallow = true; // answers to alice are lost from here on
+  let settled = false;
+  const sending = alice.send(conv, "through a cut").finally(() => {
+    settled = true;
+  });
+  // bob sees the message: it was committed, and alice has not heard.
+  let seq = 0;
+  await waitUntil("bob to get the message", () => {
+    const e = bob.messages(conv).find((x) => x.body === "through a cut");
+    if (e) seq = e.seq;
+    return e !== undefined;
+  });
+  assert.equal(settled, false, "the send settled while its answers were swallowed");
+  px.swallow = false;
+  px.cut();
+  const accepted = await sending;
+  assert.equal(accepted.seq, seq, "the retry after the reconnect answers the first accepted");
+  assert.ok(alice.connects >= 2, `alice connected ${alice.connects} times`);
+  const hist = await alice.historyAll(conv, { pageSize: 200 });
+  assert.equal(bodies(hist).get("through a cut"), 1);
+  assert.equal(hist.length, 2);
+  assertContiguous(conv, hist);
+  await alice.waitSynced();
+  await waitUntil("alice's view to hold the message", () => alice.messages(conv).length === 2);
+});
+
+test("an offline device converges through sync and duplicates are dropped", { skip }, async () => {
+  const px = await new Proxy(wsURL).start();
+  const [ua, ub] = [`ts-off-a-${run}`, `ts-off-b-${run}`];
+  const alice = await connect(ua);
+  const conv = id("off");
+  const delivered = new Map<number, number>();
+  const framesSeen = new Map<number, number>();
+  const bob = await connect(ub, px.url, {
+    batch: true,
+    onEvent: (e) => {
+      if (e.conversationId === conv) delivered.set(e.seq, (delivered.get(e.seq) ?? 0) + 1);
+    },
+    onFrame: (raw) => {
+      const f = JSON.parse(raw) as { op: string; conversation_id?: string; seq?: number };
+      if (f.op === "event" && f.conversation_id === conv) framesSeen.set(f.seq!, (framesSeen.get(f.seq!) ?? 0) + 1);
+    },
+  });
+  await bob.waitSynced();
+  await alice.create(conv, [ub]);
+  const online = 5;
+  const offline = 30;
+  for (let i = 0; i < online; i++) await alice.send(conv, `m${i}`);
+  await waitUntil("bob to get the pushes", () => bob.messages(conv).length === 1 + online);
+  assert.equal(bob.cursors()[conv] ?? 0, 0, "the cursor moved on pushes alone");
+
+  px.offline = true; // bob goes offline and cannot come back
+  px.cut();
+  for (let i = online; i < online + offline; i++) await alice.send(conv, `m${i}`);
+  assert.equal(bob.messages(conv).length, 1 + online, "bob got events while offline");
+  px.offline = false;
+  const want = 1 + online + offline;
+  await waitUntil("bob to converge", () => bob.cursors()[conv] === want && bob.messages(conv).length === want, 60_000);
+  const view = bob.messages(conv);
+  assertContiguous(conv, view);
+  view.slice(1).forEach((e, i) => assert.equal(e.body, `m${i}`));
+  const hist = await alice.historyAll(conv, { pageSize: 200 });
+  assert.deepEqual(hist.map((e) => e.seq), view.map((e) => e.seq));
+  // The online pushes came again in bob's sync; each was delivered once.
+  let dups = 0;
+  for (let seq = 1; seq <= want; seq++) {
+    assert.equal(delivered.get(seq), 1, `seq ${seq} delivered ${delivered.get(seq) ?? 0} times`);
+    if ((framesSeen.get(seq) ?? 0) > 1) dups++;
+  }
+  assert.ok(dups >= online, `only ${dups} seqs came twice; dedupe was not exercised`);
+  assert.ok(bob.connects >= 2);
+});
+
+test("sends survive a worker kill with exactly one message each", { skip: skip || (controlDir ? false : "CHATPIPE_CONTROL_DIR not set") }, async (t) => {
+  const [ua, ub] = [`ts-kill-a-${run}`, `ts-kill-b-${run}`];
+  const alice = await connect(ua);
+  const convs = Array.from({ length: 4 }, (_, i) => id(`kill-${i}`));
+  for (const c of convs) await alice.create(c, [ub]);
+  const perConv = 25;
+  let sent = 0;
+  let slowest = 0;
+  const loops = convs.map(async (c) => {
+    for (let j = 0; j < perConv; j++) {
+      const start = Date.now();
+      await alice.send(c, `b${j}`);
+      slowest = Math.max(slowest, Date.now() - start);
+      sent++;
+    }
+  });
+  await waitUntil("sends to flow", () => sent >= convs.length * 3);
+  const killedAt = sent;
+  writeFileSync(join(controlDir, "kill-worker"), `${sent}\n`);
+  await waitUntil("the worker to be killed", () => existsSync(join(controlDir, "worker-killed")), 30_000);
+  const afterKill = sent;
+  await Promise.all(loops);
+  assert.ok(afterKill < convs.length * perConv, `every send finished before the kill (asked after ${killedAt})`);
+  t.diagnostic(`kill asked after ${killedAt} sends, done after ${afterKill} of ${convs.length * perConv}; slowest send ${slowest} ms`);
+  for (const c of convs) {
+    let hist: ChatEvent[] = [];
+    await waitUntil(`${c} in history`, async () => {
+      hist = await alice.historyAll(c, { pageSize: 200 });
+      return hist.length >= 1 + perConv;
+    });
+    const b = bodies(hist);
+    for (let j = 0; j < perConv; j++) assert.equal(b.get(`b${j}`), 1, `${c}: b${j} stored ${b.get(`b${j}`) ?? 0} times`);
+    assert.equal(hist.length, 1 + perConv);
+    assertContiguous(c, hist);
+  }
+});
