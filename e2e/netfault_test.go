@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// Network faults between roles (fault-test catalogue item 10): a toxiproxy
+// proxy in this process sits on one link — gateway→worker, the roles'
+// links to the broker, persist→Postgres — and, under load, the link gets
+// latency, then a black hole (data dropped, connections left open) for
+// longer than the timeout that guards it, then heals. After the heal the
+// load must go on and the world check must hold.
+
+const (
+	netLatencyMS    = 100 // ± netJitterMS, each way
+	netJitterMS     = 50
+	netLatencyFor   = 4 * time.Second
+	netRecoverBound = 60 * time.Second // from the heal to 300 more sends accepted
+)
+
+// withLatency adds latency to np for netLatencyFor under load, which must
+// keep being accepted meanwhile.
+func withLatency(t *testing.T, load *loadGen, np *netProxy) {
+	t.Helper()
+	n := load.count()
+	np.latency(netLatencyMS, netJitterMS)
+	time.Sleep(netLatencyFor)
+	got := load.count() - n
+	np.heal()
+	t.Logf("%s: %d±%d ms latency each way for %v: %d sends accepted meanwhile", np.p.Name, netLatencyMS, netJitterMS, netLatencyFor, got)
+	if got == 0 {
+		t.Errorf("%s: no send accepted during %v of %d ms latency", np.p.Name, netLatencyFor, netLatencyMS)
+	}
+}
+
+// blackholeThenHeal black-holes the given streams of np for hole under
+// load, heals the link and waits for the load to go on (300 more sends
+// within netRecoverBound) and for Postgres to hold at least as many
+// messages as had been accepted at the heal. It logs the figures and
+// returns when the black hole began and when it was healed.
+func blackholeThenHeal(t *testing.T, dev *devProc, load *loadGen, np *netProxy, hole time.Duration, streams ...string) (began, healed time.Time) {
+	t.Helper()
+	what := np.p.Name + " black-holed (" + strings.Join(streams, "+") + ")"
+	n := load.count()
+	np.blackhole(streams...)
+	began = time.Now()
+	time.Sleep(hole)
+	during := load.count() - n
+	np.heal()
+	healed = time.Now()
+	n = load.count()
+	waitFor(t, netRecoverBound, "a send accepted after the heal of "+what, func() bool { return load.count() > n })
+	first := time.Since(healed)
+	waitFor(t, netRecoverBound, "300 sends accepted after the heal of "+what, func() bool { return load.count() > n+300 })
+	resumed := time.Since(healed)
+	waitFor(t, netRecoverBound, "Postgres to hold what was accepted before the heal of "+what, func() bool { return dbMessages(t, dev.ep) >= n })
+	caughtUp := time.Since(healed)
+	t.Logf("%s for %v: %d sends accepted meanwhile; after the heal: first send accepted within %v, 300 more within %v, Postgres held everything accepted before the heal within %v",
+		what, hole, during, first.Round(time.Millisecond), resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
+	return began, healed
+}
+
+// logsOnFailure logs the tails of the named processes' logs in dir if t
+// failed.
+func logsOnFailure(t *testing.T, dir string, names ...string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, n := range names {
+			t.Logf("%s.log:\n%s", n, tail(filepath.Join(dir, n+".log")))
+		}
+	})
+}
+
+// dbMessages counts the messages in Postgres.
+func dbMessages(t *testing.T, ep endpoints) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, ep.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = $1`, logrecord.KindMessage).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// gatewayWorkerLink starts a stack whose one worker is reached by the
+// gateway only through a proxy: the worker advertises the proxy's address.
+// The gateway pings each link every 500 ms and closes one on which nothing
+// was read for 3 s (--wire-read-timeout; 15 s by default).
+func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
+	listen := freePort(t)
+	np := startNetProxy(t, "gateway→worker", "127.0.0.1:"+strconv.Itoa(listen))
+	dev := startDev(t, t.TempDir(), "--workers", "0", "--wire-ping", "500ms", "--wire-read-timeout", "3s", "--call-timeout", "10s")
+	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--id", "wa", "--log-level", "warn",
+		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", np.addr())
+	logsOnFailure(t, dev.dir, "dev", "wa")
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	return dev, np
+}
+
+// TestNetworkFaultsGatewayWorker: latency, then a black hole twice the
+// gateway's read timeout, on the only gateway→worker link.
+func TestNetworkFaultsGatewayWorker(t *testing.T) {
+	dev, np := gatewayWorkerLink(t)
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	withLatency(t, load, np)
+	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream", "downstream")
+	accepted := load.finish()
+	t.Logf("%d sends accepted", len(accepted))
+	checkWorld(t, dev.ep, accepted)
+}
+
+// TestNetworkFaultsGatewayWorkerHalfOpen: the gateway→worker link goes
+// half-open, one direction at a time, for twice the read timeout. With
+// the answers stopped the worker still commits what it is sent, and the
+// answers are lost: the clients' retries (same client_message_id) must be
+// told the seq already committed and nothing may be doubled.
+func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
+	dev, np := gatewayWorkerLink(t)
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	began, healed := blackholeThenHeal(t, dev, load, np, 6*time.Second, "downstream") // answers and pongs stop
+	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream")                    // requests and pings stop
+	accepted := load.finish()
+	// Sends committed while the answers were stopped: their answers were
+	// dropped (the heal closes those connections), so the clients were told
+	// only on a retry.
+	byID := map[string]acceptedMsg{}
+	for _, a := range accepted {
+		byID[a.MessageID] = a
+	}
+	retried := 0
+	eachLogEvent(t, dev.ep, func(r *kgo.Record, e *logrecord.Event) {
+		if a, ok := byID[e.MessageID]; ok && e.Kind == logrecord.KindMessage && r.Timestamp.After(began) && r.Timestamp.Before(healed) && a.AcceptedAt.After(healed) {
+			retried++
+		}
+	})
+	t.Logf("%d sends accepted; %d were committed while the answers were stopped and accepted on a retry", len(accepted), retried)
+	if retried == 0 {
+		t.Error("no send was committed while the answers were stopped: the half-open case lost no answer")
+	}
+	checkWorld(t, dev.ep, accepted)
+}
+
+// advertisedListener is a broker's listener that tells clients to dial
+// another address (the proxy's) in the metadata it serves.
+type advertisedListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (l advertisedListener) Addr() net.Addr { return l.addr }
+
+// TestNetworkFaultsBroker: latency, then a black hole longer than the
+// worker's commit timeout (10 s, the shard writers' per-transaction bound)
+// and the consumers' group session timeout (10 s), on the links to the
+// broker. The broker runs in this process and advertises the proxy, so
+// every Kafka connection — the worker's producers, persist's and
+// projection's consumers — goes through it (Kafka clients dial the address
+// in the metadata, not the bootstrap one).
+func TestNetworkFaultsBroker(t *testing.T) {
+	dir := t.TempDir()
+	port := freePort(t)
+	np := startNetProxy(t, "roles→broker", "127.0.0.1:"+strconv.Itoa(port))
+	proxyAddr, err := net.ResolveTCPAddr("tcp", np.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := devstack.StartKafka(filepath.Join(dir, "broker"), port, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			ln, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			return advertisedListener{ln, proxyAddr}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := devstack.EnsureTopic(ctx, []string{np.addr()}, logrecord.DefaultTopic, 8); err != nil {
+		t.Fatal(err)
+	}
+	dev := startDev(t, dir, "--kafka", np.addr())
+	logsOnFailure(t, dir, "dev")
+	load := startLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	withLatency(t, load, np)
+	blackholeThenHeal(t, dev, load, np, 12*time.Second, "upstream", "downstream")
+	accepted := load.finish()
+	t.Logf("%d sends accepted", len(accepted))
+	checkWorld(t, dev.ep, accepted)
+}
+
+// TestNetworkFaultsPersistPostgres: latency, then a black hole, on the link
+// from persist (its own process) to Postgres. Accepting does not wait for
+// persist, so the load goes on throughout; Postgres must catch up after
+// the heal, with every event once. Persist has no statement timeout: it
+// waits on the black-holed connection until the heal closes it, then
+// retries the batch. The backlog then reaches the gateway's delivery feed
+// at once and overflows the devices' send buffers (1024 frames), so the
+// gateway closes them ("reconnect and sync"): this load reconnects.
+func TestNetworkFaultsPersistPostgres(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--persist=false")
+	upstream := pgHostPort(t, dev.ep.Postgres)
+	np := startNetProxy(t, "persist→postgres", upstream)
+	startProc(t, dev.dir, "persist", nil, "persist", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+		"--database-url", strings.Replace(dev.ep.Postgres, upstream, np.addr(), 1), "--log-level", "warn")
+	logsOnFailure(t, dev.dir, "dev", "persist")
+	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
+	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	waitFor(t, 60*time.Second, "persist to write", func() bool { return dbMessages(t, dev.ep) > 0 })
+	withLatency(t, load, np)
+	blackholeThenHeal(t, dev, load, np, 10*time.Second, "upstream", "downstream")
+	accepted := load.finish()
+	t.Logf("%d sends accepted; devices reconnected %d times (closed as slow readers when the backlog was delivered)", len(accepted), reconnects.Load())
+	checkWorld(t, dev.ep, accepted)
+}

@@ -1,0 +1,179 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// toxiServer is the in-process toxiproxy server the network-fault proxies
+// belong to (no HTTP API is started; toxics are set directly).
+var (
+	toxiOnce   sync.Once
+	toxiServer *toxiproxy.ApiServer
+)
+
+// netProxy is a toxiproxy TCP proxy in this process, in front of one role
+// or backing service. Toxics apply to the connections it carries now and
+// to those opened later, until removed.
+type netProxy struct {
+	t *testing.T
+	p *toxiproxy.Proxy
+}
+
+// startNetProxy listens on a free port of 127.0.0.1 and forwards each
+// connection to upstream.
+func startNetProxy(t *testing.T, name, upstream string) *netProxy {
+	t.Helper()
+	toxiOnce.Do(func() {
+		toxiServer = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	})
+	p := toxiproxy.NewProxy(toxiServer, name, "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("start proxy %s: %v", name, err)
+	}
+	t.Cleanup(p.Stop)
+	return &netProxy{t: t, p: p}
+}
+
+// addr is the proxy's listen address.
+func (np *netProxy) addr() string { return np.p.Listen }
+
+// toxic adds a toxic: typ is a toxiproxy toxic type (latency, timeout,
+// reset_peer, limit_data, bandwidth, slicer, ...), stream "upstream"
+// (client to server) or "downstream" (server to client).
+func (np *netProxy) toxic(name, typ, stream string, attrs map[string]any) {
+	np.t.Helper()
+	b, _ := json.Marshal(map[string]any{"name": name, "type": typ, "stream": stream, "toxicity": 1.0, "attributes": attrs})
+	if _, err := np.p.Toxics.AddToxicJson(strings.NewReader(string(b))); err != nil {
+		np.t.Fatalf("proxy %s: add toxic %s: %v", np.p.Name, name, err)
+	}
+}
+
+// latency delays each chunk of data by ms ± jitter milliseconds, both ways.
+func (np *netProxy) latency(ms, jitter int) {
+	for _, s := range []string{"upstream", "downstream"} {
+		np.toxic("latency_"+s, "latency", s, map[string]any{"latency": ms, "jitter": jitter})
+	}
+}
+
+// blackhole stops data in the given streams: it is read and dropped, and
+// the connections stay open (a timeout toxic with no timeout). With one
+// stream only the link is half-open.
+func (np *netProxy) blackhole(streams ...string) {
+	for _, s := range streams {
+		np.toxic("blackhole_"+s, "timeout", s, map[string]any{"timeout": 0})
+	}
+}
+
+// heal removes every toxic. Removing a timeout toxic closes the
+// connections it held (their data was dropped, so they are unusable);
+// connections opened afterwards pass untouched.
+func (np *netProxy) heal() {
+	np.p.Toxics.ResetToxics(context.Background())
+}
+
+// pgHostPort is the host:port of a postgres:// URL, for a proxy upstream.
+func pgHostPort(t *testing.T, rawURL string) string {
+	t.Helper()
+	rest, ok := strings.CutPrefix(rawURL, "postgres://")
+	if !ok {
+		t.Fatalf("not a postgres URL: %s", rawURL)
+	}
+	if i := strings.IndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		rest = rest[:i]
+	}
+	if _, _, err := net.SplitHostPort(rest); err != nil {
+		t.Fatalf("postgres URL %s: %v", rawURL, err)
+	}
+	return rest
+}
+
+// dialErr is devProc.dial returning an error instead of failing the test
+// (for load goroutines that reconnect).
+func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, p.ep.WebSocket+"?token="+p.token(t, user), nil)
+	if err != nil {
+		return nil, err
+	}
+	c.SetReadLimit(1 << 20)
+	cl := &client{t: t, user: user, c: c, waiters: map[string]chan *protocol.Reply{}, closed: make(chan struct{})}
+	go cl.readLoop()
+	t.Cleanup(cl.close)
+	return cl, nil
+}
+
+// startReconnectingLoad is startLoad for faults after which the gateway
+// closes devices on purpose (a slow reader's send buffer overflowed:
+// "reconnect and sync"): a user whose connection closes reconnects and
+// sends the same client_message_id again, as a client should, so an
+// answer lost with the connection is not a lost send. It returns the load
+// and the number of reconnects.
+func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadGen, *atomic.Int64) {
+	t.Helper()
+	l := &loadGen{t: t, stop: make(chan struct{})}
+	reconnects := new(atomic.Int64)
+	owner := dev.dial(t, "lu0")
+	var members []string
+	for u := 1; u < users; u++ {
+		members = append(members, fmt.Sprintf("lu%d", u))
+	}
+	for c := 0; c < convs; c++ {
+		owner.must(map[string]any{"op": "create", "conversation_id": fmt.Sprintf("lc%d", c), "members": members})
+	}
+	for u := 0; u < users; u++ {
+		user := fmt.Sprintf("lu%d", u)
+		cl := dev.dial(t, user)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
+				sent := time.Now()
+				var r *protocol.Reply
+				var err error
+				for start := time.Now(); ; {
+					if r, err = cl.sendRetrying(conv, cmid, "load"); err == nil || time.Since(start) > time.Minute {
+						break
+					}
+					// the connection closed: reconnect and send again
+					time.Sleep(100 * time.Millisecond)
+					if c, derr := dev.dialErr(t, user); derr == nil {
+						cl = c
+						reconnects.Add(1)
+					}
+				}
+				if err != nil || r.Op != protocol.OpAccepted {
+					t.Errorf("load send %s: %+v %v", cmid, r, err)
+					return
+				}
+				l.mu.Lock()
+				l.accepted = append(l.accepted, acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l, reconnects
+}
