@@ -60,7 +60,7 @@ func TestInitAndConfig(t *testing.T) {
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
 		metric(t, base0+"/metrics", m) // fails the test if unreadable
 	}
-	// after some traffic: commit latency, persist batches and lag, rejections by code
+	// after some traffic: commit and command latency, persist batches and lag, answers by op, result and code
 	cl0 := dev.dial(t, "metrics")
 	cl0.must(map[string]any{"op": "create", "conversation_id": "mc", "members": []string{}})
 	cl0.do(map[string]any{"op": "send", "conversation_id": "nope", "client_message_id": "x", "body": "x"})
@@ -76,13 +76,18 @@ func TestInitAndConfig(t *testing.T) {
 		return string(b)
 	}()
 	for _, m := range []string{"chatpipe_worker_commit_seconds_count", "chatpipe_persist_batch_records_count", "chatpipe_persist_batch_seconds_count",
-		`chatpipe_persist_lag_records{partition=`, `chatpipe_gateway_rejected_by_code_total{code="forbidden"}`, "chatpipe_worker_takeover_seconds_count"} {
+		`chatpipe_persist_lag_records{partition=`, `chatpipe_gateway_commands_total{code="forbidden",op="send",result="rejected"}`,
+		`chatpipe_gateway_commands_total{code="",op="create",result="accepted"}`, `chatpipe_gateway_command_seconds_count{op="send"}`,
+		"chatpipe_worker_takeover_seconds_count", `chatpipe_build_info{go_version="go`} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
 	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.VShards) {
 		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.VShards)
+	}
+	if n := metric(t, base0+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
+		t.Errorf("the gateway sees %v vshards without a live owner, want 0", n)
 	}
 
 	// admin shards: every vshard owned by a live worker of dev

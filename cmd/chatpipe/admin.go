@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,12 +16,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// newRegistry returns a registry with the Go and process collectors and cs.
+// newRegistry returns a registry with the Go and process collectors,
+// chatpipe_build_info and cs.
 func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	reg.MustRegister(cs...)
 	return reg
+}
+
+// buildInfo is the gauge chatpipe_build_info{version,go_version} 1.
+func buildInfo() prometheus.Collector {
+	v, goVersion := buildVersion()
+	if goVersion == "" {
+		goVersion = runtime.Version()
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "chatpipe_build_info",
+		Help:        "Always 1; the labels are the binary's version (with its VCS revision when known) and Go version.",
+		ConstLabels: prometheus.Labels{"version": v, "go_version": goVersion}})
+	g.Set(1)
+	return g
 }
 
 // adminServer serves /metrics, /healthz, /readyz and the Go profiler
