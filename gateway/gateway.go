@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,7 +209,7 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
+	g := &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_commands_total",
 			Help: "Frames answered, by op (invalid: the frame could not be decoded), result (accepted, rejected, unavailable) and rejection code (empty when accepted)."},
 			[]string{"op", "result", "code"}),
@@ -216,8 +217,19 @@ func New(cfg Config) (*Gateway, error) {
 			Help:    "Time from reading a frame to queueing its answer for the connection's writer, by op.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
 			[]string{"op"}),
-		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}
+	// Every op's series exist from the start, at 0, so that rates and
+	// quantiles have them before the first command.
+	for _, op := range ops {
+		g.commands.WithLabelValues(op, resultAccepted, "")
+		g.latency.WithLabelValues(op)
+	}
+	return g, nil
 }
+
+// ops are the op label's values (opLabel).
+var ops = []string{protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend,
+	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, "invalid"}
 
 // Results of chatpipe_gateway_commands_total.
 const (
@@ -229,12 +241,7 @@ const (
 // opLabel is the op label of a frame: its op when the frame decoded to a
 // known one, else "invalid" (a client cannot add label values).
 func opLabel(req *protocol.Request) string {
-	if req == nil {
-		return "invalid"
-	}
-	switch req.Op {
-	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend,
-		protocol.OpSync, protocol.OpHistory, protocol.OpConversations:
+	if req != nil && slices.Contains(ops[:len(ops)-1], req.Op) {
 		return req.Op
 	}
 	return "invalid"

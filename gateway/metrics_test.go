@@ -14,8 +14,8 @@ import (
 )
 
 // gathered returns the series of family name in reg, by their labels
-// ("op=send,result=accepted,code=" in label order), with each series'
-// value (a histogram's: its count).
+// ("code=,op=send,result=accepted"), with each series' value (a
+// histogram's: its count) when it is not 0.
 func gathered(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
 	t.Helper()
 	fams, err := reg.Gather()
@@ -35,7 +35,9 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) map[string]fl
 				}
 				key += l.GetName() + "=" + l.GetValue()
 			}
-			out[key] = value(m)
+			if v := value(m); v != 0 {
+				out[key] = v
+			}
 		}
 	}
 	return out
