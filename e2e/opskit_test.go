@@ -344,14 +344,28 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 		}
 	}
 
-	// Every long-running service has a healthcheck, except chatpipe's
-	// distroless image, which has nothing to run one with.
+	// Every long-running service has a healthcheck. chatpipe's image is
+	// distroless: its roles run `chatpipe probe` of the /readyz on their
+	// own --admin port.
 	var missing []string
 	for name, s := range c.Services {
-		if s.Healthcheck != nil || name == "topic" || name == "init" || s.Image == "chatpipe:local" {
+		if name == "topic" || name == "init" {
 			continue
 		}
-		missing = append(missing, name)
+		if s.Healthcheck == nil {
+			missing = append(missing, name)
+			continue
+		}
+		if s.Image != "chatpipe:local" {
+			continue
+		}
+		admin, _ := flagValue(s.Command, "admin")
+		want := []string{"CMD", "/usr/local/bin/chatpipe", "probe"}
+		url := "http://127.0.0.1:" + admin[strings.LastIndex(admin, ":")+1:] + "/readyz"
+		test := s.Healthcheck.Test
+		if len(test) < len(want)+1 || strings.Join(test[:len(want)], " ") != strings.Join(want, " ") || test[len(test)-1] != url {
+			t.Errorf("compose service %s: healthcheck %q, want [%s … %s]", name, test, strings.Join(want, " "), url)
+		}
 	}
 	sort.Strings(missing)
 	if len(missing) > 0 {
