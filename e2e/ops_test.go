@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -172,5 +174,51 @@ func TestInitAndConfig(t *testing.T) {
 	}
 	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "65", "--partitions", "8"); err == nil || !strings.Contains(out, "etcd holds vshards=64") {
 		t.Errorf("check-config with a wrong shape: %v\n%s", err, out)
+	}
+}
+
+// TestOpsPageOnTheAdminAddress: `chatpipe gateway` serves the pipeline page
+// (/ops, /ops/state) on its --admin address and not on its public one,
+// which keeps the websocket, the chat page, /healthz and /readyz;
+// --ops-public puts the page back on the public address. `chatpipe dev`
+// serves it on both.
+func TestOpsPageOnTheAdminAddress(t *testing.T) {
+	dev := startDev(t, t.TempDir())
+	gateway := func(name string, args ...string) (public, admin string) {
+		port, adminPort := freePort(t), freePort(t)
+		startProc(t, dev.dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+			"--data-dir", dev.dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--admin", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, args...)...)
+		waitFor(t, 60*time.Second, name+" to listen", func() bool { return dialable(port) && dialable(adminPort) })
+		return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	}
+	public, admin := gateway("gateway-ops")
+	onPublic, _ := gateway("gateway-ops-public", "--ops-public")
+	for _, c := range []struct {
+		base, path string
+		want       int
+	}{
+		{public, "/", http.StatusOK},
+		{public, "/healthz", http.StatusOK},
+		{public, "/readyz", http.StatusOK},
+		{public, "/ops", http.StatusNotFound},
+		{public, "/ops/state", http.StatusNotFound},
+		{public, "/debug/pprof/", http.StatusNotFound},
+		{admin, "/ops", http.StatusOK},
+		{admin, "/ops/state", http.StatusOK},
+		{admin, "/web/ops.js", http.StatusOK},
+		{admin, "/metrics", http.StatusOK},
+		{onPublic, "/ops", http.StatusOK},
+		{onPublic, "/ops/state", http.StatusOK},
+		{dev.ep.HTTP, "/ops/state", http.StatusOK},
+		{dev.ep.Admin, "/ops/state", http.StatusOK},
+	} {
+		resp, err := http.Get(c.base + c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s%s: %d, want %d", c.base, c.path, resp.StatusCode, c.want)
+		}
 	}
 }

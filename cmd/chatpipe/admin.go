@@ -62,9 +62,13 @@ func listenAdmin(addr string) (net.Listener, error) {
 // serveAdmin serves reg on /metrics, "ok" on /healthz and, on /readyz, 503
 // with ready's error, else 200 "ready" — or 200 "ready, degraded: …" when
 // degraded (may be nil) describes something an operator must look at that
-// does not stop the role from working (a consumer's dead letters).
-func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, degraded func(context.Context) string, log *slog.Logger) *adminServer {
+// does not stop the role from working (a consumer's dead letters). mounts
+// add more routes (the gateway's pipeline page).
+func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, degraded func(context.Context) string, log *slog.Logger, mounts ...func(*http.ServeMux)) *adminServer {
 	mux := http.NewServeMux()
+	for _, m := range mounts {
+		m(mux)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
