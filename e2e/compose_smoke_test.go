@@ -201,6 +201,23 @@ func TestComposeSmoke(t *testing.T) {
 	})
 	t.Logf("stack ready: %d vshards owned by %d workers, gateway %s", int(owned), len(workerMetrics), gatewayWS)
 
+	// Each role's Docker healthcheck, run as the container would: the
+	// image's binary with the service's environment, 127.0.0.1 being the
+	// instance itself.
+	for _, name := range chatpipes {
+		svc := c.Services[name]
+		if svc.Healthcheck == nil || len(svc.Healthcheck.Test) < 3 || svc.Healthcheck.Test[0] != "CMD" || svc.Healthcheck.Test[1] != "/usr/local/bin/chatpipe" {
+			t.Errorf("%s: healthcheck %+v does not run the image's chatpipe", name, svc.Healthcheck)
+			continue
+		}
+		for r := 0; r < svc.replicas(); r++ {
+			inst := s.instance(name, r)
+			if out, err := s.runToCompletion(inst+"-healthcheck", s.rewriteAll(inst, svc.Healthcheck.Test[2:], nil), s.env(inst, svc.Environment), 30*time.Second); err != nil {
+				t.Errorf("%s: healthcheck %q: %v\n%s", inst, svc.Healthcheck.Test, err, out)
+			}
+		}
+	}
+
 	// The write-path check, through the gateway with the deployment's
 	// secret, against the deployment's Kafka and Postgres.
 	env := s.env("init", initSvc.Environment)

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,7 +62,7 @@ func TestInitAndConfig(t *testing.T) {
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
 		metric(t, base0+"/metrics", m) // fails the test if unreadable
 	}
-	// after some traffic: commit latency, persist batches and lag, rejections by code
+	// after some traffic: commit and command latency, persist batches and lag, answers by op, result and code
 	cl0 := dev.dial(t, "metrics")
 	cl0.must(map[string]any{"op": "create", "conversation_id": "mc", "members": []string{}})
 	cl0.do(map[string]any{"op": "send", "conversation_id": "nope", "client_message_id": "x", "body": "x"})
@@ -76,13 +78,18 @@ func TestInitAndConfig(t *testing.T) {
 		return string(b)
 	}()
 	for _, m := range []string{"chatpipe_worker_commit_seconds_count", "chatpipe_persist_batch_records_count", "chatpipe_persist_batch_seconds_count",
-		`chatpipe_persist_lag_records{partition=`, `chatpipe_gateway_rejected_by_code_total{code="forbidden"}`, "chatpipe_worker_takeover_seconds_count"} {
+		`chatpipe_persist_lag_records{partition=`, `chatpipe_gateway_commands_total{code="forbidden",op="send",result="rejected"}`,
+		`chatpipe_gateway_commands_total{code="",op="create",result="accepted"}`, `chatpipe_gateway_command_seconds_count{op="send"}`,
+		"chatpipe_worker_takeover_seconds_count", `chatpipe_build_info{go_version="go`} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
 	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.VShards) {
 		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.VShards)
+	}
+	if n := metric(t, base0+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
+		t.Errorf("the gateway sees %v vshards without a live owner, want 0", n)
 	}
 
 	// admin shards: every vshard owned by a live worker of dev
@@ -167,5 +174,51 @@ func TestInitAndConfig(t *testing.T) {
 	}
 	if out, err := run("admin", "check-config", "--endpoints", ep, "--vshards", "65", "--partitions", "8"); err == nil || !strings.Contains(out, "etcd holds vshards=64") {
 		t.Errorf("check-config with a wrong shape: %v\n%s", err, out)
+	}
+}
+
+// TestOpsPageOnTheAdminAddress: `chatpipe gateway` serves the pipeline page
+// (/ops, /ops/state) on its --admin address and not on its public one,
+// which keeps the websocket, the chat page, /healthz and /readyz;
+// --ops-public puts the page back on the public address. `chatpipe dev`
+// serves it on both.
+func TestOpsPageOnTheAdminAddress(t *testing.T) {
+	dev := startDev(t, t.TempDir())
+	gateway := func(name string, args ...string) (public, admin string) {
+		port, adminPort := freePort(t), freePort(t)
+		startProc(t, dev.dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+			"--data-dir", dev.dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--admin", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, args...)...)
+		waitFor(t, 60*time.Second, name+" to listen", func() bool { return dialable(port) && dialable(adminPort) })
+		return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	}
+	public, admin := gateway("gateway-ops")
+	onPublic, _ := gateway("gateway-ops-public", "--ops-public")
+	for _, c := range []struct {
+		base, path string
+		want       int
+	}{
+		{public, "/", http.StatusOK},
+		{public, "/healthz", http.StatusOK},
+		{public, "/readyz", http.StatusOK},
+		{public, "/ops", http.StatusNotFound},
+		{public, "/ops/state", http.StatusNotFound},
+		{public, "/debug/pprof/", http.StatusNotFound},
+		{admin, "/ops", http.StatusOK},
+		{admin, "/ops/state", http.StatusOK},
+		{admin, "/web/ops.js", http.StatusOK},
+		{admin, "/metrics", http.StatusOK},
+		{onPublic, "/ops", http.StatusOK},
+		{onPublic, "/ops/state", http.StatusOK},
+		{dev.ep.HTTP, "/ops/state", http.StatusOK},
+		{dev.ep.Admin, "/ops/state", http.StatusOK},
+	} {
+		resp, err := http.Get(c.base + c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s%s: %d, want %d", c.base, c.path, resp.StatusCode, c.want)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,12 +188,11 @@ type Gateway struct {
 	cfg      Config
 	stats    Stats
 	users    *users
-	rejected *prometheus.CounterVec
+	commands *prometheus.CounterVec   // chatpipe_gateway_commands_total{op,result,code}
+	latency  *prometheus.HistogramVec // chatpipe_gateway_command_seconds{op}
 
 	slowClosed  atomic.Int64 // connections closed with 1008 for a full send buffer
 	rywTimeouts atomic.Int64 // reads answered unavailable: the read model lacked the session's write
-	syncs       atomic.Int64
-	histories   atomic.Int64
 
 	pmu  sync.Mutex
 	pool map[string]Link
@@ -209,10 +209,81 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_rejected_by_code_total",
-			Help: "Commands and frames answered rejected, by code."}, []string{"code"}),
-		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}, nil
+	g := &Gateway{cfg: cfg, users: newUsers(cfg.UserRate, cfg.UserBurst, cfg.MaxConnsPerUser),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chatpipe_gateway_commands_total",
+			Help: "Frames answered, by op (invalid: the frame could not be decoded), result (accepted, rejected, unavailable) and rejection code (empty when accepted)."},
+			[]string{"op", "result", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "chatpipe_gateway_command_seconds",
+			Help:    "Time from reading a frame to queueing its answer for the connection's writer, by op.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
+			[]string{"op"}),
+		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}
+	// Every op's series exist from the start, at 0, so that rates and
+	// quantiles have them before the first command.
+	for _, op := range ops {
+		g.commands.WithLabelValues(op, resultAccepted, "")
+		g.latency.WithLabelValues(op)
+	}
+	return g, nil
+}
+
+// ops are the op label's values (opLabel).
+var ops = []string{protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend,
+	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, "invalid"}
+
+// Results of chatpipe_gateway_commands_total.
+const (
+	resultAccepted    = "accepted"
+	resultRejected    = "rejected"
+	resultUnavailable = "unavailable"
+)
+
+// opLabel is the op label of a frame: its op when the frame decoded to a
+// known one, else "invalid" (a client cannot add label values).
+func opLabel(req *protocol.Request) string {
+	if req != nil && slices.Contains(ops[:len(ops)-1], req.Op) {
+		return req.Op
+	}
+	return "invalid"
+}
+
+// count counts a frame's answer in chatpipe_gateway_commands_total; code
+// is the rejection code ("" when accepted).
+func (g *Gateway) count(op string, code protocol.Code) {
+	result := resultAccepted
+	switch {
+	case code == protocol.CodeUnavailable:
+		result = resultUnavailable
+	case code != "":
+		result = resultRejected
+	}
+	g.commands.WithLabelValues(op, result, string(code)).Inc()
+}
+
+// observe records the time since start, when a frame of op was read, in
+// chatpipe_gateway_command_seconds.
+func (g *Gateway) observe(op string, start time.Time) {
+	g.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+// replyCode is a reply's rejection code, "" when it was accepted.
+func replyCode(rep *protocol.Reply) protocol.Code {
+	if rep.Op == protocol.OpAccepted {
+		return ""
+	}
+	return rep.Code
+}
+
+// Unowned returns how many vshards have no live owner in the gateway's
+// view: commands for them wait, then answer unavailable.
+func (g *Gateway) Unowned() int {
+	n := 0
+	for s := 0; s < g.cfg.VShards; s++ {
+		if _, _, ok := g.cfg.Owners.Route(s); !ok {
+			n++
+		}
+	}
+	return n
 }
 
 // Stats returns the counters.
@@ -226,15 +297,13 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_gateway_connections", Help: "Open websocket connections."},
 			func() float64 { return float64(g.stats.Connections.Load()) }),
-		counter("chatpipe_gateway_accepted_total", "Commands answered accepted.", &g.stats.Accepted),
-		counter("chatpipe_gateway_rejected_total", "Commands and frames answered rejected (but unavailable).", &g.stats.Rejected),
-		counter("chatpipe_gateway_unavailable_total", "Commands answered unavailable.", &g.stats.Unavailable),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_gateway_unowned_vshards", Help: "Vshards without a live owner in this gateway's view of etcd."},
+			func() float64 { return float64(g.Unowned()) }),
 		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
 		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer was full.", &g.slowClosed),
 		counter("chatpipe_gateway_read_your_writes_timeouts_total", "Reads answered unavailable because the read model did not include the session's own write in time.", &g.rywTimeouts),
-		counter("chatpipe_gateway_syncs_total", "sync requests served.", &g.syncs),
-		counter("chatpipe_gateway_histories_total", "history requests served.", &g.histories),
-		g.rejected,
+		g.commands,
+		g.latency,
 	}
 }
 
@@ -467,6 +536,7 @@ func (s *session) run(parent context.Context) {
 		if err != nil {
 			return
 		}
+		start := time.Now()
 		var (
 			req  *protocol.Request
 			id   string
@@ -479,8 +549,10 @@ func (s *session) run(parent context.Context) {
 		}
 		if perr != nil {
 			s.g.stats.Rejected.Add(1)
-			s.g.rejected.WithLabelValues(string(perr.Code)).Inc()
+			op := opLabel(req)
+			s.g.count(op, perr.Code)
 			s.send(protocol.Rejected(id, perr))
+			s.g.observe(op, start)
 			continue
 		}
 		select {
@@ -492,17 +564,28 @@ func (s *session) run(parent context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-s.sem }()
+			op := opLabel(req)
+			var (
+				code     protocol.Code
+				answered bool
+			)
 			switch req.Op {
 			case protocol.OpSync:
-				s.sync(ctx, req)
+				code, answered = s.sync(ctx, req)
 			case protocol.OpHistory:
-				s.history(ctx, req)
+				code, answered = s.history(ctx, req)
 			case protocol.OpConversations:
-				s.conversations(ctx, req)
+				code, answered = s.conversations(ctx, req)
 			default:
-				rep := s.g.handle(ctx, s.user, req)
-				s.wrote(ctx, rep) // before the client can see it: its next read waits for it
+				rep := s.g.handle(ctx, s.user, req) // counts it
+				s.wrote(ctx, rep)                   // before the client can see it: its next read waits for it
 				s.send(rep)
+				s.g.observe(op, start)
+				return
+			}
+			if answered { // not when the connection went away first
+				s.g.count(op, code)
+				s.g.observe(op, start)
 			}
 		}()
 	}
@@ -574,11 +657,10 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 		g.stats.Accepted.Add(1)
 	case rep.Code == protocol.CodeUnavailable:
 		g.stats.Unavailable.Add(1)
-		g.rejected.WithLabelValues(string(rep.Code)).Inc()
 	default:
 		g.stats.Rejected.Add(1)
-		g.rejected.WithLabelValues(string(rep.Code)).Inc()
 	}
+	g.count(opLabel(req), replyCode(rep))
 	return rep
 }
 

@@ -93,59 +93,60 @@ func (s *session) queue(ctx context.Context, v any) bool {
 }
 
 // sync answers with the events of all the user's conversations after the
-// cursors, then `synced`.
-func (s *session) sync(ctx context.Context, req *protocol.Request) {
-	s.g.syncs.Add(1)
+// cursors, then `synced`. It returns the answer's rejection code ("" for
+// synced), and false when the connection went away before an answer.
+func (s *session) sync(ctx context.Context, req *protocol.Request) (protocol.Code, bool) {
 	if s.g.cfg.Reads == nil {
-		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
-		return
+		return s.reject(unavailable(req.ID, "this gateway has no read model configured", 1000))
 	}
 	if rep := s.awaitWrites(ctx, req.ID, ""); rep != nil {
-		s.send(rep)
-		return
+		return s.reject(rep)
 	}
 	res, err := s.g.cfg.Reads.Sync(ctx, s.user, req.Cursors, s.g.cfg.SyncMax)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.g.cfg.Log.Warn("sync failed", "user", s.user, "err", err)
-			s.send(unavailable(req.ID, "the read model is unavailable; retry", 500))
+		if ctx.Err() != nil {
+			return "", false
 		}
-		return
+		s.g.cfg.Log.Warn("sync failed", "user", s.user, "err", err)
+		return s.reject(unavailable(req.ID, "the read model is unavailable; retry", 500))
 	}
 	for _, e := range res.Events {
 		if !s.queue(ctx, e) {
-			return
+			return "", false
 		}
 	}
-	s.queue(ctx, &protocol.Synced{Op: protocol.OpSynced, ID: req.ID, Cursors: res.Cursors, More: res.More})
+	return "", s.queue(ctx, &protocol.Synced{Op: protocol.OpSynced, ID: req.ID, Cursors: res.Cursors, More: res.More})
+}
+
+// reject sends rep, a rejection, and returns its code for sync, history
+// and conversations to return.
+func (s *session) reject(rep *protocol.Reply) (protocol.Code, bool) {
+	s.send(rep)
+	return rep.Code, true
 }
 
 // history answers a page of a conversation's events within the user's
-// membership periods.
-func (s *session) history(ctx context.Context, req *protocol.Request) {
-	s.g.histories.Add(1)
+// membership periods (returns as sync).
+func (s *session) history(ctx context.Context, req *protocol.Request) (protocol.Code, bool) {
 	if s.g.cfg.Reads == nil {
-		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
-		return
+		return s.reject(unavailable(req.ID, "this gateway has no read model configured", 1000))
 	}
 	if rep := s.awaitWrites(ctx, req.ID, req.ConversationID); rep != nil {
-		s.send(rep)
-		return
+		return s.reject(rep)
 	}
 	limit := s.g.pageSize(req.Limit)
 	events, err := s.g.cfg.Reads.History(ctx, s.user, req.ConversationID, req.BeforeSeq, limit)
 	switch {
 	case errors.Is(err, delivery.ErrForbidden):
-		s.send(protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeForbidden, "%s is not a member of %s", s.user, req.ConversationID)))
-		return
+		return s.reject(protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeForbidden, "%s is not a member of %s", s.user, req.ConversationID)))
 	case err != nil:
-		if ctx.Err() == nil {
-			s.g.cfg.Log.Warn("history failed", "user", s.user, "err", err)
-			s.send(unavailable(req.ID, "the read model is unavailable; retry", 500))
+		if ctx.Err() != nil {
+			return "", false
 		}
-		return
+		s.g.cfg.Log.Warn("history failed", "user", s.user, "err", err)
+		return s.reject(unavailable(req.ID, "the read model is unavailable; retry", 500))
 	}
-	s.queue(ctx, &protocol.HistoryPage{Op: protocol.OpHistory, ID: req.ID, ConversationID: req.ConversationID, Events: events})
+	return "", s.queue(ctx, &protocol.HistoryPage{Op: protocol.OpHistory, ID: req.ID, ConversationID: req.ConversationID, Events: events})
 }
 
 // checkConvCap refuses a create or join that would put someone in more
@@ -173,26 +174,25 @@ func (g *Gateway) checkConvCap(ctx context.Context, user string, req *protocol.R
 }
 
 // conversations answers the user's current conversations, most recently
-// active first.
-func (s *session) conversations(ctx context.Context, req *protocol.Request) {
+// active first (returns as sync).
+func (s *session) conversations(ctx context.Context, req *protocol.Request) (protocol.Code, bool) {
 	if s.g.cfg.Reads == nil {
-		s.send(unavailable(req.ID, "this gateway has no read model configured", 1000))
-		return
+		return s.reject(unavailable(req.ID, "this gateway has no read model configured", 1000))
 	}
 	if rep := s.awaitWrites(ctx, req.ID, ""); rep != nil {
-		s.send(rep)
-		return
+		return s.reject(rep)
 	}
 	limit := s.g.pageSize(req.Limit)
 	list, err := s.g.cfg.Reads.Conversations(ctx, s.user, limit)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.g.cfg.Log.Warn("conversations failed", "user", s.user, "err", err)
-			s.send(unavailable(req.ID, "the read model is unavailable; retry", 500))
+		if ctx.Err() != nil {
+			return "", false
 		}
-		return
+		s.g.cfg.Log.Warn("conversations failed", "user", s.user, "err", err)
+		return s.reject(unavailable(req.ID, "the read model is unavailable; retry", 500))
 	}
 	s.send(&protocol.ConversationList{Op: protocol.OpConversations, ID: req.ID, Conversations: list})
+	return "", true
 }
 
 // pageSize is a request's limit: 50 if absent, at most MaxHistory.

@@ -12,7 +12,9 @@ import (
 
 // metricSample holds the chatpipe_* metrics of one or more /metrics pages:
 // those with a worker label by worker, the others summed over their label
-// sets. Histograms appear as <name>_sum and <name>_count.
+// sets. Histograms appear as <name>_sum and <name>_count. A series with a
+// result label is also summed under <name>{result=<value>}
+// (gatewayAccepted).
 type metricSample struct {
 	global  map[string]float64
 	workers map[string]map[string]float64
@@ -41,6 +43,9 @@ func (s *metricSample) parse(text []byte) error {
 				}
 				into = s.workers[w]
 			}
+			if r := label(m, "result"); r != "" && m.Counter != nil {
+				into[name+"{result="+r+"}"] += m.Counter.GetValue()
+			}
 			switch {
 			case m.Counter != nil:
 				into[name] += m.Counter.GetValue()
@@ -56,6 +61,10 @@ func (s *metricSample) parse(text []byte) error {
 	}
 	return nil
 }
+
+// gatewayAccepted is the sample key of the commands the gateways answered
+// accepted.
+const gatewayAccepted = "chatpipe_gateway_commands_total{result=accepted}"
 
 func label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {

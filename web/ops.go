@@ -216,7 +216,7 @@ type seenWorker struct {
 type rateSample struct {
 	at       time.Time
 	events   map[string]float64 // chatpipe_worker_events_total by worker
-	accepted float64            // chatpipe_gateway_accepted_total (-1: none)
+	accepted float64            // chatpipe_gateway_commands_total{result="accepted"} (-1: none)
 	inserted float64            // chatpipe_persist_inserted_total (-1: none)
 }
 
@@ -577,7 +577,7 @@ func (o *Ops) buildRates(s *State, sample *metricSample, now time.Time) {
 			cur.events[id] = v
 		}
 	}
-	if v, ok := sample.global["chatpipe_gateway_accepted_total"]; ok {
+	if v, ok := sample.global[gatewayAccepted]; ok {
 		cur.accepted = v
 	}
 	if v, ok := sample.global["chatpipe_persist_inserted_total"]; ok {

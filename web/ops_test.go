@@ -146,7 +146,7 @@ func TestOpsState(t *testing.T) {
 		LocalMetrics: func(context.Context) ([]byte, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			return fmt.Appendf(nil, "# TYPE chatpipe_gateway_accepted_total counter\nchatpipe_gateway_accepted_total %v\n# TYPE chatpipe_gateway_connections gauge\nchatpipe_gateway_connections 2\n", accepted), nil
+			return fmt.Appendf(nil, "# TYPE chatpipe_gateway_commands_total counter\nchatpipe_gateway_commands_total{op=\"send\",result=\"accepted\",code=\"\"} %v\nchatpipe_gateway_commands_total{op=\"send\",result=\"rejected\",code=\"forbidden\"} 3\n# TYPE chatpipe_gateway_connections gauge\nchatpipe_gateway_connections 2\n", accepted), nil
 		},
 	})
 	if err != nil {
@@ -182,7 +182,7 @@ func TestOpsState(t *testing.T) {
 	if s.Totals.FencedWrites != 1 || s.Totals.Takeovers != 2 || s.Totals.Events != 100 {
 		t.Errorf("totals: %+v", s.Totals)
 	}
-	if s.Gateway["connections"] != 2 || s.Gateway["accepted_total"] != 40 {
+	if s.Gateway["connections"] != 2 || s.Gateway["commands_total{result=accepted}"] != 40 || s.Gateway["commands_total"] != 43 {
 		t.Errorf("gateway: %v", s.Gateway)
 	}
 

@@ -52,7 +52,8 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// Mount adds the pages and their endpoints to mux:
+// Mount adds both pages and their endpoints to mux (MountChat and
+// MountOps):
 //
 //	GET  /            the chat page
 //	GET  /ops         the pipeline page
@@ -62,7 +63,18 @@ func (c *Config) validate() error {
 //	POST /dev/token   user=U → {"token":…,"user":U,"expires_at":…} (dev only; 404 otherwise)
 //
 // Other paths stay with whatever mux already routes them to.
-func Mount(mux *http.ServeMux, cfg Config) error {
+func Mount(mux *http.ServeMux, cfg Config) error { return mount(mux, cfg, true, true) }
+
+// MountChat adds the chat page (/, /web/…, /web/config and, in dev,
+// /dev/token) to mux: what a public gateway address serves.
+func MountChat(mux *http.ServeMux, cfg Config) error { return mount(mux, cfg, true, false) }
+
+// MountOps adds the pipeline page (/ops, /ops/state, /web/… and
+// /web/config) to mux: it shows the deployment's workers and their
+// addresses, so it belongs on an admin address.
+func MountOps(mux *http.ServeMux, cfg Config) error { return mount(mux, cfg, false, true) }
+
+func mount(mux *http.ServeMux, cfg Config, chat, ops bool) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
@@ -76,8 +88,22 @@ func Mount(mux *http.ServeMux, cfg Config) error {
 			http.ServeFileFS(w, r, sub, name)
 		}
 	}
-	mux.HandleFunc("GET /{$}", page("index.html"))
-	mux.HandleFunc("GET /ops", page("ops.html"))
+	if chat {
+		mux.HandleFunc("GET /{$}", page("index.html"))
+		if cfg.Dev { // only chatpipe dev mints tokens; elsewhere the route does not exist
+			mux.HandleFunc("POST /dev/token", cfg.devToken)
+		}
+	}
+	if ops {
+		mux.HandleFunc("GET /ops", page("ops.html"))
+		mux.HandleFunc("GET /ops/state", func(w http.ResponseWriter, r *http.Request) {
+			if cfg.Ops == nil {
+				http.Error(w, "no pipeline state on this server", http.StatusServiceUnavailable)
+				return
+			}
+			writeJSON(w, http.StatusOK, cfg.Ops.State(r.Context()))
+		})
+	}
 	assets := http.StripPrefix("/web/", http.FileServerFS(sub))
 	mux.Handle("GET /web/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, ".html") || strings.HasSuffix(r.URL.Path, "/") {
@@ -90,16 +116,6 @@ func Mount(mux *http.ServeMux, cfg Config) error {
 	mux.HandleFunc("GET /web/config", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]bool{"dev": cfg.Dev})
 	})
-	mux.HandleFunc("GET /ops/state", func(w http.ResponseWriter, r *http.Request) {
-		if cfg.Ops == nil {
-			http.Error(w, "no pipeline state on this server", http.StatusServiceUnavailable)
-			return
-		}
-		writeJSON(w, http.StatusOK, cfg.Ops.State(r.Context()))
-	})
-	if cfg.Dev { // only chatpipe dev mints tokens; elsewhere the route does not exist
-		mux.HandleFunc("POST /dev/token", cfg.devToken)
-	}
 	return nil
 }
 

@@ -143,3 +143,30 @@ func TestDevToken(t *testing.T) {
 		t.Fatalf("mint with bad JSON: %d %v", code, out)
 	}
 }
+
+// MountChat serves the chat page without the pipeline page, MountOps the
+// pipeline page without the chat page; both serve the scripts.
+func TestMountChatAndOpsApart(t *testing.T) {
+	serve := func(mount func(*http.ServeMux, Config) error) *httptest.Server {
+		mux := http.NewServeMux()
+		if err := mount(mux, Config{Log: testLog(t)}); err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	chat, ops := serve(MountChat), serve(MountOps)
+	for _, c := range []struct {
+		srv    *httptest.Server
+		path   string
+		status int
+	}{
+		{chat, "/", 200}, {chat, "/web/chat.js", 200}, {chat, "/web/config", 200}, {chat, "/ops", 404}, {chat, "/ops/state", 404},
+		{ops, "/ops", 200}, {ops, "/ops/state", 503}, {ops, "/web/ops.js", 200}, {ops, "/web/config", 200}, {ops, "/", 404},
+	} {
+		if status, _, _ := get(t, c.srv.URL+c.path); status != c.status {
+			t.Errorf("%s: %d, want %d", c.path, status, c.status)
+		}
+	}
+}

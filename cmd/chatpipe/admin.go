@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,12 +16,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// newRegistry returns a registry with the Go and process collectors and cs.
+// newRegistry returns a registry with the Go and process collectors,
+// chatpipe_build_info and cs.
 func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	reg.MustRegister(cs...)
 	return reg
+}
+
+// buildInfo is the gauge chatpipe_build_info{version,go_version} 1.
+func buildInfo() prometheus.Collector {
+	v, goVersion := buildVersion()
+	if goVersion == "" {
+		goVersion = runtime.Version()
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "chatpipe_build_info",
+		Help:        "Always 1; the labels are the binary's version (with its VCS revision when known) and Go version.",
+		ConstLabels: prometheus.Labels{"version": v, "go_version": goVersion}})
+	g.Set(1)
+	return g
 }
 
 // adminServer serves /metrics, /healthz, /readyz and the Go profiler
@@ -47,9 +62,13 @@ func listenAdmin(addr string) (net.Listener, error) {
 // serveAdmin serves reg on /metrics, "ok" on /healthz and, on /readyz, 503
 // with ready's error, else 200 "ready" — or 200 "ready, degraded: …" when
 // degraded (may be nil) describes something an operator must look at that
-// does not stop the role from working (a consumer's dead letters).
-func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, degraded func(context.Context) string, log *slog.Logger) *adminServer {
+// does not stop the role from working (a consumer's dead letters). mounts
+// add more routes (the gateway's pipeline page).
+func serveAdmin(ln net.Listener, reg *prometheus.Registry, ready func() error, degraded func(context.Context) string, log *slog.Logger, mounts ...func(*http.ServeMux)) *adminServer {
 	mux := http.NewServeMux()
+	for _, m := range mounts {
+		m(mux)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {

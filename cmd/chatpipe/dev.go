@@ -62,7 +62,9 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	g, err := newGatewayRole(roles.ctx, key, *f.httpAddr, f.lim, f.dlv, metrics, s.webDeps(key, log), log)
+	wd := s.webDeps(key, log)
+	wd.OpsPublic = *f.opsPublic
+	g, err := newGatewayRole(roles.ctx, key, *f.httpAddr, f.lim, f.dlv, metrics, wd, log)
 	if err != nil {
 		return err
 	}
@@ -82,7 +84,7 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	s.onClose(func() { os.Remove(epPath) })
-	printDevBanner(dir, epPath, ep)
+	printDevBanner(dir, epPath, ep, *f.opsPublic)
 	log.Info("ready", "websocket", ep.WebSocket)
 	return waitDev(ctx, srvErr, roles.failed, log)
 }
@@ -91,7 +93,7 @@ func runDev(ctx context.Context, args []string) error {
 type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, secret, admin *string
 	workers, vshards, partitions, cacheConvs             *int
-	persist, projection                                  *bool
+	persist, projection, opsPublic                       *bool
 	linger                                               *time.Duration
 	lim                                                  limitFlags
 	dlv                                                  deliveryFlags
@@ -114,7 +116,8 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.secret = fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	f.linger = fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
-	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ of the whole process (empty: none; in endpoints.json as admin)")
+	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops of the whole process (empty: none; in endpoints.json as admin)")
+	f.opsPublic = fs.Bool("ops-public", true, "serve the pipeline page (/ops, with /ops/state) on the --http address too (chatpipe gateway: false)")
 	f.lim = addLimitFlags(fs)
 	f.dlv = addDeliveryFlags(fs)
 	f.sec = addSecFlags(fs)
@@ -316,17 +319,31 @@ func writeEndpoints(dir string, ep Endpoints) (string, error) {
 	return path, nil
 }
 
-func printDevBanner(dir, epPath string, ep Endpoints) {
+// printDevBanner says where everything is; the pipeline page is on the
+// public address with opsPublic, else on the admin address (if any).
+func printDevBanner(dir, epPath string, ep Endpoints, opsPublic bool) {
+	ops := "(pipeline page off: no --admin address)"
+	switch {
+	case opsPublic:
+		ops = ep.HTTP + "/ops (pipeline)"
+	case ep.Admin != "":
+		ops = ep.Admin + "/ops (pipeline)"
+	}
+	admin := "none"
+	if ep.Admin != "" {
+		admin = ep.Admin + "  (/metrics, /readyz, /ops, /debug/pprof/)"
+	}
 	fmt.Printf(`chatpipe dev is running (data in %s)
   websocket  %s
-  pages      %s/?user=alice (chat)   %s/ops (pipeline)
+  pages      %s/?user=alice (chat)   %s
+  admin      %s
   kafka      %s  topic %s (read with isolation.level=read_committed)
   postgres   %s
   etcd       %s
   endpoints  %s
   get a token: chatpipe token --data-dir %s --user alice
 Press Ctrl-C to stop.
-`, dir, ep.WebSocket, ep.HTTP, ep.HTTP, ep.Kafka[0], ep.Topic, ep.Postgres, ep.Etcd[0], epPath, dir)
+`, dir, ep.WebSocket, ep.HTTP, ops, admin, ep.Kafka[0], ep.Topic, ep.Postgres, ep.Etcd[0], epPath, dir)
 }
 
 // waitDev waits for ctx to end, the gateway's HTTP server to fail or a

@@ -19,7 +19,19 @@ import (
 var version = ""
 
 func runVersion(_ context.Context, _ []string) error {
-	v := version
+	v, goVersion := buildVersion()
+	if goVersion != "" {
+		v += " " + goVersion
+	}
+	fmt.Println("chatpipe", v)
+	return nil
+}
+
+// buildVersion returns the version (main.version, else the module
+// version, then the VCS revision if known) and the Go version the binary
+// was built with.
+func buildVersion() (v, goVersion string) {
+	v = version
 	if info, ok := debug.ReadBuildInfo(); ok {
 		if v == "" {
 			v = info.Main.Version
@@ -29,10 +41,9 @@ func runVersion(_ context.Context, _ []string) error {
 				v += " " + s.Value
 			}
 		}
-		v += " " + info.GoVersion
+		goVersion = info.GoVersion
 	}
-	fmt.Println("chatpipe", v)
-	return nil
+	return v, goVersion
 }
 
 // runInit prepares a deployment once: the fixed shape in etcd, the

@@ -224,8 +224,9 @@ func runGateway(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
-	pages := fs.Bool("pages", true, "serve the browser pages (/ and /ops, with /ops/state) on this address; they show the deployment's workers and addresses")
-	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ (empty: none)")
+	pages := fs.Bool("pages", true, "serve the chat page (/) on the --http address")
+	opsPublic := fs.Bool("ops-public", false, "serve the pipeline page (/ops, with /ops/state) on the --http address too; it shows the deployment's workers and addresses, and is always on --admin")
+	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops (empty: none)")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -258,7 +259,7 @@ func runGateway(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	g, err := newGatewayRole(ctx, key, *httpAddr, lim, dlv, nil,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoPages: !*pages, Log: log.With("role", "web")}, log)
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
 	}
@@ -287,14 +288,18 @@ func runGateway(ctx context.Context, args []string) error {
 	return nil
 }
 
-// gatewayRole is a gateway with its HTTP server (websocket, browser pages,
-// /metrics), its delivery feed and the registry its /metrics serves.
+// gatewayRole is a gateway with its HTTP server (websocket, chat page,
+// /metrics), its delivery feed, the registry its /metrics serves and the
+// pipeline page its admin listener serves.
 type gatewayRole struct {
 	gw   *gateway.Gateway
 	srv  *http.Server
 	ln   net.Listener
 	feed *delivery.Feed
 	reg  *prometheus.Registry
+	// pages mounts the chat page and/or the pipeline page (/ops,
+	// /ops/state) on a mux; nil without the web pages.
+	pages func(mux *http.ServeMux, chat, ops bool)
 }
 
 // newGatewayRole makes a gateway listening on addr that reads web.DB and
@@ -310,12 +315,20 @@ func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags
 	g := &gatewayRole{gw: gw, srv: srv, ln: ln, feed: dlv.feed(web.DB, gw, log)}
 	metrics := append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...)
 	g.reg = newRegistry(metrics...)
-	withMetrics(srv, gw, g.reg, web)
+	mh := promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{})
+	mux := http.NewServeMux()
+	mux.Handle("/", gw.Handler())
+	if newPages != nil {
+		g.pages = newPages(web, mh)
+		g.pages(mux, !web.NoChat, web.OpsPublic)
+	}
+	mux.Handle("GET /metrics", mh)
+	srv.Handler = mux
 	return g, nil
 }
 
-// serveAdmin serves the gateway's metrics and readiness on addr; an empty
-// addr serves none and returns nil.
+// serveAdmin serves the gateway's metrics, readiness and pipeline page on
+// addr; an empty addr serves none and returns nil.
 func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, error) {
 	if addr == "" {
 		return nil, nil
@@ -324,7 +337,11 @@ func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, e
 	if err != nil {
 		return nil, err
 	}
-	return serveAdmin(ln, g.reg, g.gw.Ready, nil, log), nil
+	var mounts []func(*http.ServeMux)
+	if g.pages != nil {
+		mounts = append(mounts, func(mux *http.ServeMux) { g.pages(mux, false, true) })
+	}
+	return serveAdmin(ln, g.reg, g.gw.Ready, nil, log, mounts...), nil
 }
 
 // serve serves HTTP on the gateway's listener; the channel gets the
@@ -378,7 +395,7 @@ func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, s
 	return gw, srv, ln, nil
 }
 
-// webDeps is what the web pages (mountWeb) may use.
+// webDeps is what the web pages (newPages) may use.
 type webDeps struct {
 	Etcd    *clientv3.Client
 	Config  lease.Config
@@ -388,25 +405,19 @@ type webDeps struct {
 	KafkaOpts []kgo.Opt
 	Secret    []byte // JWT secret; used only when Dev is set
 	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
-	NoPages   bool   // serve no browser pages (chatpipe gateway --pages=false)
+	NoChat    bool   // no chat page on the public address (chatpipe gateway --pages=false)
+	// OpsPublic serves the pipeline page (/ops, /ops/state) on the public
+	// address too; it is on the admin listener regardless.
+	OpsPublic bool
 	Log       *slog.Logger
 }
 
-// mountWeb, when set (from web.go), adds the browser pages to the gateway's
-// HTTP server.
-var mountWeb func(mux *http.ServeMux, d webDeps)
-
-// withMetrics adds /metrics (and the web pages, if built in) to the
-// gateway's HTTP server.
-func withMetrics(srv *http.Server, gw *gateway.Gateway, reg *prometheus.Registry, d webDeps) {
-	mux := http.NewServeMux()
-	mux.Handle("/", gw.Handler())
-	if mountWeb != nil && !d.NoPages {
-		mountWeb(mux, d)
-	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv.Handler = mux
-}
+// newPages, when set (from web.go), makes the browser pages and returns
+// what mounts them on a mux: the chat page (/) with chat, the pipeline page
+// (/ops, /ops/state, which reads this process's metrics through metrics)
+// with ops. It may be called for several muxes; the pipeline's state is
+// shared.
+var newPages func(d webDeps, metrics http.Handler) func(mux *http.ServeMux, chat, ops bool)
 
 func runKafka(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
