@@ -26,13 +26,16 @@ func TestTwoGateways(t *testing.T) {
 	port := gateway("gateway2")
 	gw2 := fmt.Sprintf("ws://127.0.0.1:%d/v1/ws", port)
 	noPages := gateway("gateway3", "--pages=false")
+	opsPublic := gateway("gateway4", "--ops-public")
 	for _, c := range []struct {
 		method string
 		port   int
 		path   string
 		want   int
 	}{
-		{"GET", port, "/ops/state", http.StatusOK},
+		{"GET", port, "/ops/state", http.StatusNotFound}, // on the admin listener, not the public address
+		{"GET", port, "/", http.StatusOK},
+		{"GET", opsPublic, "/ops/state", http.StatusOK},
 		{"POST", port, "/dev/token?user=mallory", http.StatusNotFound}, // only chatpipe dev mints tokens
 		{"GET", noPages, "/ops/state", http.StatusNotFound},
 		{"GET", noPages, "/", http.StatusNotFound},

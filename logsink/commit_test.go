@@ -128,3 +128,33 @@ func TestWriteStoresOffsetsAndAnnounces(t *testing.T) {
 		t.Errorf("second notification %+v: the failed batch was announced", note)
 	}
 }
+
+// TestWriteTimesOut: a batch whose round trip does not come back within
+// BatchTimeout (a Postgres that stopped answering) is abandoned with an
+// error, which Run retries, and writes nothing.
+func TestWriteTimesOut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newSink(t)
+	s.c.cfg.BatchTimeout = 300 * time.Millisecond
+	s.c.cfg.Handle = func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
+		q, err := s.handle(ctx, b, recs)
+		b.Queue(`SELECT pg_sleep(10)`)
+		return q, err
+	}
+	start := time.Now()
+	err := s.c.Write(ctx, records(2, 3, nil))
+	if err == nil {
+		t.Fatal("Write of a batch that takes 10 s returned nil; want a timeout")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Write returned after %v, want about the 300 ms BatchTimeout", took)
+	}
+	if class, _ := classify(err); class != transient {
+		t.Errorf("a timed-out batch is classified %v, want transient (retried)", class)
+	}
+	var n int
+	if err := s.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM sink) + (SELECT count(*) FROM consumer_offsets)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows written (%v), want none", n, err)
+	}
+}

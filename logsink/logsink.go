@@ -250,6 +250,12 @@ type Config struct {
 	// transaction held open that long before its commit, so that a kill
 	// lands inside it.
 	HoldBeforeCommit time.Duration
+	// BatchTimeout bounds a batch's round trip to Postgres (default 30 s):
+	// past it the attempt is abandoned (its connection closed, the
+	// transaction rolled back) and retried, so a link that stops
+	// answering without closing (a black hole) does not stall the
+	// consumer for as long as the kernel keeps retransmitting.
+	BatchTimeout time.Duration
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
 	// MaxDeadLetters caps the records dead-lettered in any minute (default
@@ -274,6 +280,9 @@ type Queued struct {
 	// Committed, if set, runs once the batch is committed (counters, logs).
 	Committed func()
 }
+
+// DefaultBatchTimeout is Config.BatchTimeout's default.
+const DefaultBatchTimeout = 30 * time.Second
 
 // Consumer runs Config.Handle over the log and tracks its lag.
 type Consumer struct {
@@ -518,7 +527,13 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, '')`, c.cfg.Announce) // delivered at commit
 	}
-	err = commit(ctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
+	timeout := c.cfg.BatchTimeout
+	if timeout <= 0 {
+		timeout = DefaultBatchTimeout
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout+c.cfg.HoldBeforeCommit)
+	defer cancel()
+	err = commit(cctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
 		if q.Read != nil {
 			if err := q.Read(br); err != nil {
 				return err
