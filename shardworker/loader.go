@@ -13,19 +13,25 @@ import (
 
 // loader merges the state loads of a worker's writers — conversations they
 // lack, client_message_ids they must look up — into shared Postgres round
-// trips: a few run at once, and the loads that queue while they do go
-// together in the next one. At light load each vshard commits about one
-// message per batch, so without it every message cost a round trip (and
-// Postgres a statement) of its own; merged, one round trip answers the
+// trips. A load makes its round trip itself while fewer than maxTrips are in
+// flight (at light load: no hand-off, no extra goroutine); past that it
+// queues, and the next round trip to end takes the whole queue in one more.
+// At light load each vshard commits about one message per batch, so every
+// message costs a lookup; merged under load, one round trip answers the
 // loads of many vshards. Each load gets exactly the conversations and keys
 // it asked for, as fetchState would have answered them alone: the merged
 // statements read one snapshot, and a conversation belongs to one vshard,
 // whose writer has at most one load in flight.
 type loader struct {
-	db      *pgxpool.Pool
-	timeout time.Duration
-	reqs    chan *loadReq
-	done    chan struct{} // closed when the loader stops
+	db       *pgxpool.Pool
+	timeout  time.Duration
+	maxTrips int
+	done     chan struct{} // closed by stop: waiting loads give up
+
+	mu       sync.Mutex
+	inflight int
+	queue    []*loadReq
+	stopped  bool
 
 	trips, loads adder
 }
@@ -37,7 +43,7 @@ type adder interface{ Add(int64) int64 }
 type loadReq struct {
 	convs []string
 	keys  []shardcore.DedupeKey
-	res   chan loadRes // buffered: the loader never waits for a writer
+	res   chan loadRes // buffered: whoever answers never waits for the writer
 }
 
 type loadRes struct {
@@ -55,55 +61,96 @@ const (
 var errLoaderStopped = errors.New("shardworker: the worker is stopping")
 
 func newLoader(db *pgxpool.Pool, timeout time.Duration, trips, loads adder) *loader {
-	return &loader{db: db, timeout: timeout, reqs: make(chan *loadReq, 4096), done: make(chan struct{}), trips: trips, loads: loads}
+	return &loader{db: db, timeout: timeout, maxTrips: loaderTrips, done: make(chan struct{}), trips: trips, loads: loads}
 }
 
-// run serves loads until ctx ends.
-func (l *loader) run(ctx context.Context) {
-	defer close(l.done)
-	var wg sync.WaitGroup
-	for range loaderTrips {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.serve(ctx)
-		}()
+// stop makes waiting and later loads return errLoaderStopped; round trips
+// in flight finish.
+func (l *loader) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.stopped {
+		l.stopped = true
+		close(l.done)
 	}
-	wg.Wait()
 }
 
-// serve takes a load, every other load queued behind it (up to the bound),
-// and answers them all from one round trip.
-func (l *loader) serve(ctx context.Context) {
-	for {
-		var batch []*loadReq
+// load asks for convs and keys and waits for the answer, ctx or the
+// loader's stop.
+func (l *loader) load(ctx context.Context, convs []string, keys []shardcore.DedupeKey) (map[string]*shardcore.Conv, map[shardcore.DedupeKey]shardcore.First, error) {
+	r := &loadReq{convs: convs, keys: keys, res: make(chan loadRes, 1)}
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return nil, nil, errLoaderStopped
+	}
+	if l.inflight >= l.maxTrips {
+		l.queue = append(l.queue, r)
+		l.mu.Unlock()
 		select {
-		case r := <-l.reqs:
-			batch = append(batch, r)
+		case res := <-r.res:
+			return res.convs, res.found, res.err
 		case <-ctx.Done():
-			return
+			return nil, nil, ctx.Err()
+		case <-l.done:
+			return nil, nil, errLoaderStopped
 		}
-	more:
-		for len(batch) < loaderMaxLoads {
-			select {
-			case r := <-l.reqs:
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		l.answer(ctx, batch)
 	}
+	l.inflight++
+	batch := append([]*loadReq{r}, l.takeLocked()...)
+	l.mu.Unlock()
+	l.answer(batch)
+	l.finish()
+	res := <-r.res
+	return res.convs, res.found, res.err
 }
 
-func (l *loader) answer(ctx context.Context, batch []*loadReq) {
+// finish ends a round trip: its slot goes back, unless loads queued
+// meanwhile, which a goroutine then answers in the slot's further round
+// trips (only under load, when the slots are all taken).
+func (l *loader) finish() {
+	l.mu.Lock()
+	if len(l.queue) == 0 {
+		l.inflight--
+		l.mu.Unlock()
+		return
+	}
+	batch := l.takeLocked()
+	l.mu.Unlock()
+	go func() {
+		for len(batch) > 0 {
+			l.answer(batch)
+			l.mu.Lock()
+			batch = l.takeLocked()
+			if len(batch) == 0 {
+				l.inflight--
+			}
+			l.mu.Unlock()
+		}
+	}()
+}
+
+// takeLocked takes up to loaderMaxLoads-1 queued loads.
+func (l *loader) takeLocked() []*loadReq {
+	n := min(len(l.queue), loaderMaxLoads-1)
+	if n == 0 {
+		return nil
+	}
+	batch := append([]*loadReq(nil), l.queue[:n]...)
+	clear(l.queue[:n])
+	l.queue = l.queue[n:]
+	return batch
+}
+
+// answer makes one round trip for batch and gives each load its part.
+func (l *loader) answer(batch []*loadReq) {
 	var convs []string
 	var keys []shardcore.DedupeKey
 	for _, r := range batch {
 		convs = append(convs, r.convs...)
 		keys = append(keys, r.keys...)
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	loaded, found, err := fetchState(ctx, l.db, convs, keys)
 	cancel()
 	l.trips.Add(1)
@@ -111,6 +158,10 @@ func (l *loader) answer(ctx context.Context, batch []*loadReq) {
 	for _, r := range batch {
 		if err != nil {
 			r.res <- loadRes{err: err}
+			continue
+		}
+		if len(batch) == 1 {
+			r.res <- loadRes{convs: loaded, found: found}
 			continue
 		}
 		res := loadRes{convs: make(map[string]*shardcore.Conv, len(r.convs)), found: map[shardcore.DedupeKey]shardcore.First{}}
@@ -123,26 +174,5 @@ func (l *loader) answer(ctx context.Context, batch []*loadReq) {
 			}
 		}
 		r.res <- res
-	}
-}
-
-// load asks for convs and keys and waits for the answer, ctx or the
-// loader's end.
-func (l *loader) load(ctx context.Context, convs []string, keys []shardcore.DedupeKey) (map[string]*shardcore.Conv, map[shardcore.DedupeKey]shardcore.First, error) {
-	r := &loadReq{convs: convs, keys: keys, res: make(chan loadRes, 1)}
-	select {
-	case l.reqs <- r:
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
-	case <-l.done:
-		return nil, nil, errLoaderStopped
-	}
-	select {
-	case res := <-r.res:
-		return res.convs, res.found, res.err
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
-	case <-l.done:
-		return nil, nil, errLoaderStopped
 	}
 }

@@ -45,7 +45,9 @@ func TestLoaderMergesLoads(t *testing.T) {
 		}
 		reqs[i], wants[i] = [2]any{convs, keys}, want{c, f}
 	}
-	// Every load is queued before the loader runs, so they are merged.
+	// Every round trip slot is taken (one, held by the test), so the loads
+	// queue; ending the held round trip answers all of them together.
+	l.maxTrips, l.inflight = 1, 1
 	got := make([]want, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -59,23 +61,31 @@ func TestLoaderMergesLoads(t *testing.T) {
 			got[i] = want{c, f}
 		}()
 	}
-	for len(l.reqs) < n {
+	for {
+		l.mu.Lock()
+		queued := len(l.queue)
+		l.mu.Unlock()
+		if queued == n {
+			break
+		}
 		time.Sleep(time.Millisecond)
 	}
-	lctx, cancel := context.WithCancel(ctx)
-	go l.run(lctx)
+	l.finish()
 	wg.Wait()
-	cancel()
-	<-l.done
 	for i := range n {
 		if !reflect.DeepEqual(got[i], wants[i]) {
 			t.Fatalf("load %d got %+v, want what fetchState gives it alone: %+v", i, got[i], wants[i])
 		}
 	}
-	if loads.Load() != n || trips.Load() > loaderTrips {
-		t.Fatalf("%d loads in %d round trips, want %d loads in at most %d", loads.Load(), trips.Load(), n, loaderTrips)
+	if loads.Load() != n || trips.Load() != 1 {
+		t.Fatalf("%d loads in %d round trips, want %d loads in 1", loads.Load(), trips.Load(), n)
+	}
+	// With a slot free, a load makes its own round trip at once.
+	if _, _, err := l.load(ctx, []string{"c0"}, nil); err != nil || trips.Load() != 2 {
+		t.Fatalf("a load with a free slot: %v, %d round trips, want its own (2)", err, trips.Load())
 	}
 	// A stopped loader answers at once.
+	l.stop()
 	if _, _, err := l.load(ctx, []string{"c0"}, nil); err != errLoaderStopped {
 		t.Fatalf("load after the loader stopped: %v, want errLoaderStopped", err)
 	}

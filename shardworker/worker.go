@@ -341,11 +341,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.view.Store(watcher)
 	w.loader = newLoader(w.cfg.DB, w.cfg.CommitTimeout, &w.stats.StateRoundTrips, &w.stats.StateLoads)
-	bgwg.Add(3)
-	go func() {
-		defer bgwg.Done()
-		w.loader.run(bg)
-	}()
+	defer w.loader.stop()
+	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()
 		if err := wire.Serve(bg, ln, w.handle, w.cfg.Wire, w.log); err != nil {
