@@ -22,9 +22,11 @@ type loadGen struct {
 	wg       sync.WaitGroup
 }
 
-func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
+// createLoadConversations creates conversations lc0..lc<convs-1>, owned by
+// lu0 with lu1..lu<users-1> as members, retrying while they are
+// unavailable.
+func createLoadConversations(t *testing.T, dev *devProc, users, convs int) {
 	t.Helper()
-	l := &loadGen{t: t, stop: make(chan struct{})}
 	owner := dev.dial(t, "lu0")
 	var members []string
 	for u := 1; u < users; u++ {
@@ -40,6 +42,12 @@ func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
 			t.Fatalf("create lc%d: %+v %v", c, r, err)
 		}
 	}
+}
+
+func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
+	t.Helper()
+	l := &loadGen{t: t, stop: make(chan struct{})}
+	createLoadConversations(t, dev, users, convs)
 	for u := 0; u < users; u++ {
 		user := fmt.Sprintf("lu%d", u)
 		cl := dev.dial(t, user)

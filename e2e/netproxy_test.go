@@ -130,14 +130,7 @@ func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadG
 	t.Helper()
 	l := &loadGen{t: t, stop: make(chan struct{})}
 	reconnects := new(atomic.Int64)
-	owner := dev.dial(t, "lu0")
-	var members []string
-	for u := 1; u < users; u++ {
-		members = append(members, fmt.Sprintf("lu%d", u))
-	}
-	for c := 0; c < convs; c++ {
-		owner.must(map[string]any{"op": "create", "conversation_id": fmt.Sprintf("lc%d", c), "members": members})
-	}
+	createLoadConversations(t, dev, users, convs)
 	for u := 0; u < users; u++ {
 		user := fmt.Sprintf("lu%d", u)
 		cl := dev.dial(t, user)
