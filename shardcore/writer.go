@@ -2,6 +2,7 @@ package shardcore
 
 import (
 	"fmt"
+	"maps"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -260,9 +261,6 @@ type Notice struct {
 	Conversations int
 	MarkerOffset  int64
 	Took          time.Duration
-	// Committed counts the conversation events of the batch just
-	// committed (a marker alone counts 0).
-	Committed int
 	// Failed is why the session ended (it will re-check ownership).
 	Failed error
 	// StateErr is why a batch's state could not be loaded (its commands
@@ -336,15 +334,12 @@ func (m *Writer) Ready() Ready {
 // unavailable at once.
 func (m *Writer) Submit(now time.Time, c *Call) {
 	if m.phase == PhaseDone || m.cancelled {
-		m.answer(c, unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
+		m.answer(c, Unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
 		return
 	}
 	if m.cfg.Faults.MembershipOutsideMailbox {
 		if conv := m.convs[c.Cmd.ConversationID]; conv != nil {
-			c.members = make(map[string]int64, len(conv.Members))
-			for k, v := range conv.Members {
-				c.members[k] = v
-			}
+			c.members = maps.Clone(conv.Members)
 		}
 	}
 	m.queue = append(m.queue, c)
@@ -511,7 +506,7 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 		if err != nil {
 			m.notice.StateErr = err
 			for _, c := range m.batch {
-				m.answer(c, unavailable(c.ReqID, "conversation state is unavailable"), true, false)
+				m.answer(c, Unavailable(c.ReqID, "conversation state is unavailable"), true, false)
 			}
 			m.endBatch()
 			m.afterBatch(now)
@@ -615,17 +610,16 @@ func (m *Writer) accept(now time.Time, convs map[string]*Conv) {
 	}
 	m.convs = convs
 	m.unstored, m.stored = m.unstored[:0], map[string]*storedSeq{}
-	tailConvs := map[string]bool{}
 	for _, e := range m.tail {
-		tailConvs[e.ConversationID] = true
-	}
-	for cid := range tailConvs {
+		if m.stored[e.ConversationID] != nil {
+			continue
+		}
 		// Replayed from the log tail: nothing of it is known stored until
 		// persist passes the marker.
-		m.stored[cid] = &storedSeq{}
-		m.markUnstored(cid, convs[cid].LastSeq, m.markerOff)
+		m.stored[e.ConversationID] = &storedSeq{}
+		m.markUnstored(e.ConversationID, convs[e.ConversationID].LastSeq, m.markerOff)
 	}
-	m.notice.TookOver, m.notice.Replayed, m.notice.Conversations = true, len(m.tail), len(tailConvs)
+	m.notice.TookOver, m.notice.Replayed, m.notice.Conversations = true, len(m.tail), len(m.stored)
 	m.notice.MarkerOffset, m.notice.Took = m.markerOff, now.Sub(m.sessionStart)
 	m.tail = nil
 	m.idle(now)
@@ -670,7 +664,7 @@ func (m *Writer) readOwner() {
 // it elsewhere) and ends the writer.
 func (m *Writer) finish() {
 	for _, c := range m.queue {
-		m.answer(c, unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
+		m.answer(c, Unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
 	}
 	m.queue, m.convs, m.tail, m.batch, m.replies, m.events = nil, nil, nil, nil, nil, nil
 	m.effect, m.wake = nil, time.Time{}
@@ -685,7 +679,9 @@ func acceptedReply(c *Call, seq int64, messageID string) *protocol.Reply {
 	return &protocol.Reply{Op: protocol.OpAccepted, ID: c.ReqID, ConversationID: c.Cmd.ConversationID, Seq: seq, MessageID: messageID, ClientMessageID: c.Cmd.ClientMessageID}
 }
 
-func unavailable(id, format string, args ...any) *protocol.Reply {
+// Unavailable is the writer's answer for a command it did not decide:
+// retry with the same ids (after 200 ms).
+func Unavailable(id, format string, args ...any) *protocol.Reply {
 	e := protocol.Errorf(protocol.CodeUnavailable, format, args...)
 	e.RetryAfterMS = 200
 	return protocol.Rejected(id, e)

@@ -21,7 +21,7 @@ func (m *Writer) startBatch(now time.Time) {
 			// The gateway gave up on it (its client heard "outcome
 			// unknown" and may have retried): deciding it now would apply
 			// it late. Nothing was written.
-			m.answer(c, unavailable(c.ReqID, "the command waited past its deadline; nothing was written"), true, false)
+			m.answer(c, Unavailable(c.ReqID, "the command waited past its deadline; nothing was written"), true, false)
 			continue
 		}
 		m.batch = append(m.batch, c)
@@ -64,13 +64,12 @@ func (m *Writer) startBatch(now time.Time) {
 // so that the next command of the conversation sees it, and asks for the
 // commit.
 func (m *Writer) decide(now time.Time) {
-	m.phase = PhaseLoading // until the commit is asked for
 	m.replies = make([]Answer, len(m.batch))
 	var seqs int
 	decided := false // some answer depends on the conversation's state
 	for i, c := range m.batch {
 		if c.expired(now) { // collected in time, but the state lookup took the rest
-			m.replies[i] = Answer{Call: c, Reply: unavailable(c.ReqID, "the command waited past its deadline; nothing was written")}
+			m.replies[i] = Answer{Call: c, Reply: Unavailable(c.ReqID, "the command waited past its deadline; nothing was written")}
 			continue
 		}
 		conv := m.convs[c.Cmd.ConversationID]
@@ -149,15 +148,11 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 		return
 	}
 	m.answers = append(m.answers, m.replies...)
-	n := 0
 	for i, e := range m.events {
-		if e.Kind == logrecord.KindTakeover || i >= len(offsets) {
-			continue
+		if e.Kind != logrecord.KindTakeover && i < len(offsets) {
+			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
 		}
-		m.markUnstored(e.ConversationID, e.Seq, offsets[i])
-		n++
 	}
-	m.notice.Committed = n
 	var cycle time.Duration // from the previous batch's start (none for the first)
 	if !m.prevStart.IsZero() {
 		cycle = m.batchStart.Sub(m.prevStart)
@@ -185,7 +180,7 @@ func (m *Writer) failBatch(now time.Time, err error) {
 	// was sent.)
 	if !(m.cfg.Faults.AcceptedBeforeCommit && m.phase == PhaseCommitting) {
 		for _, c := range m.batch {
-			m.answer(c, unavailable(c.ReqID, "the writer failed; retry with the same ids"), false, false)
+			m.answer(c, Unavailable(c.ReqID, "the writer failed; retry with the same ids"), false, false)
 		}
 	}
 	m.endBatch()

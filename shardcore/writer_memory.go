@@ -133,12 +133,3 @@ func (m *Writer) allowSend(conv *Conv, cmd *Command, now time.Time) (time.Durati
 	}
 	return 0, true
 }
-
-// DedupeHeld is the number of dedupe results the writer holds.
-func (m *Writer) DedupeHeld() int {
-	n := 0
-	for _, c := range m.convs {
-		n += len(c.Dedupe)
-	}
-	return n
-}

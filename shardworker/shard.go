@@ -394,17 +394,11 @@ func (s *shard) failQueued() {
 	for {
 		select {
 		case c := <-s.in:
-			c.done(unavailable(c.reqID, "vshard %d is moving to another worker", s.v), true)
+			c.done(shardcore.Unavailable(c.reqID, "vshard %d is moving to another worker", s.v), true)
 		default:
 			return
 		}
 	}
-}
-
-func unavailable(id, format string, args ...any) *protocol.Reply {
-	e := protocol.Errorf(protocol.CodeUnavailable, format, args...)
-	e.RetryAfterMS = 200
-	return protocol.Rejected(id, e)
 }
 
 // readTail reads partition part from start up to (not including) the

@@ -451,7 +451,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 	s := w.shards[v]
 	w.mu.Unlock()
 	if s == nil {
-		done(unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
+		done(shardcore.Unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
 		return
 	}
 	c := &call{reqID: r.ID, done: done, deadline: req.Deadline, cmd: shardcore.Command{
@@ -459,6 +459,6 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
 	}}
 	if !s.submit(c) {
-		done(unavailable(r.ID, "vshard %d is overloaded", v), true)
+		done(shardcore.Unavailable(r.ID, "vshard %d is overloaded", v), true)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
@@ -337,10 +336,3 @@ func (wr *writer) inFlight() bool { return wr.produced }
 
 // clock is the simulated time as the writer sees it.
 func (w *World) clock() time.Time { return time.Unix(w.now, 0) }
-
-// acceptedReply is the reply the real writer sends for an accepted op.
-func acceptedReply(att *attempt, seq int64, messageID string) *protocol.Reply {
-	r := &protocol.Reply{Op: protocol.OpAccepted, ID: att.reqID(), ConversationID: att.op.cmd.ConversationID, Seq: seq, MessageID: messageID}
-	r.ClientMessageID = att.op.cmd.ClientMessageID
-	return r
-}
