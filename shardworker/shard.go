@@ -24,18 +24,13 @@ import (
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
-// call is one command waiting in a shard's queue.
-type call struct {
-	reqID string
-	cmd   shardcore.Command
-	// deadline (zero: none) is when the gateway stops waiting: a command
-	// not decided by then is not decided at all, only answered unavailable
-	// (nothing written).
-	deadline time.Time
-	// done is called exactly once with the reply; retry means nothing was
-	// written and the command may go to whoever owns the shard now.
-	done func(r *protocol.Reply, retry bool)
-}
+// replyFunc is a queued command's Tag (shardcore.Call): it is called
+// exactly once with the reply; retry means nothing was written and the
+// command may go to whoever owns the shard now.
+type replyFunc func(r *protocol.Reply, retry bool)
+
+// reply answers c.
+func reply(c *shardcore.Call, r *protocol.Reply, retry bool) { c.Tag.(replyFunc)(r, retry) }
 
 // shard drives the writer of one vshard for one ownership epoch: the pure
 // state machine shardcore.Writer decides everything, and this loop performs
@@ -47,7 +42,7 @@ type shard struct {
 	part  int32
 	log   *slog.Logger
 
-	in     chan *call
+	in     chan *shardcore.Call
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -69,7 +64,7 @@ func newShard(w *Worker, v int, epoch int64) *shard {
 	return &shard{
 		w: w, v: v, epoch: epoch, part: logrecord.Partition(v, w.cfg.Partitions),
 		log: w.log.With("vshard", v, "epoch", epoch),
-		in:  make(chan *call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		in:  make(chan *shardcore.Call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		entropy: ulid.Monotonic(rand.Reader, 0),
 	}
 }
@@ -93,7 +88,7 @@ func (s *shard) writerConfig() shardcore.WriterConfig {
 }
 
 // submit queues c; false when the queue is full.
-func (s *shard) submit(c *call) bool {
+func (s *shard) submit(c *shardcore.Call) bool {
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
 	if s.closed {
@@ -158,19 +153,14 @@ func (s *shard) run() {
 		}
 		select {
 		case c := <-s.in:
-			s.m.Submit(time.Now(), s.toCall(c))
+			s.m.Submit(time.Now(), c)
 			s.drain()
 			s.m.Tick(time.Now())
 		case <-wake:
 			s.m.Tick(time.Now())
 		case <-s.ctx.Done():
 		}
-		if wake != nil && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+		timer.Stop() // (since Go 1.23 a stopped timer delivers no stale tick)
 	}
 }
 
@@ -180,7 +170,7 @@ func (s *shard) drain() bool {
 	for s.m.Queued() < s.w.cfg.MaxBatch {
 		select {
 		case c := <-s.in:
-			s.m.Submit(time.Now(), s.toCall(c))
+			s.m.Submit(time.Now(), c)
 			got = true
 		default:
 			return got
@@ -189,14 +179,10 @@ func (s *shard) drain() bool {
 	return got
 }
 
-func (s *shard) toCall(c *call) *shardcore.Call {
-	return &shardcore.Call{ReqID: c.reqID, Cmd: c.cmd, Deadline: c.deadline, Tag: c}
-}
-
 // act sends the writer's answers and counts and logs what it noticed.
 func (s *shard) act(rd *shardcore.Ready) {
 	for _, a := range rd.Answers {
-		a.Call.Tag.(*call).done(a.Reply, a.Retry)
+		reply(a.Call, a.Reply, a.Retry)
 	}
 	n := &rd.Notice
 	if n.TookOver {
@@ -394,7 +380,7 @@ func (s *shard) failQueued() {
 	for {
 		select {
 		case c := <-s.in:
-			c.done(shardcore.Unavailable(c.reqID, "vshard %d is moving to another worker", s.v), true)
+			reply(c, shardcore.Unavailable(c.ReqID, "vshard %d is moving to another worker", s.v), true)
 		default:
 			return
 		}

@@ -454,7 +454,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		done(shardcore.Unavailable(r.ID, "vshard %d is not owned by %s", v, w.cfg.ID), true)
 		return
 	}
-	c := &call{reqID: r.ID, done: done, deadline: req.Deadline, cmd: shardcore.Command{
+	c := &shardcore.Call{ReqID: r.ID, Tag: replyFunc(done), Deadline: req.Deadline, Cmd: shardcore.Command{
 		Op: r.Op, ConversationID: r.ConversationID, Sender: req.User, UserID: r.UserID,
 		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
 	}}
