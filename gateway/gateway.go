@@ -12,7 +12,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -189,6 +188,7 @@ type Gateway struct {
 	stats    Stats
 	users    *users
 	commands *prometheus.CounterVec   // chatpipe_gateway_commands_total{op,result,code}
+	byOp     map[string]opMetrics     // each op's accepted counter and latency, looked up once in New
 	latency  *prometheus.HistogramVec // chatpipe_gateway_command_seconds{op}
 
 	slowClosed  atomic.Int64 // connections closed with 1008 for a full send buffer
@@ -219,12 +219,20 @@ func New(cfg Config) (*Gateway, error) {
 			[]string{"op"}),
 		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}
 	// Every op's series exist from the start, at 0, so that rates and
-	// quantiles have them before the first command.
+	// quantiles have them before the first command; the per-frame path
+	// uses them without a label lookup.
+	g.byOp = make(map[string]opMetrics, len(ops))
 	for _, op := range ops {
-		g.commands.WithLabelValues(op, resultAccepted, "")
-		g.latency.WithLabelValues(op)
+		g.byOp[op] = opMetrics{accepted: g.commands.WithLabelValues(op, resultAccepted, ""), latency: g.latency.WithLabelValues(op)}
 	}
 	return g, nil
+}
+
+// opMetrics are one op's series of the commands counter (accepted) and
+// of the latency histogram.
+type opMetrics struct {
+	accepted prometheus.Counter
+	latency  prometheus.Observer
 }
 
 // ops are the op label's values (opLabel).
@@ -240,9 +248,11 @@ const (
 
 // opLabel is the op label of a frame: its op when the frame decoded to a
 // known one, else "invalid" (a client cannot add label values).
-func opLabel(req *protocol.Request) string {
-	if req != nil && slices.Contains(ops[:len(ops)-1], req.Op) {
-		return req.Op
+func (g *Gateway) opLabel(req *protocol.Request) string {
+	if req != nil {
+		if _, ok := g.byOp[req.Op]; ok {
+			return req.Op
+		}
 	}
 	return "invalid"
 }
@@ -250,12 +260,13 @@ func opLabel(req *protocol.Request) string {
 // count counts a frame's answer in chatpipe_gateway_commands_total; code
 // is the rejection code ("" when accepted).
 func (g *Gateway) count(op string, code protocol.Code) {
-	result := resultAccepted
-	switch {
-	case code == protocol.CodeUnavailable:
+	if code == "" {
+		g.byOp[op].accepted.Inc()
+		return
+	}
+	result := resultRejected
+	if code == protocol.CodeUnavailable {
 		result = resultUnavailable
-	case code != "":
-		result = resultRejected
 	}
 	g.commands.WithLabelValues(op, result, string(code)).Inc()
 }
@@ -263,7 +274,7 @@ func (g *Gateway) count(op string, code protocol.Code) {
 // observe records the time since start, when a frame of op was read, in
 // chatpipe_gateway_command_seconds.
 func (g *Gateway) observe(op string, start time.Time) {
-	g.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	g.byOp[op].latency.Observe(time.Since(start).Seconds())
 }
 
 // replyCode is a reply's rejection code, "" when it was accepted.
@@ -545,11 +556,11 @@ func (s *session) run(parent context.Context) {
 		if typ != websocket.MessageText {
 			perr = protocol.Errorf(protocol.CodeBadRequest, "frames must be text")
 		} else if req, id, perr = protocol.Decode(frame, s.g.cfg.Limits); perr == nil {
-			perr = s.admit(time.Now())
+			perr = s.admit(start)
 		}
 		if perr != nil {
 			s.g.stats.Rejected.Add(1)
-			op := opLabel(req)
+			op := s.g.opLabel(req)
 			s.g.count(op, perr.Code)
 			s.send(protocol.Rejected(id, perr))
 			s.g.observe(op, start)
@@ -564,7 +575,7 @@ func (s *session) run(parent context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-s.sem }()
-			op := opLabel(req)
+			op := s.g.opLabel(req)
 			var (
 				code     protocol.Code
 				answered bool
@@ -660,7 +671,7 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 	default:
 		g.stats.Rejected.Add(1)
 	}
-	g.count(opLabel(req), replyCode(rep))
+	g.count(g.opLabel(req), replyCode(rep))
 	return rep
 }
 
