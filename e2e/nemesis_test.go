@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,8 +24,8 @@ import (
 // projection, and a graceful broker restart.
 //
 // The seed is logged; CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
-// (the same faults in the same order at the same offsets; what the
-// processes do meanwhile is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
+// (the same faults in the same order with the same gaps between them;
+// what the processes do meanwhile is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
 // sets how long faults are injected (default 60 s).
 func TestNemesis(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
@@ -99,7 +98,11 @@ func TestNemesis(t *testing.T) {
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
 
 	workers := []string{"w1", "w2", "w3"}
-	var paused []string // workers frozen by a pause, resumed later
+	// pausedAt holds the workers frozen by a pause and when; a worker is
+	// resumed only once its pause has outlasted its lease (10 s), so every
+	// pause moves its vshards and the resumed writer meets the fence.
+	pausedAt := map[string]time.Time{}
+	const pastLease = 12 * time.Second
 	type fault struct {
 		name string
 		do   func()
@@ -108,26 +111,29 @@ func TestNemesis(t *testing.T) {
 		{"kill -9 a worker, start it again", func() {
 			w := workers[rng.IntN(len(workers))]
 			procs[w].kill9()
+			delete(pausedAt, w)
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Millisecond)
 			procs[w] = start(w)
 		}},
 		{"pause a worker past its lease", func() {
 			w := workers[rng.IntN(len(workers))]
-			if slices.Contains(paused, w) {
+			if _, ok := pausedAt[w]; ok {
 				return
 			}
 			procs[w].signal(syscall.SIGSTOP)
-			paused = append(paused, w)
+			pausedAt[w] = time.Now()
 		}},
-		{"resume the paused workers", func() {
-			for _, w := range paused {
-				procs[w].signal(syscall.SIGCONT)
+		{"resume the workers paused past their lease", func() {
+			for w, at := range pausedAt {
+				if time.Since(at) >= pastLease {
+					procs[w].signal(syscall.SIGCONT)
+					delete(pausedAt, w)
+				}
 			}
-			paused = nil
 		}},
 		{"restart a worker gracefully", func() {
 			w := workers[rng.IntN(len(workers))]
-			if slices.Contains(paused, w) {
+			if _, ok := pausedAt[w]; ok {
 				return
 			}
 			procs[w].stop()
@@ -157,7 +163,8 @@ func TestNemesis(t *testing.T) {
 	}
 
 	// Heal: every worker running and unpaused; then the load must go on.
-	for _, w := range paused {
+	for w, at := range pausedAt {
+		time.Sleep(time.Until(at.Add(pastLease)))
 		procs[w].signal(syscall.SIGCONT)
 	}
 	waitFor(t, 120*time.Second, "the workers to own every vshard again", func() bool {
