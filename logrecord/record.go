@@ -13,8 +13,19 @@ import (
 	"time"
 )
 
-// Version is the schema version written in every record's "v" field.
-const Version = 1
+// Version is the newest schema version this build reads and writes. A
+// record carries the lowest version that can read it (VersionOf): version
+// 2 added the moved kind, so only moved records say 2 and a version-1
+// consumer reads every other record and stops at the first move.
+const Version = 2
+
+// VersionOf is the schema version a record of kind is written with.
+func VersionOf(kind string) int {
+	if kind == KindMoved {
+		return 2
+	}
+	return 1
+}
 
 // DefaultTopic is the committed log's topic name.
 const DefaultTopic = "chatpipe.log"
@@ -27,6 +38,10 @@ const (
 	KindLeave    = "leave"
 	KindMessage  = "message"
 	KindTakeover = "takeover"
+	// KindMoved ends a conversation's stay in a vshard: it takes the
+	// conversation's next seq, and the events after it are written by
+	// vshard to_vshard (version 2).
+	KindMoved = "moved"
 )
 
 // Header names carried by every record.
@@ -52,6 +67,8 @@ type Event struct {
 	VShard          int       `json:"vshard"`
 	Epoch           int64     `json:"epoch"`
 	Worker          string    `json:"worker,omitempty"`
+	// ToVShard is where a moved conversation's next events are written.
+	ToVShard *int `json:"to_vshard,omitempty"`
 }
 
 // Key is the record key: the conversation id, or vshard/<n> for a takeover marker.
@@ -73,7 +90,7 @@ func (e *Event) Headers() [][2]string {
 
 // Marshal encodes the record value.
 func (e *Event) Marshal() ([]byte, error) {
-	e.V = Version
+	e.V = VersionOf(e.Kind)
 	b, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("logrecord: encode %s event: %w", e.Kind, err)
@@ -104,7 +121,7 @@ func Unmarshal(b []byte) (*Event, error) {
 	// know — is read by unmarshalLenient, which answers the same for every
 	// record the fast path reads (TestUnmarshalFastPathAgrees).
 	var e Event
-	if len(b) > 0 && b[0] == '{' && jsonv2.Unmarshal(b, &e, jsonv2.RejectUnknownMembers(true)) == nil && e.V == Version {
+	if len(b) > 0 && b[0] == '{' && jsonv2.Unmarshal(b, &e, jsonv2.RejectUnknownMembers(true)) == nil && e.V >= 1 && e.V <= Version {
 		if err := e.check(); err != nil {
 			return nil, err
 		}
@@ -147,6 +164,10 @@ func (e *Event) check() error {
 		if e.ConversationID == "" || e.Seq <= 0 {
 			return fmt.Errorf("%w: %s event without conversation_id or seq", ErrMalformed, e.Kind)
 		}
+	case KindMoved:
+		if e.V < 2 || e.ConversationID == "" || e.Seq <= 0 || e.ToVShard == nil || *e.ToVShard < 0 {
+			return fmt.Errorf("%w: moved event without version 2, conversation_id, seq or to_vshard", ErrMalformed)
+		}
 	case KindTakeover:
 	default:
 		// A new kind comes with a new version; in this one it is a bug.
@@ -162,10 +183,39 @@ func VShard(conversationID string, v int) int {
 	return int(h.Sum64() % uint64(v))
 }
 
-// Partition maps a virtual shard to its Kafka partition: vshard mod p.
+// Partition maps a hashed virtual shard to its Kafka partition: vshard
+// mod p. Layout.Partition maps dedicated vshards too.
 func Partition(vshard, p int) int32 {
 	return int32(vshard % p)
 }
+
+// Layout is a deployment's fixed shape: VShards hashed vshards
+// (0…VShards-1) over Partitions partitions, and Dedicated vshards beyond
+// them (VShards…VShards+Dedicated-1), each with a partition of its own
+// after the hashed ones. A conversation is routed to a dedicated vshard
+// only by an override in the owner table; the log says where it is (its
+// last moved record).
+type Layout struct {
+	VShards, Partitions, Dedicated int
+}
+
+// Partition is vshard v's partition: v mod Partitions for a hashed
+// vshard, Partitions + (v - VShards) for a dedicated one.
+func (l Layout) Partition(v int) int32 {
+	if v >= l.VShards {
+		return int32(l.Partitions + v - l.VShards)
+	}
+	return int32(v % l.Partitions)
+}
+
+// TopicPartitions is how many partitions the log's topic has.
+func (l Layout) TopicPartitions() int { return l.Partitions + l.Dedicated }
+
+// AllVShards is how many vshards have an owner row.
+func (l Layout) AllVShards() int { return l.VShards + l.Dedicated }
+
+// IsDedicated reports whether v is a dedicated vshard.
+func (l Layout) IsDedicated(v int) bool { return v >= l.VShards && v < l.VShards+l.Dedicated }
 
 // TransactionalID is the Kafka transactional.id of a virtual shard's writer.
 func TransactionalID(vshard int) string {

@@ -2,6 +2,7 @@ package logrecord
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -13,9 +14,12 @@ func TestUnmarshalErrors(t *testing.T) {
 		value string
 		want  error
 	}{
-		{`{"v":2,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
+		{`{"v":3,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
 		{`{"v":3,"kind":"message","seq":"one","members":{"a":1}}`, ErrUnsupportedVersion},
-		{`{"v":2,"kind":"reaction"}`, ErrUnsupportedVersion},
+		{`{"v":3,"kind":"reaction"}`, ErrUnsupportedVersion},
+		{`{"v":2,"kind":"reaction","conversation_id":"c","seq":1}`, ErrMalformed},
+		{`{"v":1,"kind":"moved","conversation_id":"c","seq":2,"to_vshard":3}`, ErrMalformed},
+		{`{"v":2,"kind":"moved","conversation_id":"c","seq":2}`, ErrMalformed},
 		{`not json`, ErrMalformed},
 		{"{\"v\":1,\"kind\":\"message\",\"body\":\"a\x00\"", ErrMalformed},
 		{`{"kind":"message","conversation_id":"c","seq":1}`, ErrMalformed},
@@ -39,5 +43,28 @@ func TestUnmarshalErrors(t *testing.T) {
 	}
 	if e, err := Unmarshal([]byte(`{"v":1,"kind":"message","conversation_id":"c","seq":1,"body":"a\u0000b"}`)); err != nil || e.Body != "a\x00b" {
 		t.Errorf("a valid record with a NUL in its body = %v, %v; it decodes (only Postgres refuses it)", e, err)
+	}
+}
+
+// A moved record is written as version 2 and reads back with its target;
+// every other kind is still written as version 1.
+func TestMovedRecordRoundTrip(t *testing.T) {
+	to := 0
+	e := &Event{Kind: KindMoved, ConversationID: "c", Seq: 9, MessageID: "m", ToVShard: &to, VShard: 12}
+	raw, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Unmarshal(raw)
+	if err != nil || got.V != 2 || got.ToVShard == nil || *got.ToVShard != 0 || got.Seq != 9 {
+		t.Fatalf("Unmarshal(%s) = %+v, %v", raw, got, err)
+	}
+	m := &Event{Kind: KindMessage, ConversationID: "c", Seq: 1, MessageID: "m", Body: "hi"}
+	if raw, _ := m.Marshal(); m.V != 1 || strings.Contains(string(raw), "to_vshard") {
+		t.Fatalf("message written as %s", raw)
+	}
+	l := Layout{VShards: 8, Partitions: 4, Dedicated: 2}
+	if l.Partition(5) != 1 || l.Partition(8) != 4 || l.Partition(9) != 5 || l.TopicPartitions() != 6 || !l.IsDedicated(9) || l.IsDedicated(7) || l.IsDedicated(10) {
+		t.Fatalf("layout %+v maps wrongly", l)
 	}
 }

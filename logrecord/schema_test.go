@@ -27,19 +27,21 @@ func TestSchemaMatchesRecords(t *testing.T) {
 	if err := json.Unmarshal(b, &schema); err != nil {
 		t.Fatalf("schema is not JSON: %v", err)
 	}
-	kinds := []string{KindCreate, KindJoin, KindKick, KindLeave, KindMessage, KindTakeover}
+	kinds := []string{KindCreate, KindJoin, KindKick, KindLeave, KindMessage, KindTakeover, KindMoved}
 	if !slices.Equal(schema.Properties.Kind.Enum, kinds) {
 		t.Errorf("schema kinds %v, code %v", schema.Properties.Kind.Enum, kinds)
 	}
 	now := time.Now()
 	perKind := map[string][]string{
 		KindTakeover: {"worker"},
+		KindMoved:    {"conversation_id", "seq", "message_id", "to_vshard"},
 		KindMessage:  {"conversation_id", "seq", "message_id", "sender", "client_message_id", "body"},
 		KindCreate:   {"conversation_id", "seq", "message_id", "sender", "members"},
 		KindJoin:     {"conversation_id", "seq", "message_id", "sender", "user_id"},
 	}
 	events := []*Event{
 		{Kind: KindTakeover, VShard: 3, Epoch: 1, Worker: "w1", CreatedAt: now},
+		{Kind: KindMoved, ConversationID: "c", Seq: 4, MessageID: "m", ToVShard: new(int), VShard: 3, Epoch: 1, CreatedAt: now},
 		{Kind: KindMessage, ConversationID: "c", Seq: 2, MessageID: "m", Sender: "a", ClientMessageID: "x", Body: "hi", VShard: 3, Epoch: 1, CreatedAt: now},
 		{Kind: KindCreate, ConversationID: "c", Seq: 1, MessageID: "m", Sender: "a", Members: []string{"a"}, VShard: 3, CreatedAt: now},
 		{Kind: KindJoin, ConversationID: "c", Seq: 3, MessageID: "m", Sender: "a", UserID: "b", VShard: 3, Epoch: 1, CreatedAt: now},

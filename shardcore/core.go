@@ -56,6 +56,22 @@ type Conv struct {
 	// take effect after the client was told the command was refused.
 	Refused      map[string]Refusal
 	refusedOrder []string
+	// Moved: a moved event was applied, and At is the vshard it moved the
+	// conversation to. Without one the conversation is at its hashed
+	// vshard.
+	Moved bool
+	At    int
+}
+
+// Here reports whether conversation c is written by vshard v, as far as
+// c's state knows: the target of its last moved event, or, never moved,
+// its hashed vshard (any vshard that is not dedicated: commands reach a
+// hashed vshard only by the hash).
+func Here(c *Conv, v int, dedicated bool) bool {
+	if c.Moved {
+		return c.At == v
+	}
+	return !dedicated
 }
 
 // Refusal is a remembered final rejection of a keyed command.
@@ -159,6 +175,9 @@ type Stamp struct {
 	MessageID string
 	VShard    int
 	Epoch     int64
+	// Dedicated: VShard is a dedicated vshard, which writes only the
+	// conversations moved to it.
+	Dedicated bool
 }
 
 // Decision is the outcome of Decide: exactly one of Reject, Event, or an
@@ -171,6 +190,10 @@ type Decision struct {
 	// of a current member).
 	Seq       int64
 	MessageID string
+	// Retry (with Reject): the conversation is not written here (it moved
+	// away, or has not arrived yet); nothing was written, and the command
+	// may be sent again to where it is routed then.
+	Retry bool
 }
 
 // Limits the core enforces.
@@ -212,9 +235,18 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 			return Decision{Reject: r.Err}
 		}
 	}
+	// A conversation that moved away (or has not arrived) is decided by
+	// its new vshard's writer alone, from the state this one committed up
+	// to its moved record. A first result above is still true here: it
+	// never changes.
+	if !Here(c, st.VShard, st.Dedicated) {
+		e := protocol.Errorf(protocol.CodeUnavailable, "%s is moving between vshards; retry with the same ids", cmd.ConversationID)
+		e.RetryAfterMS = 50
+		return Decision{Reject: e, Retry: true}
+	}
 	_, isMember := c.Members[cmd.Sender]
 	ev := &logrecord.Event{
-		V:              logrecord.Version,
+		V:              logrecord.VersionOf(logrecord.KindMessage),
 		ConversationID: cmd.ConversationID,
 		Seq:            c.LastSeq + 1,
 		MessageID:      st.MessageID,
@@ -296,6 +328,21 @@ func Apply(c *Conv, e *logrecord.Event) {
 		}
 	case logrecord.KindKick, logrecord.KindLeave:
 		delete(c.Members, e.UserID)
+	case logrecord.KindMoved:
+		if e.ToVShard != nil {
+			c.Moved, c.At = true, *e.ToVShard
+		}
+	}
+}
+
+// MoveEvent is the moved event that ends conversation c's stay in the
+// vshard of st: it takes the next seq and names the vshard to that writes
+// the conversation's next events.
+func MoveEvent(c *Conv, cid string, to int, st Stamp) *logrecord.Event {
+	return &logrecord.Event{
+		V: logrecord.VersionOf(logrecord.KindMoved), Kind: logrecord.KindMoved, ConversationID: cid,
+		Seq: c.LastSeq + 1, MessageID: st.MessageID, CreatedAt: st.Now.UTC(),
+		VShard: st.VShard, Epoch: st.Epoch, ToVShard: &to,
 	}
 }
 

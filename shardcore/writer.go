@@ -74,12 +74,28 @@ type Writer struct {
 	stored   map[string]*storedSeq
 	lastTrim time.Time
 	rates    map[string]*rate.Limiter
+
+	// moves are the conversations the owner table routes elsewhere that
+	// may be here: each is moved (a moved event committed) if this
+	// writer's state says it is here, forgotten once it is where it is
+	// routed, and looked at again after MoveRetry otherwise (it may be on
+	// its way here). batchMoves are the ones the batch in hand looks at.
+	moves      map[string]int
+	moveAt     time.Time
+	batchMoves []string
+	// inbound: conversations routed here (only AcceptBeforeMoved uses it).
+	inbound map[string]bool
 }
 
 // WriterConfig is what a Writer is built with. Durations are of the
 // caller's clock (the times passed with the inputs).
 type WriterConfig struct {
 	VShard int
+	// VShards is the number of hashed vshards; Dedicated: VShard is one of
+	// the dedicated vshards beyond them, which writes only the
+	// conversations moved to it.
+	VShards   int
+	Dedicated bool
 	Epoch  int64  // the ownership epoch of the owner row that started it
 	Worker string // written into its takeover markers
 	Limits Limits
@@ -104,6 +120,9 @@ type WriterConfig struct {
 	// OwnerRetry is the wait before re-reading an owner row that could
 	// not be read.
 	OwnerRetry time.Duration
+	// MoveRetry is how often a conversation routed elsewhere that is not
+	// where it is routed yet is looked at again (default 1 s).
+	MoveRetry time.Duration
 
 	// NewID returns a fresh message id for an event decided at now.
 	NewID func(now time.Time) (string, error)
@@ -136,6 +155,10 @@ type WriterFaults struct {
 	// writer's state without first committing a marker, so a writer fenced
 	// without knowing it answers from a stale state.
 	NoEmptyBatchMarker bool
+	// AcceptBeforeMoved makes the writer a conversation is routed to take
+	// it as its own at once, from its durable state, without waiting for
+	// the moved record of the vshard it leaves: both may accept for it.
+	AcceptBeforeMoved bool
 }
 
 // Phase is where a Writer is.
@@ -271,6 +294,8 @@ type Notice struct {
 	Trimmed    int
 	Evicted    int
 	DedupeHeld int
+	// Moved lists the conversations whose moved event was committed.
+	Moved []string
 }
 
 // Ready is what a Writer asks of its driver after the last inputs.
@@ -290,6 +315,9 @@ type Ready struct {
 func NewWriter(cfg WriterConfig, now time.Time) *Writer {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 1
+	}
+	if cfg.MoveRetry <= 0 {
+		cfg.MoveRetry = time.Second
 	}
 	m := &Writer{cfg: cfg, backoff: cfg.Backoff, gc: groupCommit{max: max(cfg.LingerMax, 0)}, notice: Notice{DedupeHeld: -1}}
 	m.open(now)
@@ -313,8 +341,11 @@ func (m *Writer) Queued() int { return len(m.queue) }
 
 // CanStart reports whether a Tick at now would start a batch.
 func (m *Writer) CanStart(now time.Time) bool {
-	if m.phase != PhaseAccepting || m.cancelled || len(m.queue) == 0 {
+	if m.phase != PhaseAccepting || m.cancelled {
 		return false
+	}
+	if len(m.queue) == 0 {
+		return m.movesDue(now)
 	}
 	return !m.collecting || len(m.queue) >= m.cfg.MaxBatch || !now.Before(m.collectAt)
 }
@@ -351,7 +382,13 @@ func (m *Writer) Submit(now time.Time, c *Call) {
 func (m *Writer) Tick(now time.Time) {
 	switch m.phase {
 	case PhaseAccepting:
-		if m.cancelled || len(m.queue) == 0 {
+		if m.cancelled {
+			return
+		}
+		if len(m.queue) == 0 {
+			if m.movesDue(now) {
+				m.startBatch(now)
+			}
 			return
 		}
 		if !m.collecting {
@@ -372,6 +409,50 @@ func (m *Writer) Tick(now time.Time) {
 			m.readOwner()
 		}
 	}
+}
+
+// Route tells the writer that the owner table routes conversation cid to
+// vshard to (its hashed vshard when the override was removed). A
+// conversation routed elsewhere is moved by the writer that has it: this
+// one commits its moved record if its state says it is here. Call it for
+// every override of a conversation that may be here — at its hashed
+// vshard and at every dedicated one — when the writer starts and whenever
+// the override changes.
+func (m *Writer) Route(now time.Time, cid string, to int) {
+	if to == m.cfg.VShard {
+		delete(m.moves, cid)
+		if m.cfg.Faults.AcceptBeforeMoved {
+			if m.inbound == nil {
+				m.inbound = map[string]bool{}
+			}
+			m.inbound[cid] = true
+		}
+		return
+	}
+	delete(m.inbound, cid)
+	if m.moves == nil {
+		m.moves = map[string]int{}
+	}
+	m.moves[cid] = to
+	m.moveAt = now
+	if m.phase == PhaseAccepting && !m.collecting && m.wake.IsZero() {
+		m.wake = now
+	}
+}
+
+// Unroute tells the writer that no override names conversation cid any
+// more.
+func (m *Writer) Unroute(cid string) {
+	delete(m.moves, cid)
+	delete(m.inbound, cid)
+}
+
+// Moving is the number of conversations routed elsewhere that the writer
+// still looks after.
+func (m *Writer) Moving() int { return len(m.moves) }
+
+func (m *Writer) movesDue(now time.Time) bool {
+	return len(m.moves) > 0 && !now.Before(m.moveAt)
 }
 
 // Stop ends the writer: the owner row moved or the lease was lost. A
@@ -513,6 +594,11 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 			return
 		}
 		for cid, conv := range convs {
+			if old := m.convs[cid]; old != nil {
+				// Loaded again (it was not here): its remembered
+				// rejections still stand.
+				conv.Refused, conv.refusedOrder = old.Refused, old.refusedOrder
+			}
 			m.convs[cid] = conv
 		}
 		for k, f := range found {
@@ -573,7 +659,7 @@ func (m *Writer) open(now time.Time) {
 }
 
 func (m *Writer) marker(now time.Time) *logrecord.Event {
-	return &logrecord.Event{V: logrecord.Version, Kind: logrecord.KindTakeover, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Worker: m.cfg.Worker, CreatedAt: now.UTC()}
+	return &logrecord.Event{V: logrecord.VersionOf(logrecord.KindTakeover), Kind: logrecord.KindTakeover, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Worker: m.cfg.Worker, CreatedAt: now.UTC()}
 }
 
 func (m *Writer) replayOffset() {
@@ -633,6 +719,11 @@ func (m *Writer) idle(now time.Time) {
 	m.wake = time.Time{}
 	if len(m.queue) > 0 {
 		m.wake = now
+	} else if len(m.moves) > 0 {
+		m.wake = m.moveAt
+		if m.wake.Before(now) {
+			m.wake = now
+		}
 	}
 }
 
@@ -666,7 +757,7 @@ func (m *Writer) finish() {
 	for _, c := range m.queue {
 		m.answer(c, Unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
 	}
-	m.queue, m.convs, m.tail, m.batch, m.replies, m.events = nil, nil, nil, nil, nil, nil
+	m.queue, m.convs, m.tail, m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil, nil, nil, nil
 	m.effect, m.wake = nil, time.Time{}
 	m.phase = PhaseDone
 }

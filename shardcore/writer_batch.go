@@ -2,6 +2,7 @@ package shardcore
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -31,7 +32,14 @@ func (m *Writer) startBatch(now time.Time) {
 	if len(m.queue) == 0 {
 		m.queue = m.queue[:0:0]
 	}
-	if len(m.batch) == 0 {
+	if m.movesDue(now) {
+		for cid := range m.moves {
+			m.batchMoves = append(m.batchMoves, cid)
+		}
+		sort.Strings(m.batchMoves)
+		m.moveAt = now.Add(m.cfg.MoveRetry)
+	}
+	if len(m.batch) == 0 && len(m.batchMoves) == 0 {
 		m.idle(now)
 		return
 	}
@@ -39,9 +47,17 @@ func (m *Writer) startBatch(now time.Time) {
 	var need []string
 	var keys []DedupeKey
 	seenConv, seenKey := map[string]bool{}, map[DedupeKey]bool{}
+	for _, cid := range m.batchMoves {
+		if !m.cached(cid) {
+			seenConv[cid] = true
+			need = append(need, cid)
+		}
+	}
 	for _, c := range m.batch {
 		cid := c.Cmd.ConversationID
-		conv, loaded := m.convs[cid]
+		conv := m.convs[cid]
+		// Cached and usable, and not being loaded again for a move.
+		loaded := !seenConv[cid] && m.cached(cid)
 		if !loaded && !seenConv[cid] {
 			seenConv[cid] = true
 			need = append(need, cid)
@@ -58,6 +74,23 @@ func (m *Writer) startBatch(now time.Time) {
 		return
 	}
 	m.decide(now)
+}
+
+// cached reports whether conversation cid's cached state can be used: it
+// is cached, and either here or with events persist may not have stored
+// yet. A conversation that is not here and whose events are all stored is
+// loaded again, for it may have moved (back) here since.
+func (m *Writer) cached(cid string) bool {
+	conv, ok := m.convs[cid]
+	if !ok {
+		return false
+	}
+	return Here(conv, m.cfg.VShard, m.cfg.Dedicated) || m.stored[cid] != nil
+}
+
+// stamp is the Stamp of an event decided at now with message id id.
+func (m *Writer) stamp(now time.Time, id string) Stamp {
+	return Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Dedicated: m.cfg.Dedicated}
 }
 
 // decide decides the batch in arrival order, applying each event at once
@@ -77,7 +110,11 @@ func (m *Writer) decide(now time.Time) {
 			conv = NewConv()
 			m.convs[c.Cmd.ConversationID] = conv
 		}
-		if wait, ok := m.allowSend(conv, &c.Cmd, now); !ok {
+		if m.cfg.Faults.AcceptBeforeMoved && m.inbound[c.Cmd.ConversationID] && !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
+			conv.Moved, conv.At = true, m.cfg.VShard
+		}
+		here := Here(conv, m.cfg.VShard, m.cfg.Dedicated)
+		if wait, ok := m.allowSend(conv, &c.Cmd, now); here && !ok {
 			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", m.cfg.ConvRate, c.Cmd.ConversationID)
 			e.RetryAfterMS = max(wait.Milliseconds(), 1)
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, e)}
@@ -94,9 +131,12 @@ func (m *Writer) decide(now time.Time) {
 			stale.Members = c.members
 			seen = &stale
 		}
-		d := Decide(seen, &c.Cmd, Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch}, m.cfg.Limits)
-		decided = true
+		d := Decide(seen, &c.Cmd, m.stamp(now, id), m.cfg.Limits)
 		switch {
+		case d.Retry:
+			// Not here: nothing is decided from this state.
+			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject), Retry: true}
+			continue
 		case d.Reject != nil:
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject)}
 			// Another attempt of the key gets this answer too, for a
@@ -110,7 +150,14 @@ func (m *Writer) decide(now time.Time) {
 		default:
 			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Seq, d.MessageID)}
 		}
+		decided = true
 	}
+	moved, err := m.decideMoves(now)
+	if err != nil {
+		m.failBatch(now, err)
+		return
+	}
+	seqs += moved
 	// A batch that writes nothing still answers from the writer's state (a
 	// retry's first result, forbidden, not_found, …), and a writer fenced
 	// without knowing it would answer from a stale one: so such a batch
@@ -140,6 +187,46 @@ func (m *Writer) decide(now time.Time) {
 	}
 }
 
+// decideMoves looks at the batch's conversations routed elsewhere: one
+// that is here gets its moved event (after the batch's commands, which
+// were decided here); one already where it is routed is forgotten; any
+// other is looked at again after MoveRetry. It returns how many moved
+// events it added.
+func (m *Writer) decideMoves(now time.Time) (int, error) {
+	n := 0
+	for _, cid := range m.batchMoves {
+		to, ok := m.moves[cid]
+		if !ok {
+			continue // routed here again meanwhile
+		}
+		conv := m.convs[cid]
+		if conv == nil {
+			conv = NewConv()
+			m.convs[cid] = conv
+		}
+		at := logrecord.VShard(cid, max(m.cfg.VShards, 1))
+		if conv.Moved {
+			at = conv.At
+		} else if m.cfg.VShards == 0 || !m.cfg.Dedicated {
+			at = m.cfg.VShard
+		}
+		switch at {
+		case to:
+			delete(m.moves, cid)
+		case m.cfg.VShard:
+			id, err := m.cfg.NewID(now)
+			if err != nil {
+				return n, fmt.Errorf("shardcore: message id: %w", err)
+			}
+			e := MoveEvent(conv, cid, to, m.stamp(now, id))
+			Apply(conv, e)
+			m.events = append(m.events, e)
+			n++
+		}
+	}
+	return n, nil
+}
+
 // commitDone answers the batch after its commit returned: accepted and the
 // other decided answers on success, unavailable on an error.
 func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
@@ -151,6 +238,10 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 	for i, e := range m.events {
 		if e.Kind != logrecord.KindTakeover && i < len(offsets) {
 			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
+		}
+		if e.Kind == logrecord.KindMoved && e.ToVShard != nil && m.moves[e.ConversationID] == *e.ToVShard {
+			delete(m.moves, e.ConversationID)
+			m.notice.Moved = append(m.notice.Moved, e.ConversationID)
 		}
 	}
 	var cycle time.Duration // from the previous batch's start (none for the first)
@@ -188,7 +279,7 @@ func (m *Writer) failBatch(now time.Time, err error) {
 }
 
 func (m *Writer) endBatch() {
-	m.batch, m.replies, m.events = nil, nil, nil
+	m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil
 }
 
 // afterBatch returns to accepting once a batch is over.

@@ -13,7 +13,7 @@ import (
 // and each planted violation is reported by its property.
 
 func event(kind, conv, sender, user, cmid string, seq int64) *logrecord.Event {
-	e := &logrecord.Event{V: logrecord.Version, Kind: kind, ConversationID: conv, Seq: seq, Sender: sender, UserID: user,
+	e := &logrecord.Event{V: logrecord.VersionOf(kind), Kind: kind, ConversationID: conv, Seq: seq, Sender: sender, UserID: user,
 		ClientMessageID: cmid, MessageID: "m" + conv + "-" + string(rune('0'+seq)), CreatedAt: time.Unix(0, 0), VShard: 0, Epoch: 1}
 	if kind == logrecord.KindCreate {
 		e.Members = []string{"u1", "u2"}

@@ -1,0 +1,160 @@
+package shardcore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// A conversation routed elsewhere is moved by the writer that has it: a
+// moved event with the next seq, after the batch's commands; from then on
+// its new commands are answered retry, and a retry of a message accepted
+// before the move still gets its first result.
+func TestWriterMovesAConversation(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShards = 4 })
+	h.takeOver()
+	h.submit("s1", send("c1", "u1", "k1"), time.Time{})
+	h.tick()
+	h.load()
+	h.want(EffectCommit)
+	h.m.Committed(h.now, []int64{20}, nil)
+	h.ready()
+	h.housekeep()
+	if a := h.answers["s1"]; a.Reply.Op != protocol.OpAccepted || a.Reply.Seq != 2 {
+		t.Fatalf("s1 %+v", a.Reply)
+	}
+
+	h.m.Route(h.now, "c1", 6)
+	h.submit("s2", send("c1", "u1", "k2"), time.Time{})
+	h.tick()
+	h.want(EffectLoadState) // k2's dedupe lookup
+	h.m.StateLoaded(h.now, nil, nil, nil)
+	h.ready()
+	e := h.want(EffectCommit)
+	if len(e.Events) != 2 || e.Events[0].Seq != 3 || e.Events[1].Kind != logrecord.KindMoved || e.Events[1].Seq != 4 || *e.Events[1].ToVShard != 6 {
+		t.Fatalf("commit %+v, want s2's message at 3, then moved to 6 at 4", e.Events)
+	}
+	if e.Events[1].V != 2 {
+		t.Fatalf("moved event written with version %d", e.Events[1].V)
+	}
+	h.m.Committed(h.now, []int64{21, 22}, nil)
+	rd := h.ready()
+	h.housekeep()
+	if len(rd.Notice.Moved) != 1 || h.m.Moving() != 0 {
+		t.Fatalf("notice %+v, moving %d", rd.Notice.Moved, h.m.Moving())
+	}
+
+	h.submit("s3", send("c1", "u1", "k3"), time.Time{})
+	h.submit("s1-again", send("c1", "u1", "k1"), time.Time{})
+	h.tick()
+	h.want(EffectLoadState) // k3's dedupe lookup
+	h.m.StateLoaded(h.now, nil, nil, nil)
+	h.ready()
+	// The retry's first result comes from this writer's state: a marker
+	// confirms the writer still owns the vshard first.
+	if e := h.want(EffectCommit); len(e.Events) != 1 || e.Events[0].Kind != logrecord.KindTakeover {
+		t.Fatalf("commit %+v, want a marker alone", e.Events)
+	}
+	h.m.Committed(h.now, []int64{23}, nil)
+	h.ready()
+	if a := h.answers["s3"]; !a.Retry || a.Reply.Code != protocol.CodeUnavailable || a.Wrote {
+		t.Fatalf("s3 after the move: %+v", a)
+	}
+	if a := h.answers["s1-again"]; a.Reply.Op != protocol.OpAccepted || a.Reply.Seq != 2 {
+		t.Fatalf("retry of s1 after the move: %+v", a.Reply)
+	}
+}
+
+// The writer a conversation is routed to answers retry until its state
+// says the conversation is here (the old writer's moved record is in
+// durable state), loading it again each time; then it continues the seq.
+func TestDedicatedWriterWaitsForTheMovedRecord(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShard, c.VShards, c.Dedicated = 6, 4, true })
+	h.takeOver()
+	h.m.Route(h.now, "c1", 6)
+	state := func(moved bool) map[string]*Conv {
+		conv := NewConv()
+		Apply(conv, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, Sender: "u1", Members: []string{"u1"}})
+		if moved {
+			to := 6
+			Apply(conv, &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: "c1", Seq: 2, ToVShard: &to})
+		}
+		return map[string]*Conv{"c1": conv}
+	}
+	h.submit("s1", send("c1", "u1", "k1"), time.Time{})
+	h.tick()
+	h.want(EffectLoadState)
+	h.m.StateLoaded(h.now, state(false), nil, nil)
+	h.ready()
+	if a := h.answers["s1"]; !a.Retry || a.Reply.Code != protocol.CodeUnavailable {
+		t.Fatalf("s1 before the moved record: %+v", a)
+	}
+	h.submit("s1b", send("c1", "u1", "k1"), time.Time{})
+	h.tick()
+	if e := h.want(EffectLoadState); len(e.Convs) != 1 || len(e.Keys) != 1 {
+		t.Fatalf("second try loads %+v, want c1 and its key again", e)
+	}
+	h.m.StateLoaded(h.now, state(true), nil, nil)
+	h.ready()
+	e := h.want(EffectCommit)
+	if len(e.Events) != 1 || e.Events[0].Seq != 3 || e.Events[0].VShard != 6 {
+		t.Fatalf("commit %+v, want seq 3 from vshard 6", e.Events)
+	}
+}
+
+// A move the writer cannot make (the conversation is not here) is looked
+// at again after MoveRetry, and forgotten once the conversation is where it
+// is routed.
+func TestWriterMoveRetriesUntilSettled(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShard, c.VShards, c.Dedicated, c.MoveRetry = 6, 4, true, time.Second })
+	h.takeOver()
+	// c1 hashes to some vshard of 4; it is routed back there from 6, but
+	// it has not arrived at 6 yet.
+	home := logrecord.VShard("c1", 4)
+	h.m.Route(h.now, "c1", 5)
+	rd := h.tick()
+	h.want(EffectLoadState)
+	conv := NewConv()
+	h.m.StateLoaded(h.now, map[string]*Conv{"c1": conv}, nil, nil)
+	rd = h.ready()
+	if h.last != nil || h.m.Moving() != 1 || !rd.Wake.Equal(h.now.Add(time.Second)) {
+		t.Fatalf("effect %v, moving %d, wake %v", h.last, h.m.Moving(), rd.Wake)
+	}
+	h.now = h.now.Add(time.Second)
+	h.tick()
+	h.want(EffectLoadState)
+	to := 6
+	conv = NewConv()
+	Apply(conv, &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: "c1", Seq: 1, ToVShard: &to})
+	h.m.StateLoaded(h.now, map[string]*Conv{"c1": conv}, nil, nil)
+	h.ready()
+	if e := h.want(EffectCommit); len(e.Events) != 1 || e.Events[0].Kind != logrecord.KindMoved || *e.Events[0].ToVShard != 5 || e.Events[0].Seq != 2 {
+		t.Fatalf("commit %+v, want the move to 5", e.Events)
+	}
+	h.m.Committed(h.now, []int64{30}, nil)
+	h.ready()
+	h.housekeep()
+	if h.m.Moving() != 0 {
+		t.Fatalf("moving %d after the move", h.m.Moving())
+	}
+	// Routed home, and already home: nothing to do.
+	h.m.Route(h.now, "c2", logrecord.VShard("c2", 4))
+	h.tick()
+	h.want(EffectLoadState)
+	h.m.StateLoaded(h.now, map[string]*Conv{"c2": NewConv()}, nil, nil)
+	h.ready()
+	if h.last != nil || h.m.Moving() != 0 {
+		t.Fatalf("effect %v, moving %d for a conversation at home", h.last, h.m.Moving())
+	}
+	_ = home
+}
+
+// housekeep answers a housekeeping pass, if one was asked for.
+func (h *harness) housekeep() {
+	if h.last != nil && h.last.Kind == EffectPersistOffset {
+		h.m.PersistOffset(h.now, 0, false, nil)
+		h.ready()
+	}
+}
