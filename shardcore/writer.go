@@ -96,9 +96,9 @@ type WriterConfig struct {
 	// conversations moved to it.
 	VShards   int
 	Dedicated bool
-	Epoch  int64  // the ownership epoch of the owner row that started it
-	Worker string // written into its takeover markers
-	Limits Limits
+	Epoch     int64  // the ownership epoch of the owner row that started it
+	Worker    string // written into its takeover markers
+	Limits    Limits
 
 	MaxBatch int           // commands per batch (≥ 1)
 	Linger   time.Duration // fixed linger before each batch; 0: the adaptive group commit's
