@@ -226,23 +226,25 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 			}
 			return Decision{Seq: f.Seq, MessageID: f.MessageID}
 		}
-		// A rejection of this key decided a moment ago stands: the client
-		// may have been told it, and an attempt that arrives late (one the
-		// gateway gave up on, or that a client's re-send overtook) must
-		// not be accepted after it (docs/protocol.md, "Attempts in
-		// flight").
-		if r, ok := c.Refused[cmd.ClientMessageID]; ok && r.Sender == cmd.Sender && r.Op == cmd.Op {
-			return Decision{Reject: r.Err}
-		}
 	}
 	// A conversation that moved away (or has not arrived) is decided by
 	// its new vshard's writer alone, from the state this one committed up
 	// to its moved record. A first result above is still true here: it
-	// never changes.
+	// never changes. A remembered rejection is not: the new writer may
+	// have accepted the key since.
 	if !Here(c, st.VShard, st.Dedicated) {
 		e := protocol.Errorf(protocol.CodeUnavailable, "%s is moving between vshards; retry with the same ids", cmd.ConversationID)
 		e.RetryAfterMS = 50
 		return Decision{Reject: e, Retry: true}
+	}
+	// A rejection of this key decided a moment ago stands: the client
+	// may have been told it, and an attempt that arrives late (one the
+	// gateway gave up on, or that a client's re-send overtook) must not be
+	// accepted after it (docs/protocol.md, "Attempts in flight").
+	if cmd.ClientMessageID != "" {
+		if r, ok := c.Refused[cmd.ClientMessageID]; ok && r.Sender == cmd.Sender && r.Op == cmd.Op {
+			return Decision{Reject: r.Err}
+		}
 	}
 	_, isMember := c.Members[cmd.Sender]
 	ev := &logrecord.Event{

@@ -76,13 +76,20 @@ type Writer struct {
 	rates    map[string]*rate.Limiter
 
 	// moves are the conversations the owner table routes elsewhere that
-	// may be here: each is moved (a moved event committed) if this
-	// writer's state says it is here, forgotten once it is where it is
-	// routed, and looked at again after MoveRetry otherwise (it may be on
-	// its way here). batchMoves are the ones the batch in hand looks at.
+	// may be here: each is moved (a moved event committed) once this
+	// writer's state says it is here. A look that finds it elsewhere
+	// settles nothing — a move decided on an older route may still bring
+	// it here — so it is looked at again, less and less often (moveWait),
+	// while the override stands. batchMoves are the ones the batch in
+	// hand looks at.
 	moves      map[string]int
 	moveAt     time.Time
+	moveWait   time.Duration
 	batchMoves []string
+	// unpin: a batch met a conversation that is not here and that events
+	// persist may not have stored keep cached; persist's offset is read
+	// at the next housekeeping pass even without a commit.
+	unpin bool
 	// inbound: conversations routed here (only AcceptBeforeMoved uses it).
 	inbound map[string]bool
 }
@@ -120,9 +127,12 @@ type WriterConfig struct {
 	// OwnerRetry is the wait before re-reading an owner row that could
 	// not be read.
 	OwnerRetry time.Duration
-	// MoveRetry is how often a conversation routed elsewhere that is not
-	// where it is routed yet is looked at again (default 1 s).
-	MoveRetry time.Duration
+	// MoveRetry is how soon a conversation routed elsewhere is looked at
+	// again after a look that found it not here (default 1 s); the wait
+	// doubles with each such look, up to MoveRetryMax (default 30 s), and
+	// starts again at MoveRetry when the route changes.
+	MoveRetry    time.Duration
+	MoveRetryMax time.Duration
 
 	// NewID returns a fresh message id for an event decided at now.
 	NewID func(now time.Time) (string, error)
@@ -319,6 +329,10 @@ func NewWriter(cfg WriterConfig, now time.Time) *Writer {
 	if cfg.MoveRetry <= 0 {
 		cfg.MoveRetry = time.Second
 	}
+	cfg.MoveRetryMax = max(cfg.MoveRetryMax, cfg.MoveRetry)
+	if cfg.MoveRetryMax == cfg.MoveRetry && cfg.MoveRetry == time.Second {
+		cfg.MoveRetryMax = 30 * time.Second
+	}
 	m := &Writer{cfg: cfg, backoff: cfg.Backoff, gc: groupCommit{max: max(cfg.LingerMax, 0)}, notice: Notice{DedupeHeld: -1}}
 	m.open(now)
 	return m
@@ -434,7 +448,7 @@ func (m *Writer) Route(now time.Time, cid string, to int) {
 		m.moves = map[string]int{}
 	}
 	m.moves[cid] = to
-	m.moveAt = now
+	m.moveAt, m.moveWait = now, 0
 	if m.phase == PhaseAccepting && !m.collecting && m.wake.IsZero() {
 		m.wake = now
 	}

@@ -37,7 +37,8 @@ func (m *Writer) startBatch(now time.Time) {
 			m.batchMoves = append(m.batchMoves, cid)
 		}
 		sort.Strings(m.batchMoves)
-		m.moveAt = now.Add(m.cfg.MoveRetry)
+		m.moveWait = min(max(m.moveWait*2, m.cfg.MoveRetry), m.cfg.MoveRetryMax)
+		m.moveAt = now.Add(m.moveWait)
 	}
 	if len(m.batch) == 0 && len(m.batchMoves) == 0 {
 		m.idle(now)
@@ -113,8 +114,9 @@ func (m *Writer) decide(now time.Time) {
 		if m.cfg.Faults.AcceptBeforeMoved && m.inbound[c.Cmd.ConversationID] && !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
 			conv.Moved, conv.At = true, m.cfg.VShard
 		}
-		here := Here(conv, m.cfg.VShard, m.cfg.Dedicated)
-		if wait, ok := m.allowSend(conv, &c.Cmd, now); here && !ok {
+		// (A conversation that is not here is answered retry by Decide
+		// and costs its bucket nothing.)
+		if wait, ok := m.allowSend(conv, &c.Cmd, now); !ok {
 			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", m.cfg.ConvRate, c.Cmd.ConversationID)
 			e.RetryAfterMS = max(wait.Milliseconds(), 1)
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, e)}
@@ -136,6 +138,7 @@ func (m *Writer) decide(now time.Time) {
 		case d.Retry:
 			// Not here: nothing is decided from this state.
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject), Retry: true}
+			m.notHerePinned(c.Cmd.ConversationID)
 			continue
 		case d.Reject != nil:
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject)}
@@ -168,7 +171,7 @@ func (m *Writer) decide(now time.Time) {
 			m.answers = append(m.answers, r)
 		}
 		m.endBatch()
-		m.afterBatch(now)
+		m.housekeepOrIdle(now, false)
 		return
 	}
 	open := false
@@ -189,9 +192,7 @@ func (m *Writer) decide(now time.Time) {
 
 // decideMoves looks at the batch's conversations routed elsewhere: one
 // that is here gets its moved event (after the batch's commands, which
-// were decided here); one already where it is routed is forgotten; any
-// other is looked at again after MoveRetry. It returns how many moved
-// events it added.
+// were decided here). It returns how many moved events it added.
 func (m *Writer) decideMoves(now time.Time) (int, error) {
 	n := 0
 	for _, cid := range m.batchMoves {
@@ -204,16 +205,11 @@ func (m *Writer) decideMoves(now time.Time) (int, error) {
 			conv = NewConv()
 			m.convs[cid] = conv
 		}
-		at := logrecord.VShard(cid, max(m.cfg.VShards, 1))
-		if conv.Moved {
-			at = conv.At
-		} else if m.cfg.VShards == 0 || !m.cfg.Dedicated {
-			at = m.cfg.VShard
+		if !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
+			m.notHerePinned(cid)
+			continue
 		}
-		switch at {
-		case to:
-			delete(m.moves, cid)
-		case m.cfg.VShard:
+		{
 			id, err := m.cfg.NewID(now)
 			if err != nil {
 				return n, fmt.Errorf("shardcore: message id: %w", err)
@@ -239,8 +235,7 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 		if e.Kind != logrecord.KindTakeover && i < len(offsets) {
 			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
 		}
-		if e.Kind == logrecord.KindMoved && e.ToVShard != nil && m.moves[e.ConversationID] == *e.ToVShard {
-			delete(m.moves, e.ConversationID)
+		if e.Kind == logrecord.KindMoved {
 			m.notice.Moved = append(m.notice.Moved, e.ConversationID)
 		}
 	}
@@ -255,8 +250,32 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 		m.finish()
 		return
 	}
-	if len(m.convs) > m.cfg.MaxConvs || now.Sub(m.lastTrim) >= m.cfg.TrimInterval {
-		m.lastTrim = now
+	m.housekeepOrIdle(now, true)
+}
+
+// notHerePinned notes that conversation cid, not here, is held in the
+// cache by events persist may not have stored yet (this writer's own
+// moved record): it can be loaded again — it may have moved back since —
+// only after persist's offset is read again.
+func (m *Writer) notHerePinned(cid string) {
+	if m.stored[cid] != nil {
+		m.unpin = true
+	}
+}
+
+// housekeepOrIdle ends a batch: after a commit it reads persist's offset
+// to bound the writer's memory when that is due; after any batch when a
+// conversation waits to be unpinned (at most once a TrimInterval; the
+// next batch that meets it tries again). Otherwise it returns to
+// accepting.
+func (m *Writer) housekeepOrIdle(now time.Time, committed bool) {
+	if m.cancelled {
+		m.finish()
+		return
+	}
+	due := now.Sub(m.lastTrim) >= m.cfg.TrimInterval
+	if committed && (len(m.convs) > m.cfg.MaxConvs || due) || m.unpin && due {
+		m.lastTrim, m.unpin = now, false
 		m.phase = PhaseHousekeep
 		m.effect = &Effect{Kind: EffectPersistOffset}
 		return

@@ -8,16 +8,20 @@ import (
 )
 
 // bugCases are the writer's bug switches, each with the property that must
-// catch it.
+// catch it and the dedicated vshards its schedules have.
 var bugCases = []struct {
-	name string
-	bugs Bugs
-	want string
+	name      string
+	bugs      Bugs
+	want      string
+	dedicated int
 }{
-	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision},
-	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost},
-	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved},
-	{"ReplayBeforeMarker", Bugs{ReplayBeforeMarker: true}, PropCollision},
+	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision, 0},
+	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost, 0},
+	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved, 0},
+	{"ReplayBeforeMarker", Bugs{ReplayBeforeMarker: true}, PropCollision, 0},
+	// The new writer of a moved conversation starts before the old one's
+	// moved record is committed (and stored).
+	{"AcceptBeforeMoved", Bugs{AcceptBeforeMoved: true}, PropCollision, 1},
 }
 
 // bugSeeds is how many seeded schedules each bug runs in CI (a soak runs
@@ -36,8 +40,7 @@ func TestBugsAreCaught(t *testing.T) {
 	}
 	for _, bc := range bugCases {
 		t.Run(bc.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.Bugs = bc.bugs
+			cfg := bugConfig(t, bc.name)
 			caught := 0
 			count, first := map[string]int{}, map[string]int{}
 			for seed := 1; seed <= seeds; seed++ {
@@ -72,25 +75,32 @@ func TestBugsAreCaught(t *testing.T) {
 // TestCorrectWriterOnBugSeeds runs the correct writer on the seeds the bug
 // tests use: every violation they find must come from the bug.
 func TestCorrectWriterOnBugSeeds(t *testing.T) {
-	for seed := 1; seed <= bugSeeds; seed++ {
-		if r := Run(DefaultConfig(), NewSeededChooser(uint64(seed))); r.Failed() {
-			t.Fatalf("seed %d: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, r.Properties(), r.Report(150), seed)
+	for _, dedicated := range []int{0, 1} {
+		cfg := DefaultConfig()
+		cfg.Dedicated = dedicated
+		for seed := 1; seed <= bugSeeds; seed++ {
+			if r := Run(cfg, NewSeededChooser(uint64(seed))); r.Failed() {
+				t.Fatalf("seed %d with %d dedicated vshards: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, dedicated, r.Properties(), r.Report(150), seed)
+			}
 		}
 	}
 }
 
-// bugByName returns the bug switch named name ("" is the correct writer).
-func bugByName(t *testing.T, name string) Bugs {
+// bugConfig returns DefaultConfig with the bug switch named name and its
+// dedicated vshards ("" is the correct writer, with none).
+func bugConfig(t *testing.T, name string) Config {
+	cfg := DefaultConfig()
 	if name == "" {
-		return Bugs{}
+		return cfg
 	}
 	var names []string
 	for _, bc := range bugCases {
 		if bc.name == name {
-			return bc.bugs
+			cfg.Bugs, cfg.Dedicated = bc.bugs, bc.dedicated
+			return cfg
 		}
 		names = append(names, bc.name)
 	}
 	t.Fatalf("CHATPIPE_SIM_BUG=%q: want one of %v", name, names)
-	return Bugs{}
+	return cfg
 }

@@ -53,10 +53,18 @@ func (w *World) check() {
 	w.checkDevices()
 }
 
-// convLog returns conv's committed events in log (offset) order.
+// convLog returns conv's committed events in commit order: by the step of
+// their commit, then by offset (the events of one transaction are in one
+// partition). A moved conversation's events are in more than one
+// partition, whose offsets do not compare.
 func (w *World) convLog(conv string) []*Record {
 	recs := slices.Clone(w.log.ConvRecords(conv))
-	slices.SortFunc(recs, func(a, b *Record) int { return int(a.Offset - b.Offset) })
+	slices.SortFunc(recs, func(a, b *Record) int {
+		if a.CommittedStep != b.CommittedStep {
+			return a.CommittedStep - b.CommittedStep
+		}
+		return int(a.Offset - b.Offset)
+	})
 	return recs
 }
 

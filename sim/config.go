@@ -20,11 +20,15 @@ type Bugs struct {
 	// producer and commits the marker, and accepts without reading what
 	// the previous writer committed in between.
 	ReplayBeforeMarker bool
+	// AcceptBeforeMoved makes the writer a conversation is routed to
+	// accept for it from its durable state at once, without waiting for
+	// the moved record of the vshard it leaves.
+	AcceptBeforeMoved bool
 }
 
 // Any reports whether a bug is switched on.
 func (b Bugs) Any() bool {
-	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox || b.ReplayBeforeMarker
+	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox || b.ReplayBeforeMarker || b.AcceptBeforeMoved
 }
 
 // Config is the shape of one simulated deployment and the size of its
@@ -32,6 +36,10 @@ func (b Bugs) Any() bool {
 type Config struct {
 	VShards        int // virtual shards
 	Partitions     int // log partitions; vshard v is in partition v mod Partitions
+	// Dedicated vshards beyond the hashed ones (each with a partition of
+	// its own after them): the schedule isolates conversations into them
+	// and releases them again (an override in the owner store).
+	Dedicated int
 	Workers        int // worker processes
 	Conversations  int // conversation i lands on vshard i mod VShards
 	Users          int // u0 owns every conversation; u1, u2 are initial members

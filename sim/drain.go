@@ -72,6 +72,11 @@ func (w *World) pending() string {
 			fmt.Fprintf(&b, "p%d not persisted; ", p)
 		}
 	}
+	for _, c := range sortedKeys(w.routes) {
+		if at := w.locatedAt(c); at != w.routes[c] {
+			fmt.Fprintf(&b, "%s is at v%d, routed to v%d; ", c, at, w.routes[c])
+		}
+	}
 	for _, d := range w.devices {
 		if d.behind(w.sink, w.convs) {
 			fmt.Fprintf(&b, "device %s/%d behind; ", d.user, d.n)

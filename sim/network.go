@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 
-	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -65,7 +64,7 @@ func (n *network) remove(m *message) {
 // conversation's vshard in its (possibly stale) view, or answers
 // unavailable when the view has none.
 func (w *World) route(att *attempt) {
-	v := logrecord.VShard(att.op.cmd.ConversationID, w.cfg.VShards)
+	v := w.routeOf(w.gwRoutes, att.op.cmd.ConversationID)
 	row, _, ok := w.gateway.Live(v)
 	if !ok {
 		w.reply(att, unavailable(att, "no live owner of vshard %d", v), false)

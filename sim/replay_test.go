@@ -22,8 +22,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CHATPIPE_SIM_SEED=%q: %v", v, err)
 	}
-	cfg := DefaultConfig()
-	cfg.Bugs = bugByName(t, os.Getenv("CHATPIPE_SIM_BUG"))
+	cfg := bugConfig(t, os.Getenv("CHATPIPE_SIM_BUG"))
 	r := Run(cfg, NewSeededChooser(seed))
 	t.Logf("seed %d, bugs %+v:\n%s", seed, cfg.Bugs, r.Report(len(r.Trace)))
 	if r.Failed() {

@@ -27,6 +27,8 @@ type Stats struct {
 	Outages           int
 	StaleAnswers      int // answers of fenced writers the log contradicts (not violations unless StrictAnswers)
 	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
+	Isolations        int // overrides the operator changed (isolate or release)
+	ConvMoves         int // moved records committed
 }
 
 // add sums o into s.
@@ -50,6 +52,8 @@ func (s *Stats) add(o Stats) {
 	s.Outages += o.Outages
 	s.StaleAnswers += o.StaleAnswers
 	s.EpochRegressions += o.EpochRegressions
+	s.Isolations += o.Isolations
+	s.ConvMoves += o.ConvMoves
 }
 
 // Violation is one broken property.

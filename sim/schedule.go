@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 
+	"github.com/chatpipe/chatpipe/logrecord"
+
 	"github.com/chatpipe/chatpipe/ownership"
 )
 
@@ -21,6 +23,7 @@ const (
 	catGateway                    // the gateway's view catches up
 	catLifecycle                  // a worker acts on its lost lease, or registers
 	catDevice                     // a device syncs from the sink
+	catIsolate                    // the operator isolates a conversation or releases it
 	catRestart                    // a crashed worker starts again
 	catPause                      // fault: freeze a worker longer than its lease
 	catCrash                      // fault: kill a worker
@@ -31,10 +34,10 @@ const (
 )
 
 var categoryNames = [numCategories]string{"writer", "deliver", "issue", "retry", "persist", "clock", "manage",
-	"coordinate", "gateway", "lifecycle", "device", "restart", "pause", "crash", "drop", "lost-commit", "outage"}
+	"coordinate", "gateway", "lifecycle", "device", "isolate", "restart", "pause", "crash", "drop", "lost-commit", "outage"}
 
 // weights of the categories in a random schedule.
-var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1}
+var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 2, 1, 1, 1, 1, 1}
 
 func (c category) fault() bool { return c >= catPause }
 
@@ -103,7 +106,7 @@ func (w *World) actions(c category) []action {
 	case catManage:
 		for _, wk := range w.workers {
 			if wk.running(w.now) && wk.registered && !wk.leaseLost {
-				if stop, start := w.manageChanges(wk); len(stop)+len(start) > 0 {
+				if stop, start := w.manageChanges(wk); len(stop)+len(start) > 0 || wk.routesRev != w.routesRev {
 					wk := wk
 					add(func() { w.manage(wk) }, "manage %s stop %v start %v", wk.id, stop, start)
 				}
@@ -114,7 +117,7 @@ func (w *World) actions(c category) []action {
 			add(w.coordinate, "coordinate")
 		}
 	case catGateway:
-		if w.gwRev != w.owners.Rev() {
+		if w.gwRev != w.owners.Rev() || w.gwRoutesRev != w.routesRev {
 			add(w.refreshGateway, "gateway refresh")
 		}
 	case catLifecycle:
@@ -133,6 +136,23 @@ func (w *World) actions(c category) []action {
 			if d.behind(w.sink, w.convs) {
 				d := d
 				add(func() { d.sync(w.sink, w.convs) }, "device %s/%d sync", d.user, d.n)
+			}
+		}
+	case catIsolate:
+		if w.cfg.Dedicated == 0 {
+			break
+		}
+		for _, c := range w.convs {
+			c := c
+			home := logrecord.VShard(c, w.cfg.VShards)
+			if at := w.routeOf(w.routes, c); at != home {
+				add(func() { w.isolate(c, home) }, "RELEASE %s (from v%d)", c, at)
+			}
+			for d := w.cfg.VShards; d < w.layout().AllVShards(); d++ {
+				if d != w.routeOf(w.routes, c) {
+					d := d
+					add(func() { w.isolate(c, d) }, "ISOLATE %s → v%d", c, d)
+				}
 			}
 		}
 	case catRestart:
@@ -164,7 +184,7 @@ func (w *World) actions(c category) []action {
 }
 
 func (w *World) planWouldMove() bool {
-	return len(ownership.Plan(w.owners.View(), w.cfg.VShards)) > 0
+	return len(ownership.Plan(w.owners.View(), w.layout().AllVShards())) > 0
 }
 
 // randomStep lets the chooser pick a category (by weight, among those with

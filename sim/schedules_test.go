@@ -30,6 +30,7 @@ func ScheduleConfig(seed uint64) Config {
 	cfg.Partitions = 1 + r.IntN(min(2, cfg.VShards))
 	cfg.Workers = 2 + r.IntN(2)
 	cfg.WriterMaxConvs = 1 + r.IntN(3)
+	cfg.Dedicated = r.IntN(3)
 	return cfg
 }
 

@@ -117,7 +117,7 @@ func (s *Sink) LoadConv(conv string) *shardcore.Conv {
 			}
 			continue
 		}
-		shardcore.Apply(c, &logrecord.Event{Kind: e.Kind, ConversationID: conv, Seq: e.Seq, Sender: e.Sender, UserID: e.UserID, Members: e.Members})
+		shardcore.Apply(c, &logrecord.Event{Kind: e.Kind, ConversationID: conv, Seq: e.Seq, Sender: e.Sender, UserID: e.UserID, Members: e.Members, ToVShard: e.ToVShard})
 	}
 	return c
 }

@@ -60,7 +60,9 @@ func (w *World) justified(o *op, a *answer) bool {
 		if k > 0 && recs[k-1].CommittedStep > a.sentStep {
 			break
 		}
-		d := shardcore.Decide(c, &o.cmd, shardcore.Stamp{Now: time.Unix(0, 0)}, shardcore.Limits{MaxMembers: w.cfg.MaxMembers})
+		// Decided where the conversation is at that prefix.
+		st := shardcore.Stamp{Now: time.Unix(0, 0), VShard: c.At, Dedicated: c.Moved}
+		d := shardcore.Decide(c, &o.cmd, st, shardcore.Limits{MaxMembers: w.cfg.MaxMembers})
 		switch {
 		case d.Event != nil:
 		case d.Reject != nil:

@@ -1,6 +1,10 @@
 package sim
 
-import "github.com/chatpipe/chatpipe/logrecord"
+import (
+	"maps"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+)
 
 // worker is the model of a shardworker process: one lease, the writers of
 // the vshards its owner rows name, and the ways a process goes wrong
@@ -15,6 +19,10 @@ type worker struct {
 
 	writers map[int]*writer // w.shards: the writers routed to
 	retired []*writer       // stopped writers still finishing their batch in hand
+	// routes is the owner store's overrides as this worker last read
+	// them (routesRev: the revision read).
+	routes    map[string]int
+	routesRev int64
 }
 
 func (wk *worker) paused(now int64) bool { return now < wk.pausedUntil }
@@ -76,7 +84,7 @@ func (w *World) noticeLost(wk *worker) {
 
 // manageChanges is what worker.manage would do with the owner rows now.
 func (w *World) manageChanges(wk *worker) (stop []int, start []int) {
-	for v := 0; v < w.cfg.VShards; v++ {
+	for v := 0; v < w.layout().AllVShards(); v++ {
 		row, ok := w.owners.rows[v]
 		mine := ok && row.Worker == wk.id && row.Gen == wk.gen
 		cur := wk.writers[v]
@@ -100,15 +108,40 @@ func (w *World) manage(wk *worker) {
 		wk.retired = append(wk.retired, wr)
 		delete(wk.writers, v)
 	}
+	// The overrides as read now: every writer hears of the ones that
+	// changed, a new writer of all of them.
+	old := wk.routes
+	wk.routes, wk.routesRev = maps.Clone(w.routes), w.routesRev
+	for _, v := range sortedKeys(wk.writers) {
+		for _, c := range sortedKeys(wk.routes) {
+			if prev, ok := old[c]; !ok || prev != wk.routes[c] {
+				w.tell(wk.writers[v], c, wk.routes[c])
+			}
+		}
+	}
 	for _, v := range start {
-		wk.writers[v] = newWriter(w, wk, v, w.owners.rows[v].Epoch)
+		wr := newWriter(w, wk, v, w.owners.rows[v].Epoch)
+		wk.writers[v] = wr
+		for _, c := range sortedKeys(wk.routes) {
+			w.tell(wr, c, wk.routes[c])
+		}
 	}
 	wk.prune()
 }
 
+// tell is shardworker's route feed: writer wr hears that conv is routed to
+// vshard to, if conv may be at wr's vshard (its hashed one, or any
+// dedicated one).
+func (w *World) tell(wr *writer, conv string, to int) {
+	if wr.v == logrecord.VShard(conv, w.cfg.VShards) || w.layout().IsDedicated(wr.v) {
+		wr.m.Route(w.clock(), conv, to)
+		wr.collect(w)
+	}
+}
+
 // handle is worker.handle: route a request to the writer of its vshard.
 func (wk *worker) handle(w *World, att *attempt) {
-	v := logrecord.VShard(att.op.cmd.ConversationID, w.cfg.VShards)
+	v := w.routeOf(wk.routes, att.op.cmd.ConversationID)
 	wr := wk.writers[v]
 	if wr == nil || wr.ended() {
 		w.reply(att, unavailable(att, "vshard %d is not owned by %s", v, wk.id), false)

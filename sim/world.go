@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -29,6 +30,13 @@ type World struct {
 	net     network
 	gateway ownership.View
 	gwRev   int64
+	// routes is the owner store's overrides: conversation → vshard (its
+	// hashed vshard once released); routesRev counts their changes, and
+	// the gateway and each worker act on the copy they last read.
+	routes      map[string]int
+	routesRev   int64
+	gwRoutes    map[string]int
+	gwRoutesRev int64
 
 	convs   []string
 	users   []string
@@ -71,7 +79,8 @@ func (w *World) finish() *Result {
 }
 
 func newWorld(cfg Config, ch Chooser) *World {
-	w := &World{cfg: cfg, ch: ch, log: NewLog(cfg.Partitions), owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink()}
+	w := &World{cfg: cfg, ch: ch, owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink(), routes: map[string]int{}}
+	w.log = NewLog(w.layout().TopicPartitions())
 	for i := 0; i < cfg.Workers; i++ {
 		w.workers = append(w.workers, &worker{id: fmt.Sprintf("w%d", i), alive: true, writers: map[int]*writer{}})
 	}
@@ -122,7 +131,7 @@ func (w *World) setup() {
 // coordinate is one round of the coordinator: ownership.Plan on the current
 // view, each move written by compare-and-swap.
 func (w *World) coordinate() {
-	for _, m := range ownership.Plan(w.owners.View(), w.cfg.VShards) {
+	for _, m := range ownership.Plan(w.owners.View(), w.layout().AllVShards()) {
 		if w.owners.CAS(m) {
 			w.stats.Moves++
 			w.tracef("  move v%d %s→%s gen %d epoch %d", m.VShard, m.From, m.To, m.Gen, m.Epoch)
@@ -132,6 +141,42 @@ func (w *World) coordinate() {
 
 func (w *World) refreshGateway() {
 	w.gateway, w.gwRev = w.owners.View(), w.owners.Rev()
+	w.gwRoutes, w.gwRoutesRev = maps.Clone(w.routes), w.routesRev
+}
+
+// layout is the deployment's shape.
+func (w *World) layout() logrecord.Layout {
+	return logrecord.Layout{VShards: w.cfg.VShards, Partitions: w.cfg.Partitions, Dedicated: w.cfg.Dedicated}
+}
+
+// routeOf is where a router with overrides routes sends conv's commands.
+func (w *World) routeOf(routes map[string]int, conv string) int {
+	if v, ok := routes[conv]; ok {
+		return v
+	}
+	return logrecord.VShard(conv, w.cfg.VShards)
+}
+
+// isolate is the operator moving conv to vshard to (a dedicated one, or
+// back to its hashed vshard): the override changes in the owner store, and
+// the writers move the conversation.
+func (w *World) isolate(conv string, to int) {
+	w.routes[conv] = to
+	w.routesRev++
+	w.stats.Isolations++
+}
+
+// locatedAt is where the committed log says conv is written: the target
+// of its last moved event, or its hashed vshard.
+func (w *World) locatedAt(conv string) int {
+	at := logrecord.VShard(conv, w.cfg.VShards)
+	var top int64
+	for _, rec := range w.log.ConvRecords(conv) {
+		if e := rec.Event; e.Kind == logrecord.KindMoved && e.Seq > top && e.ToVShard != nil {
+			top, at = e.Seq, *e.ToVShard
+		}
+	}
+	return at
 }
 
 // advance moves the clock: leases run out, running workers renew theirs

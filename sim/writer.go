@@ -45,16 +45,17 @@ var (
 )
 
 func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
-	wr := &writer{wk: wk, v: v, part: logrecord.Partition(v, w.cfg.Partitions), epoch: epoch, txnID: logrecord.TransactionalID(v)}
+	wr := &writer{wk: wk, v: v, part: w.layout().Partition(v), epoch: epoch, txnID: logrecord.TransactionalID(v)}
 	faults := shardcore.WriterFaults{
 		AcceptBeforeMarker:       w.cfg.Bugs.AcceptBeforeMarker,
 		AcceptedBeforeCommit:     w.cfg.Bugs.AcceptedBeforeCommit,
 		MembershipOutsideMailbox: w.cfg.Bugs.MembershipOutsideMailbox,
 		ReplayBeforeMarker:       w.cfg.Bugs.ReplayBeforeMarker,
+		AcceptBeforeMoved:        w.cfg.Bugs.AcceptBeforeMoved,
 		NoEmptyBatchMarker:       !w.cfg.WhatIf.FenceCheckedAnswers,
 	}
 	wr.m = shardcore.NewWriter(shardcore.WriterConfig{
-		VShard: v, Epoch: epoch, Worker: wk.id,
+		VShard: v, VShards: w.cfg.VShards, Dedicated: w.layout().IsDedicated(v), Epoch: epoch, Worker: wk.id,
 		Limits:   shardcore.Limits{MaxMembers: w.cfg.MaxMembers},
 		MaxBatch: w.cfg.MaxBatch,
 		// Trim as tightly as the real writer may: after every commit, one
@@ -302,6 +303,7 @@ func (wr *writer) collect(w *World) {
 	if rd.Notice.TookOver {
 		w.stats.Takeovers++
 	}
+	w.stats.ConvMoves += len(rd.Notice.Moved)
 	if rd.Effect != nil {
 		wr.pending = rd.Effect
 	}
