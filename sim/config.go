@@ -34,12 +34,12 @@ func (b Bugs) Any() bool {
 // Config is the shape of one simulated deployment and the size of its
 // schedule. Times are in ticks of the simulated clock.
 type Config struct {
-	VShards        int // virtual shards
-	Partitions     int // log partitions; vshard v is in partition v mod Partitions
+	VShards    int // virtual shards
+	Partitions int // log partitions; vshard v is in partition v mod Partitions
 	// Dedicated vshards beyond the hashed ones (each with a partition of
 	// its own after them): the schedule isolates conversations into them
 	// and releases them again (an override in the owner store).
-	Dedicated int
+	Dedicated      int
 	Workers        int // worker processes
 	Conversations  int // conversation i lands on vshard i mod VShards
 	Users          int // u0 owns every conversation; u1, u2 are initial members
