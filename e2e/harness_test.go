@@ -59,6 +59,7 @@ type endpoints struct {
 	Etcd       []string `json:"etcd"`
 	VShards    int      `json:"vshards"`
 	Partitions int      `json:"partitions"`
+	Dedicated  int      `json:"dedicated"`
 	PID        int      `json:"pid"`
 	Admin      string   `json:"admin"`
 }

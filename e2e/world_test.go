@@ -68,8 +68,12 @@ func readLog(t *testing.T, ep endpoints) []row {
 		if e.Kind == logrecord.KindTakeover {
 			return
 		}
-		if got := logrecord.Partition(logrecord.VShard(e.ConversationID, ep.VShards), ep.Partitions); got != r.Partition {
-			t.Errorf("%s/%d in partition %d, want %d", e.ConversationID, e.Seq, r.Partition, got)
+		l := logrecord.Layout{VShards: ep.VShards, Partitions: ep.Partitions, Dedicated: ep.Dedicated}
+		if home := logrecord.VShard(e.ConversationID, ep.VShards); e.VShard != home && !l.IsDedicated(e.VShard) {
+			t.Errorf("%s/%d written by vshard %d: neither its own (%d) nor a dedicated one", e.ConversationID, e.Seq, e.VShard, home)
+		}
+		if got := l.Partition(e.VShard); got != r.Partition {
+			t.Errorf("%s/%d of vshard %d in partition %d, want %d", e.ConversationID, e.Seq, e.VShard, r.Partition, got)
 		}
 		out = append(out, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID, Sender: e.Sender, Seq: e.Seq,
 			UserID: e.UserID, Body: e.Body, Members: e.Members})

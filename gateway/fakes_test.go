@@ -52,6 +52,8 @@ func (o *fakeOwners) Route(v int) (ownership.Row, ownership.WorkerInfo, bool) {
 	return row, ownership.WorkerInfo{Addr: row.Worker, Gen: row.Gen}, true
 }
 
+func (o *fakeOwners) Override(string) (int, bool) { return 0, false }
+
 func (o *fakeOwners) Changed() <-chan struct{} {
 	o.mu.Lock()
 	defer o.mu.Unlock()

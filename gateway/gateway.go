@@ -37,6 +37,9 @@ type Owners interface {
 	Route(v int) (ownership.Row, ownership.WorkerInfo, bool)
 	// Changed returns a channel closed at the next change of the view.
 	Changed() <-chan struct{}
+	// Override returns the vshard a conversation is routed to instead of
+	// its hashed one (an operator isolated it), if any.
+	Override(conversationID string) (int, bool)
 }
 
 // Link is a pipelined connection to one worker (*wire.Client).
@@ -89,6 +92,7 @@ type ReadModel interface {
 type Config struct {
 	Owners         Owners
 	VShards        int
+	Dedicated      int // dedicated vshards after the hashed ones (counted by Unowned)
 	Secret         []byte
 	Limits         protocol.Limits
 	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
@@ -289,7 +293,7 @@ func replyCode(rep *protocol.Reply) protocol.Code {
 // view: commands for them wait, then answer unavailable.
 func (g *Gateway) Unowned() int {
 	n := 0
-	for s := 0; s < g.cfg.VShards; s++ {
+	for s := 0; s < g.cfg.VShards+g.cfg.Dedicated; s++ {
 		if _, _, ok := g.cfg.Owners.Route(s); !ok {
 			n++
 		}
@@ -675,6 +679,15 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 	return rep
 }
 
+// vshardOf is where a conversation's commands go: its override, else its
+// hashed vshard.
+func (g *Gateway) vshardOf(cid string) int {
+	if v, ok := g.cfg.Owners.Override(cid); ok {
+		return v
+	}
+	return logrecord.VShard(cid, g.cfg.VShards)
+}
+
 // retrySafe reports whether a command whose outcome is unknown may be sent
 // again: one carrying a client_message_id (every send; create, join, kick
 // and leave when the client gave one) is deduplicated by it, so a second
@@ -689,12 +702,14 @@ func retrySafe(req *protocol.Request) bool { return req.ClientMessageID != "" }
 // route sends a write command to the owner of its vshard, retrying while
 // ownership moves, for at most RouteTimeout since the last move it saw.
 func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {
-	v := logrecord.VShard(req.ConversationID, g.cfg.VShards)
 	deadline := time.Now().Add(g.cfg.RouteTimeout)
 	backoff := 10 * time.Millisecond
 	why := "has no live owner" // what the last try ran into
 	for {
 		changed := g.cfg.Owners.Changed()
+		// Looked up at each try: an override that changed since (the
+		// conversation is moving) takes effect at once.
+		v := g.vshardOf(req.ConversationID)
 		if row, w, ok := g.cfg.Owners.Route(v); ok {
 			rep, moved, reason := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
 			if rep != nil {

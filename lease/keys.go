@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/ownership"
 )
 
@@ -21,6 +22,15 @@ type Config struct {
 	VShards    int    `json:"vshards"`
 	Partitions int    `json:"partitions"`
 	Topic      string `json:"topic"`
+	// Dedicated is the number of dedicated vshards beyond the hashed ones,
+	// each with a partition of its own after the hashed partitions
+	// (logrecord.Layout).
+	Dedicated int `json:"dedicated,omitempty"`
+}
+
+// Layout is the deployment's shape as logrecord maps it.
+func (c Config) Layout() logrecord.Layout {
+	return logrecord.Layout{VShards: c.VShards, Partitions: c.Partitions, Dedicated: c.Dedicated}
 }
 
 // ErrNoConfig is returned by EnsureConfig when etcd holds no config and the
@@ -67,7 +77,8 @@ func EnsureConfig(ctx context.Context, cli *clientv3.Client, prefix string, want
 	}
 	if (want.VShards != 0 && want.VShards != have.VShards) ||
 		(want.Partitions != 0 && want.Partitions != have.Partitions) ||
-		(want.Topic != "" && want.Topic != have.Topic) {
+		(want.Topic != "" && want.Topic != have.Topic) ||
+		(want.Dedicated != 0 && want.Dedicated != have.Dedicated) {
 		return have, fmt.Errorf("%w: etcd has %+v, this process was started with %+v", ErrConfigMismatch, have, want)
 	}
 	return have, nil

@@ -21,6 +21,7 @@ type Watcher struct {
 
 	mu      sync.Mutex
 	view    View
+	routes  map[string]Override
 	changed chan struct{}
 }
 
@@ -65,6 +66,34 @@ func (w *Watcher) Route(v int) (Row, WorkerInfo, bool) {
 	return w.view.Live(v)
 }
 
+// Override returns where conversation cid's commands are routed instead
+// of its hashed vshard, if anywhere.
+func (w *Watcher) Override(cid string) (int, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	o, ok := w.routes[cid]
+	return o.VShard, ok
+}
+
+// Overrides returns a copy of every override.
+func (w *Watcher) Overrides() map[string]Override {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]Override, len(w.routes))
+	for k, o := range w.routes {
+		out[k] = o
+	}
+	return out
+}
+
+// StaticOverrides returns a Watcher of a fixed view with overrides, for
+// tests.
+func StaticOverrides(v View, routes map[string]Override) *Watcher {
+	w := Static(v)
+	w.routes = routes
+	return w
+}
+
 // Changed returns a channel closed at the next change of the view.
 func (w *Watcher) Changed() <-chan struct{} {
 	w.mu.Lock()
@@ -78,10 +107,11 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("lease: load ownership: %w", err)
 	}
 	v := View{Shards: map[int]Row{}, Workers: map[string]WorkerInfo{}}
+	w.mu.Lock()
+	w.routes = map[string]Override{}
 	for _, kv := range resp.Kvs {
 		w.applyLocked(&v, string(kv.Key), kv.Value, kv.ModRevision, false)
 	}
-	w.mu.Lock()
 	w.view = v
 	w.notifyLocked()
 	w.mu.Unlock()
@@ -141,6 +171,21 @@ func (w *Watcher) applyLocked(v *View, key string, val []byte, modRev int64, del
 			return
 		}
 		v.Shards[n] = Row{Owner: o, ModRevision: modRev}
+	case strings.HasPrefix(key, routesPrefix(w.prefix)):
+		cid := strings.TrimPrefix(key, routesPrefix(w.prefix))
+		if deleted {
+			delete(w.routes, cid)
+			return
+		}
+		var o Override
+		if err := json.Unmarshal(val, &o); err != nil {
+			w.log.Error("bad override", "key", key, "err", err)
+			return
+		}
+		if w.routes == nil {
+			w.routes = map[string]Override{}
+		}
+		w.routes[cid] = o
 	case strings.HasPrefix(key, workersPrefix(w.prefix)):
 		id := strings.TrimPrefix(key, workersPrefix(w.prefix))
 		if deleted {

@@ -146,15 +146,16 @@ func (p *Persister) Run(ctx context.Context) error { return p.consumer.Run(ctx) 
 const insertSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                       $8::text[], $9::text[], $10::timestamptz[], $11::int[], $12::bigint[], $13::int[], $14::bigint[])
+                       $8::text[], $9::text[], $10::timestamptz[], $11::int[], $12::bigint[], $13::int[], $14::bigint[],
+                       $15::int[])
     AS t(conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members, created_at,
-         vshard, epoch, log_partition, log_offset)
+         vshard, epoch, log_partition, log_offset, to_vshard)
 ), ins AS (
   INSERT INTO events (conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members,
-                      created_at, vshard, epoch, log_partition, log_offset)
+                      created_at, vshard, epoch, log_partition, log_offset, to_vshard)
   SELECT conversation_id, seq, kind, message_id, NULLIF(client_message_id, ''), sender, NULLIF(body, ''),
          NULLIF(user_id, ''), CASE WHEN members = '' THEN NULL ELSE string_to_array(members, ',') END,
-         created_at, vshard, epoch, log_partition, log_offset
+         created_at, vshard, epoch, log_partition, log_offset, NULLIF(to_vshard, -1)
   FROM input
   ON CONFLICT DO NOTHING
   RETURNING conversation_id, seq, message_id, log_partition, log_offset
@@ -210,7 +211,7 @@ func (p *Persister) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record
 	}
 	if cols.len() > 0 {
 		b.Queue(insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
-			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset)
+			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset, cols.to)
 	}
 	var skipped int64
 	var cs []conflict
@@ -275,7 +276,7 @@ type columns struct {
 	conv, kind, mid, cmid, sender, body, user, members []string
 	seq, epoch, offset                                 []int64
 	created                                            []time.Time
-	vshard, part                                       []int32
+	vshard, part, to                                   []int32 // to: a moved event's to_vshard, else -1
 }
 
 func (c *columns) len() int { return len(c.conv) }
@@ -286,13 +287,13 @@ func (c *columns) decode(recs []*kgo.Record) error {
 	// Three allocations, not fourteen: the columns of a type share one
 	// array, each capped to its part of it.
 	n := len(recs)
-	strs, ints, int32s := make([]string, 8*n), make([]int64, 3*n), make([]int32, 2*n)
+	strs, ints, int32s := make([]string, 8*n), make([]int64, 3*n), make([]int32, 3*n)
 	str := func(i int) []string { return strs[i*n : i*n : (i+1)*n] }
 	i64 := func(i int) []int64 { return ints[i*n : i*n : (i+1)*n] }
 	i32 := func(i int) []int32 { return int32s[i*n : i*n : (i+1)*n] }
 	*c = columns{
 		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7),
-		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1),
+		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1), to: i32(2),
 	}
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
@@ -318,6 +319,11 @@ func (c *columns) decode(recs []*kgo.Record) error {
 		c.epoch = append(c.epoch, e.Epoch)
 		c.part = append(c.part, r.Partition)
 		c.offset = append(c.offset, r.Offset)
+		to := int32(-1)
+		if e.ToVShard != nil {
+			to = int32(*e.ToVShard)
+		}
+		c.to = append(c.to, to)
 	}
 	return nil
 }

@@ -178,7 +178,7 @@ func TestNewerVersionStopsPersist(t *testing.T) {
 	p := newTestPersister(t, db)
 	recs := []*kgo.Record{
 		record(t, message("c1", 1, "m-1", "k-1"), 0),
-		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":3,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
 	if err := p.Settle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
 		t.Fatalf("Settle = %v, want ErrUnsupportedVersion", err)
@@ -356,5 +356,34 @@ func TestWriteIsOneRoundTrip(t *testing.T) {
 	}
 	if n := writes.Load(); n != 1 {
 		t.Errorf("%d round trips for a batch, want 1", n)
+	}
+}
+
+// TestWriteStoresMoves: a moved record (schema v2) is a row of its
+// conversation with its seq and to_vshard; other rows have no to_vshard.
+func TestWriteStoresMoves(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	at := time.Unix(1_700_000_000, 0).UTC()
+	to := 0
+	msg := &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 1, MessageID: "m1", ClientMessageID: "k1",
+		Sender: "u2", Body: "hi", CreatedAt: at, VShard: 9, Epoch: 2}
+	moved := &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: "c1", Seq: 2, MessageID: "m2", ToVShard: &to, CreatedAt: at, VShard: 9, Epoch: 2}
+	if err := p.Write(ctx, []*kgo.Record{record(t, msg, 4), record(t, moved, 5)}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(ctx, `SELECT kind, coalesce(to_vshard, -1) FROM events ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var kind string
+		var to int32
+		err := r.Scan(&kind, &to)
+		return fmt.Sprintf("%s→%d", kind, to), err
+	})
+	if err != nil || fmt.Sprint(got) != "[message→-1 moved→0]" {
+		t.Errorf("rows %v, %v; want [message→-1 moved→0]", got, err)
 	}
 }

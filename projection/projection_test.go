@@ -77,7 +77,7 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 	p := newTestProjector(t, db)
 	recs := []*kgo.Record{
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1"}}, 0),
-		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":2,"kind":"message","conversation_id":"c1","seq":2}`)},
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":3,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
 	if err := p.consumer.Write(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
 		t.Fatalf("Write = %v, want ErrUnsupportedVersion", err)

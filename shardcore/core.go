@@ -61,6 +61,8 @@ type Conv struct {
 	// vshard.
 	Moved bool
 	At    int
+	// MovedAt is the created_at of that moved event.
+	MovedAt time.Time
 }
 
 // Here reports whether conversation c is written by vshard v, as far as
@@ -332,7 +334,7 @@ func Apply(c *Conv, e *logrecord.Event) {
 		delete(c.Members, e.UserID)
 	case logrecord.KindMoved:
 		if e.ToVShard != nil {
-			c.Moved, c.At = true, *e.ToVShard
+			c.Moved, c.At, c.MovedAt = true, *e.ToVShard, e.CreatedAt
 		}
 	}
 }

@@ -306,6 +306,10 @@ type Notice struct {
 	DedupeHeld int
 	// Moved lists the conversations whose moved event was committed.
 	Moved []string
+	// Arrived holds, for each conversation that was not here and is now
+	// (loaded again after its moved record was stored), how long after
+	// that record's created_at it arrived.
+	Arrived []time.Duration
 }
 
 // Ready is what a Writer asks of its driver after the last inputs.
@@ -612,6 +616,9 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 				// Loaded again (it was not here): its remembered
 				// rejections still stand.
 				conv.Refused, conv.refusedOrder = old.Refused, old.refusedOrder
+				if !Here(old, m.cfg.VShard, m.cfg.Dedicated) && Here(conv, m.cfg.VShard, m.cfg.Dedicated) && conv.Moved {
+					m.notice.Arrived = append(m.notice.Arrived, now.Sub(conv.MovedAt))
+				}
 			}
 			m.convs[cid] = conv
 		}

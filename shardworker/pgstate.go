@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,11 +17,11 @@ import (
 // loadConvsSQL reads, in one statement (one snapshot), every membership
 // event of each conversation plus its last event.
 const loadConvsSQL = `
-SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}')
+SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}'), coalesce(e.to_vshard, -1), e.created_at
 FROM unnest($1::text[]) AS c, LATERAL (
-  (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c AND kind <> 'message')
+  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at FROM events WHERE conversation_id = c AND kind <> 'message')
   UNION ALL
-  (SELECT seq, kind, sender, user_id, members FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
+  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
 ) AS e
 ORDER BY 1, 2`
 
@@ -59,8 +60,15 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 			var cid, kind, sender, user string
 			var seq int64
 			var members []string
-			_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &kind, &sender, &user, &members}, func() error {
-				rows[cid] = append(rows[cid], row{e: &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members}})
+			var to int32
+			var at time.Time
+			_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &kind, &sender, &user, &members, &to, &at}, func() error {
+				e := &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members, CreatedAt: at}
+				if to >= 0 {
+					t := int(to)
+					e.ToVShard = &t
+				}
+				rows[cid] = append(rows[cid], row{e: e})
 				return nil
 			})
 			return err

@@ -70,3 +70,27 @@ func TestLoadAppliesDeadLetteredEvents(t *testing.T) {
 		t.Errorf("the lookup of the dead-lettered send k3 found %+v %v", f, ok)
 	}
 }
+
+// TestLoadReadsMoves: a conversation's moved events (to_vshard) are read
+// with its other non-message events, in seq order: the last one says
+// where it is written now.
+func TestLoadReadsMoves(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, members, created_at, vshard, epoch, log_partition, log_offset, to_vshard)
+		VALUES ('c1', 1, 'create', 'm1', 'u1', '{u1}', now(), 3, 1, 3, 0, NULL), ('c1', 2, 'moved', 'm2', '', NULL, now(), 3, 1, 3, 1, 9),
+		       ('c1', 3, 'message', 'm3', 'u1', NULL, now(), 9, 1, 8, 0, NULL), ('c1', 4, 'moved', 'm4', '', NULL, now(), 9, 1, 8, 1, 3),
+		       ('c2', 1, 'create', 'm5', 'u1', '{u1}', now(), 3, 1, 3, 2, NULL), ('c2', 2, 'moved', 'm6', '', NULL, now(), 3, 1, 3, 3, 9)`); err != nil {
+		t.Fatal(err)
+	}
+	convs, _, err := fetchState(ctx, db, []string{"c1", "c2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := convs["c1"]; !c.Moved || c.At != 3 || c.LastSeq != 4 || !shardcore.Here(c, 3, false) {
+		t.Errorf("c1 = %+v, want moved back to 3 at seq 4", c)
+	}
+	if c := convs["c2"]; !c.Moved || c.At != 9 || shardcore.Here(c, 3, false) || !shardcore.Here(c, 9, true) || c.MovedAt.IsZero() {
+		t.Errorf("c2 = %+v, want at dedicated vshard 9", c)
+	}
+}

@@ -57,12 +57,52 @@ type shard struct {
 
 	qmu    sync.Mutex // guards closed against submit racing the final drain
 	closed bool
+
+	// Overrides the worker fed in, for run's loop to hand the writer.
+	rmu      sync.Mutex
+	routeQ   []routeUpdate
+	routeSig chan struct{}
+}
+
+// routeUpdate is one override change for the writer (shardcore's Route
+// and Unroute).
+type routeUpdate struct {
+	conv   string
+	to     int
+	routed bool
+}
+
+// route queues an override change for the writer; it never blocks.
+func (s *shard) route(u routeUpdate) {
+	s.rmu.Lock()
+	s.routeQ = append(s.routeQ, u)
+	s.rmu.Unlock()
+	select {
+	case s.routeSig <- struct{}{}:
+	default:
+	}
+}
+
+// takeRoutes hands the writer the override changes queued so far.
+func (s *shard) takeRoutes() {
+	s.rmu.Lock()
+	q := s.routeQ
+	s.routeQ = nil
+	s.rmu.Unlock()
+	now := time.Now()
+	for _, u := range q {
+		if u.routed {
+			s.m.Route(now, u.conv, u.to)
+		} else {
+			s.m.Unroute(u.conv)
+		}
+	}
 }
 
 func newShard(w *Worker, v int, epoch int64) *shard {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &shard{
-		w: w, v: v, epoch: epoch, part: logrecord.Partition(v, w.cfg.Partitions),
+		w: w, v: v, epoch: epoch, part: w.layout().Partition(v), routeSig: make(chan struct{}, 1),
 		log: w.log.With("vshard", v, "epoch", epoch),
 		in:  make(chan *shardcore.Call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		entropy: ulid.Monotonic(rand.Reader, 0),
@@ -73,7 +113,7 @@ func newShard(w *Worker, v int, epoch int64) *shard {
 func (s *shard) writerConfig() shardcore.WriterConfig {
 	c := s.w.cfg
 	return shardcore.WriterConfig{
-		VShard: s.v, Epoch: s.epoch, Worker: c.ID, Limits: c.Limits,
+		VShard: s.v, VShards: c.VShards, Dedicated: s.w.layout().IsDedicated(s.v), Epoch: s.epoch, Worker: c.ID, Limits: c.Limits,
 		MaxBatch: c.MaxBatch, Linger: c.Linger, LingerMax: c.LingerMax,
 		ConvRate: c.ConvRate, ConvBurst: c.ConvBurst,
 		RefusalMemory: c.RefusalMemory, DedupeMemory: c.DedupeMemory, DedupeKeep: c.DedupeKeep,
@@ -118,6 +158,7 @@ func (s *shard) run() {
 		}
 	}()
 	s.m = shardcore.NewWriter(s.writerConfig(), time.Now())
+	s.takeRoutes()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -157,6 +198,9 @@ func (s *shard) run() {
 			s.drain()
 			s.m.Tick(time.Now())
 		case <-wake:
+			s.m.Tick(time.Now())
+		case <-s.routeSig:
+			s.takeRoutes()
 			s.m.Tick(time.Now())
 		case <-s.ctx.Done():
 		}
@@ -199,6 +243,14 @@ func (s *shard) act(rd *shardcore.Ready) {
 	if n.DedupeHeld >= 0 {
 		s.w.stats.DedupeTrimmed.Add(int64(n.Trimmed))
 		s.dedupeHeld.Store(int64(n.DedupeHeld))
+	}
+	for _, cid := range n.Moved {
+		s.w.stats.ConvMoves.Add(1)
+		s.log.Info("conversation moved out", "conversation", cid)
+	}
+	for _, d := range n.Arrived {
+		s.w.arrivalSeconds.Observe(d.Seconds())
+		s.log.Info("conversation moved in", "after", d.Round(time.Millisecond))
 	}
 	if n.Evicted > 0 {
 		s.w.stats.Evictions.Add(int64(n.Evicted))

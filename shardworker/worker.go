@@ -36,9 +36,12 @@ type Config struct {
 	Topic      string
 	VShards    int
 	Partitions int
-	DB         *pgxpool.Pool
-	MaxBatch   int           // commands per transaction (default 1000)
-	Linger     time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
+	// Dedicated vshards beyond the hashed ones (lease.Config.Dedicated):
+	// each writes only the conversations moved to it.
+	Dedicated int
+	DB        *pgxpool.Pool
+	MaxBatch  int           // commands per transaction (default 1000)
+	Linger    time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
 	// LingerMax is the latency budget of the adaptive group commit: a
 	// vshard's writer waits up to this long for its batch to fill once its
 	// commands arrive faster than its share of TxnBudget (shardcore/groupcommit.go).
@@ -175,6 +178,9 @@ type Stats struct {
 	// StateRoundTrips the round trips that answered them (loader.go).
 	StateLoads      atomic.Int64
 	StateRoundTrips atomic.Int64
+	// ConvMoves counts the moved records this worker's writers committed
+	// (a conversation isolated to, or released from, a dedicated vshard).
+	ConvMoves atomic.Int64
 }
 
 // Worker owns some vshards and runs their writers.
@@ -186,6 +192,7 @@ type Worker struct {
 
 	takeoverSeconds prometheus.Histogram
 	commitSeconds   prometheus.Histogram
+	arrivalSeconds  prometheus.Histogram
 
 	mu     sync.Mutex
 	shards map[int]*shard
@@ -220,6 +227,10 @@ func New(cfg Config) (*Worker, error) {
 			Name: "chatpipe_worker_takeover_seconds", Help: "Time from seeing the owner row to accepting commands (marker + replay), per vshard.",
 			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		arrivalSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "chatpipe_worker_move_arrival_seconds", Help: "From a moved record's commit to its conversation's first command decided by the vshard it moved to (persist's lag plus the retry).",
+			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "chatpipe_worker_commit_seconds", Help: "Time to produce and commit one transaction (group commit).",
 			ConstLabels: prometheus.Labels{"worker": cfg.ID}, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
@@ -248,8 +259,10 @@ func (w *Worker) Collectors() []prometheus.Collector {
 			func() float64 { return float64(w.dedupeHeld()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
 			func() float64 { return float64(len(w.Owned())) }),
+		counter("chatpipe_worker_conversation_moves_total", "Moved records committed: conversations isolated to or released from a dedicated vshard.", &w.stats.ConvMoves),
 		w.takeoverSeconds,
 		w.commitSeconds,
+		w.arrivalSeconds,
 	}
 }
 
@@ -284,7 +297,7 @@ func (w *Worker) Healthy() error {
 	}
 	v, gen := watcher.Snapshot(), w.gen.Load()
 	assigned := 0
-	for s := 0; s < w.cfg.VShards; s++ {
+	for s := 0; s < w.layout().AllVShards(); s++ {
 		if row, ok := v.Shards[s]; ok && row.Worker == w.cfg.ID && row.Gen == gen {
 			assigned++
 		}
@@ -352,7 +365,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() {
 		defer bgwg.Done()
 		_ = lease.RunCoordinator(ctx, w.cfg.Etcd, watcher, lease.CoordinatorConfig{
-			Prefix: w.cfg.Prefix, VShards: w.cfg.VShards, Candidate: w.cfg.ID, Log: w.log})
+			Prefix: w.cfg.Prefix, VShards: w.layout().AllVShards(), Candidate: w.cfg.ID, Log: w.log})
 	}()
 
 	readyOnce := sync.Once{}
@@ -389,11 +402,13 @@ func (w *Worker) Run(ctx context.Context) error {
 // manage starts and stops shard writers as the owner rows change, until the
 // lease is lost or ctx ends.
 func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *lease.Watcher) {
+	var routes map[string]lease.Override // the overrides the writers were told of
 	for {
 		changed := watcher.Changed()
 		view := watcher.Snapshot()
+		now := watcher.Overrides()
 		w.mu.Lock()
-		for v := 0; v < w.cfg.VShards; v++ {
+		for v := 0; v < w.layout().AllVShards(); v++ {
 			row, ok := view.Shards[v]
 			mine := ok && row.Worker == w.cfg.ID && row.Gen == reg.Gen
 			cur := w.shards[v]
@@ -404,11 +419,26 @@ func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *l
 			}
 			if mine && cur == nil {
 				s := newShard(w, v, row.Epoch)
+				for cid, o := range now {
+					w.tell(s, cid, o.VShard, true)
+				}
 				w.shards[v] = s
 				w.wg.Add(1)
 				go func() { defer w.wg.Done(); s.run() }()
+			} else if cur != nil {
+				for cid, o := range now {
+					if prev, ok := routes[cid]; !ok || prev != o {
+						w.tell(cur, cid, o.VShard, true)
+					}
+				}
+				for cid := range routes {
+					if _, ok := now[cid]; !ok {
+						w.tell(cur, cid, 0, false)
+					}
+				}
 			}
 		}
+		routes = now
 		w.owned.Store(int64(len(w.shards)))
 		w.mu.Unlock()
 		select {
@@ -432,6 +462,31 @@ func (w *Worker) stopAll() {
 	w.wg.Wait()
 }
 
+// layout is the deployment's shape.
+func (w *Worker) layout() logrecord.Layout {
+	return logrecord.Layout{VShards: w.cfg.VShards, Partitions: w.cfg.Partitions, Dedicated: w.cfg.Dedicated}
+}
+
+// tell feeds shard s an override of conversation cid (routed: to vshard
+// to; else removed) if the conversation may be at s's vshard: its hashed
+// one, or any dedicated one.
+func (w *Worker) tell(s *shard, cid string, to int, routed bool) {
+	if s.v == logrecord.VShard(cid, w.cfg.VShards) || w.layout().IsDedicated(s.v) {
+		s.route(routeUpdate{conv: cid, to: to, routed: routed})
+	}
+}
+
+// vshardOf is where conversation cid's commands go: its override, else
+// its hashed vshard.
+func (w *Worker) vshardOf(cid string) int {
+	if watcher := w.view.Load(); watcher != nil {
+		if v, ok := watcher.Override(cid); ok {
+			return v
+		}
+	}
+	return logrecord.VShard(cid, w.cfg.VShards)
+}
+
 // handle routes a gateway request to the shard writer of its conversation.
 func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 	r := req.Req
@@ -446,7 +501,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		done(protocol.Rejected(r.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not served by workers", r.Op)), false)
 		return
 	}
-	v := logrecord.VShard(r.ConversationID, w.cfg.VShards)
+	v := w.vshardOf(r.ConversationID)
 	w.mu.Lock()
 	s := w.shards[v]
 	w.mu.Unlock()

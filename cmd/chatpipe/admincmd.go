@@ -101,7 +101,7 @@ func adminShards(ctx context.Context, args []string) error {
 		Live   bool   `json:"live"`
 	}
 	var shards []shard
-	for v := 0; v < cfg.VShards; v++ {
+	for v := 0; v < cfg.Layout().AllVShards(); v++ {
 		o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, v)
 		if err != nil {
 			return err
@@ -237,8 +237,8 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 			problems = append(problems, fmt.Sprintf("kafka: %v", err))
 		case !topics.Has(*inf.topic):
 			problems = append(problems, fmt.Sprintf("kafka has no topic %s", *inf.topic))
-		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Partitions:
-			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Partitions))
+		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Layout().TopicPartitions():
+			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d (%d hashed, %d dedicated)", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Layout().TopicPartitions(), cfg.Partitions, cfg.Dedicated))
 		default:
 			problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF, kopts...)...)
 		}

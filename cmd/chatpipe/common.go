@@ -31,6 +31,7 @@ type Endpoints struct {
 	Prefix     string   `json:"prefix"`
 	VShards    int      `json:"vshards"`
 	Partitions int      `json:"partitions"`
+	Dedicated  int      `json:"dedicated,omitempty"` // dedicated vshards after the hashed ones, each with its own partition after Partitions
 	Metrics    string   `json:"metrics"`
 	Admin      string   `json:"admin,omitempty"` // /metrics, /readyz and /debug/pprof/ of the process
 	PID        int      `json:"pid"`

@@ -92,7 +92,7 @@ func runDev(ctx context.Context, args []string) error {
 // devFlags are the flags of chatpipe dev.
 type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, secret, admin *string
-	workers, vshards, partitions, cacheConvs             *int
+	workers, vshards, partitions, dedicated, cacheConvs  *int
 	persist, projection, opsPublic                       *bool
 	linger                                               *time.Duration
 	lim                                                  limitFlags
@@ -107,7 +107,8 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.httpAddr = fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
 	f.workers = fs.Int("workers", 2, "shard workers to run in this process (0: run none; add them with 'chatpipe worker')")
 	f.vshards = fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
-	f.partitions = fs.Int("partitions", 8, "partitions of the log topic (fixed for a deployment)")
+	f.partitions = fs.Int("partitions", 8, "partitions of the log topic for the hashed vshards (fixed for a deployment)")
+	f.dedicated = fs.Int("dedicated", -1, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (fixed for a deployment; -1: 2 for a new one, else as stored)")
 	f.dbURL = fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
 	f.kafka = fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
 	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
@@ -121,7 +122,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.lim = addLimitFlags(fs)
 	f.dlv = addDeliveryFlags(fs)
 	f.sec = addSecFlags(fs)
-	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1),
+	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1), atLeast("dedicated", -1),
 		notNegative("linger"), atLeast("cache-convs", 1))
 	f.level, f.format = logFlags(fs)
 	return f
@@ -225,11 +226,18 @@ func (s *devStack) prepare(ctx context.Context, f devFlags) error {
 	}
 	s.cli = cli
 	s.onClose(func() { cli.Close() })
-	want := lease.Config{VShards: *f.vshards, Partitions: *f.partitions, Topic: logrecord.DefaultTopic}
+	want := lease.Config{VShards: *f.vshards, Partitions: *f.partitions, Topic: logrecord.DefaultTopic, Dedicated: *f.dedicated}
+	if want.Dedicated < 0 {
+		// 2 for a new deployment; an existing one keeps what it has.
+		want.Dedicated = 2
+		if have, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{}); err == nil {
+			want.Dedicated = have.Dedicated
+		}
+	}
 	if s.cfg, err = lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, want); err != nil {
 		return err
 	}
-	if err := devstack.EnsureTopic(ctx, s.brokers, s.cfg.Topic, s.cfg.Partitions, s.kopts...); err != nil {
+	if err := devstack.EnsureTopic(ctx, s.brokers, s.cfg.Topic, s.cfg.Layout().TopicPartitions(), s.kopts...); err != nil {
 		return err
 	}
 	if s.db, err = openMigratedDB(ctx, s.pgURL); err != nil {
@@ -305,7 +313,7 @@ func (s *devStack) endpoints(g *gatewayRole, admin *adminServer) Endpoints {
 	return Endpoints{
 		WebSocket: "ws://" + addr + "/v1/ws", HTTP: httpURL,
 		Kafka: s.brokers, Topic: s.cfg.Topic, Postgres: s.pgURL, Etcd: s.etcd, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics", Admin: adminURL,
-		VShards: s.cfg.VShards, Partitions: s.cfg.Partitions, PID: os.Getpid(),
+		VShards: s.cfg.VShards, Partitions: s.cfg.Partitions, Dedicated: s.cfg.Dedicated, PID: os.Getpid(),
 	}
 }
 

@@ -52,11 +52,12 @@ func runInit(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	vshards := fs.Int("vshards", 4096, "virtual shards (fixed for the deployment's life)")
-	partitions := fs.Int("partitions", 64, "partitions of the log topic (fixed for the deployment's life)")
+	partitions := fs.Int("partitions", 64, "partitions of the log topic for the hashed vshards (fixed for the deployment's life)")
+	dedicated := fs.Int("dedicated", 16, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (the topic gets partitions+dedicated)")
 	replication := fs.Int("replication-factor", 3, "replication factor of the log topic (-1: the broker's default)")
 	minISR := fs.Int("min-insync-replicas", 2, "min.insync.replicas of the log topic (0: the broker's default)")
 	retention := fs.Duration("retention", -1, "retention.ms of the log topic; negative keeps it forever (the log is the source of truth: replay and rebuild read it)")
-	checkFlags(fs, atLeast("vshards", 1), atLeast("partitions", 1), notNegative("min-insync-replicas"),
+	checkFlags(fs, atLeast("vshards", 1), atLeast("partitions", 1), notNegative("dedicated"), notNegative("min-insync-replicas"),
 		func(fs *flag.FlagSet) error {
 			if *replication == 0 || *replication < -1 {
 				return rangeError(fs.Lookup("replication-factor"), "at least 1, or -1 for the broker's default")
@@ -77,7 +78,7 @@ func runInit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
+	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic, Dedicated: *dedicated})
 	if err != nil {
 		return err
 	}
@@ -88,7 +89,7 @@ func runInit(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	if *inf.kafka != "" {
-		spec := devstack.TopicSpec{Partitions: cfg.Partitions, Replication: int16(*replication), Configs: devstack.KeptForever()}
+		spec := devstack.TopicSpec{Partitions: cfg.Layout().TopicPartitions(), Replication: int16(*replication), Configs: devstack.KeptForever()}
 		if *retention >= 0 {
 			spec.Configs["retention.ms"] = strconv.FormatInt(retention.Milliseconds(), 10)
 		}
@@ -99,6 +100,6 @@ func runInit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	log.Info("deployment ready", "vshards", cfg.VShards, "partitions", cfg.Partitions, "topic", cfg.Topic)
+	log.Info("deployment ready", "vshards", cfg.VShards, "partitions", cfg.Partitions, "dedicated", cfg.Dedicated, "topic", cfg.Topic)
 	return nil
 }

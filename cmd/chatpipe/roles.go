@@ -365,7 +365,7 @@ func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg le
 	wc := shardworker.Config{
 		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
 		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
-		DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
+		Dedicated: cfg.Dedicated, DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
 	}
 	lim.worker(&wc)
 	return shardworker.New(wc)
@@ -378,7 +378,7 @@ func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Secret: secret, Log: log.With("role", "gateway")}
+	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Dedicated: cfg.Dedicated, Secret: secret, Log: log.With("role", "gateway")}
 	if db != nil {
 		gcfg.Reads = &delivery.Store{DB: db}
 	}
