@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/chatpipe/chatpipe/lease"
+	"github.com/chatpipe/chatpipe/logrecord"
+)
+
+// isolateFlags are the flags of admin isolate and unisolate.
+type isolateFlags struct {
+	inf  infraFlags
+	wait *time.Duration
+}
+
+func addIsolateFlags(fs *flag.FlagSet) isolateFlags {
+	f := isolateFlags{inf: addInfraFlags(fs), wait: fs.Duration("wait", 30*time.Second, "how long to wait for the move to be committed and stored (needs --database-url)")}
+	checkFlags(fs, positive("wait"))
+	return f
+}
+
+// isolateSetup parses the flags and returns the etcd client, the
+// deployment's config, Postgres (nil without --database-url) and the one
+// conversation argument.
+func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string) (*clientv3.Client, lease.Config, *pgxpool.Pool, string, error) {
+	level, format := logFlags(fs)
+	if _, err := f.inf.setup(fs, args, level, format); err != nil {
+		return nil, lease.Config{}, nil, "", err
+	}
+	if *f.inf.etcd == "" || fs.NArg() != 1 {
+		return nil, lease.Config{}, nil, "", fmt.Errorf("usage: chatpipe %s --etcd … (or --endpoints …) CONVERSATION_ID", fs.Name())
+	}
+	cid := fs.Arg(0)
+	cli, cfg, err := etcdConfig(ctx, *f.inf.etcd, f.inf.sec, lease.Config{})
+	if err != nil {
+		return nil, lease.Config{}, nil, "", err
+	}
+	if cfg.Dedicated == 0 {
+		cli.Close()
+		return nil, lease.Config{}, nil, "", errors.New("this deployment has no dedicated vshards (chatpipe init --dedicated N when it is made)")
+	}
+	var db *pgxpool.Pool
+	if *f.inf.dbURL != "" {
+		if db, err = openDB(ctx, *f.inf.dbURL); err != nil {
+			cli.Close()
+			return nil, lease.Config{}, nil, "", err
+		}
+	}
+	return cli, cfg, db, cid, nil
+}
+
+// adminIsolate routes a conversation to a dedicated vshard of its own: the
+// writer that has it commits a moved record, and the dedicated vshard's
+// writer continues its seq once that record is stored.
+func adminIsolate(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin isolate", flag.ContinueOnError)
+	f := addIsolateFlags(fs)
+	to := fs.Int("vshard", -1, "the dedicated vshard to move it to (default: the first one no conversation is routed to)")
+	cli, cfg, db, cid, err := f.setup(ctx, fs, args)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if db != nil {
+		defer db.Close()
+	}
+	l := cfg.Layout()
+	routes, err := lease.Overrides(ctx, cli, lease.DefaultPrefix)
+	if err != nil {
+		return err
+	}
+	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
+	if err != nil {
+		return err
+	}
+	target, err := pickDedicated(l, routes, cid, *to)
+	if err != nil {
+		return err
+	}
+	if rev != 0 && cur.VShard == target {
+		fmt.Printf("%s is routed to vshard %d already\n", cid, target)
+	} else {
+		ok, err := lease.SetOverride(ctx, cli, lease.DefaultPrefix, cid, target, rev, time.Now())
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s's override changed meanwhile; run the command again", cid)
+		}
+	}
+	return waitMoved(ctx, db, cid, target, false, *f.wait)
+}
+
+// pickDedicated is the dedicated vshard to isolate cid to: want if given
+// (it must be dedicated), else the first one no other conversation is
+// routed to.
+func pickDedicated(l logrecord.Layout, routes map[string]lease.Override, cid string, want int) (int, error) {
+	if want >= 0 {
+		if !l.IsDedicated(want) {
+			return 0, fmt.Errorf("vshard %d is not a dedicated vshard (they are %d–%d)", want, l.VShards, l.AllVShards()-1)
+		}
+		return want, nil
+	}
+	if o, ok := routes[cid]; ok && l.IsDedicated(o.VShard) {
+		return o.VShard, nil
+	}
+	used := map[int]bool{}
+	for c, o := range routes {
+		if c != cid {
+			used[o.VShard] = true
+		}
+	}
+	for v := l.VShards; v < l.AllVShards(); v++ {
+		if !used[v] {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("every dedicated vshard (%d–%d) has a conversation; release one (admin unisolate) or name one with --vshard", l.VShards, l.AllVShards()-1)
+}
+
+// adminUnisolate routes a conversation back to its hashed vshard: the
+// override names the hashed vshard until the conversation is there, then
+// it is deleted.
+func adminUnisolate(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin unisolate", flag.ContinueOnError)
+	f := addIsolateFlags(fs)
+	cli, cfg, db, cid, err := f.setup(ctx, fs, args)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if db != nil {
+		defer db.Close()
+	}
+	home := logrecord.VShard(cid, cfg.VShards)
+	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		return fmt.Errorf("%s has no override: it is at its hashed vshard %d", cid, home)
+	}
+	if cur.VShard != home {
+		ok, err := lease.SetOverride(ctx, cli, lease.DefaultPrefix, cid, home, rev, time.Now())
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s's override changed meanwhile; run the command again", cid)
+		}
+		if _, rev, err = lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid); err != nil {
+			return err
+		}
+	}
+	if db == nil {
+		fmt.Printf("%s is routed to its hashed vshard %d; run this again with --database-url once it is there to remove the override\n", cid, home)
+		return nil
+	}
+	if err := waitMoved(ctx, db, cid, home, true, *f.wait); err != nil {
+		return err
+	}
+	if ok, err := lease.DeleteOverride(ctx, cli, lease.DefaultPrefix, cid, rev); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("%s's override changed meanwhile; it was left in place", cid)
+	}
+	fmt.Printf("%s: override removed\n", cid)
+	return nil
+}
+
+// locationSQL is where Postgres says a conversation is written: the
+// target of its last moved event (NULL: never moved).
+const locationSQL = `SELECT to_vshard, seq, created_at FROM events WHERE conversation_id = $1 AND kind = 'moved' ORDER BY seq DESC LIMIT 1`
+
+// waitMoved waits until Postgres says conversation cid is at vshard to:
+// its last moved record names it (or, to its hashed vshard (home), it
+// never moved). Without db it only says what it did.
+func waitMoved(ctx context.Context, db *pgxpool.Pool, cid string, to int, home bool, wait time.Duration) error {
+	if db == nil {
+		fmt.Printf("%s is routed to vshard %d (give --database-url to wait for the move)\n", cid, to)
+		return nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		var at *int32
+		var seq int64
+		var when time.Time
+		err := db.QueryRow(ctx, locationSQL, cid).Scan(&at, &seq, &when)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if home {
+				fmt.Printf("%s is at its hashed vshard %d (it never moved)\n", cid, to)
+				return nil
+			}
+		case err != nil && ctx.Err() == nil:
+			return fmt.Errorf("read %s's location: %w", cid, err)
+		case err == nil && at != nil && int(*at) == to:
+			fmt.Printf("%s moved to vshard %d at seq %d (stored %v after the override)\n", cid, to, seq, time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s is routed to vshard %d, but its moved record was not stored within %v (is its writer running? is persist?)", cid, to, wait)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package e2e
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// TestIsolateUnderLoad: a conversation is isolated to a dedicated vshard
+// and released again while its members send (with retries), its owner
+// kicks and re-adds a member who sends too, and other conversations that
+// share its vshard go on. Nothing accepted is lost or doubled, seq keeps
+// growing across both moves, a retry of a message accepted before a move
+// gets its first result after it, no message of the kicked member lies
+// outside their membership periods, the moved records mark where the
+// conversation's events changed vshard, and a member's device converges
+// on the log.
+func TestIsolateUnderLoad(t *testing.T) {
+	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
+	if dev.ep.Dedicated == 0 {
+		t.Fatal("chatpipe dev has no dedicated vshards")
+	}
+	l := startLoad(t, dev, 4, 6) // lu0 owns lc0…lc5, lu1…lu3 are members
+	const hot = "lc0"
+	home := logrecord.VShard(hot, dev.ep.VShards)
+
+	// The kicked member and a watcher who stays a member throughout.
+	owner := dev.dial(t, "lu0")
+	watcher := newDevice(t, dev, "lu1", "lu1-watch")
+	if err := watcher.connect(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(watcher.disconnect)
+	kx := dev.dial(t, "ikx")
+	owner.must(map[string]any{"op": "join", "conversation_id": hot, "user_id": "ikx"})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	kxAccepted := map[string]int64{}
+	kicks := 0
+	wg.Add(2)
+	go func() { // ikx sends without pause: accepted while a member, forbidden while out
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cmid := fmt.Sprintf("ikx-%d", i)
+			r, err := kx.sendRetrying(hot, cmid, "racing")
+			switch {
+			case err != nil:
+				t.Errorf("ikx send %s: %v", cmid, err)
+				return
+			case r.Op == protocol.OpAccepted:
+				mu.Lock()
+				kxAccepted[cmid] = r.Seq
+				mu.Unlock()
+			case r.Code != protocol.CodeForbidden:
+				t.Errorf("ikx send %s: %+v", cmid, r)
+				return
+			}
+		}
+	}()
+	go func() { // the owner kicks ikx and adds them back
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			for _, op := range []string{"kick", "join"} {
+				key := fmt.Sprintf("ik-%s-%d", op, i)
+				for {
+					r, err := owner.do(map[string]any{"op": op, "conversation_id": hot, "user_id": "ikx", "client_message_id": key})
+					if err != nil {
+						t.Errorf("%s ikx: %v", op, err)
+						return
+					}
+					if r.Code == protocol.CodeUnavailable {
+						time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)
+						continue
+					}
+					if r.Op != protocol.OpAccepted {
+						t.Errorf("%s ikx: %+v", op, r)
+						return
+					}
+					break
+				}
+			}
+			mu.Lock()
+			kicks++
+			mu.Unlock()
+		}
+	}()
+
+	admin := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
+		t.Logf("admin %v: %s", args, out)
+		if err != nil {
+			t.Fatalf("admin %v: %v", args, err)
+		}
+	}
+	retryEarlier := func(phase string) {
+		t.Helper()
+		l.mu.Lock()
+		var earlier []acceptedMsg
+		for _, a := range l.accepted {
+			if a.Conv == hot && len(earlier) < 20 {
+				earlier = append(earlier, a)
+			}
+		}
+		l.mu.Unlock()
+		cl := dev.dial(t, "lu2")
+		for _, a := range earlier {
+			if a.Sender != "lu2" {
+				continue
+			}
+			r, err := cl.sendRetrying(hot, a.ClientMessageID, "load")
+			if err != nil || r.Op != protocol.OpAccepted || r.Seq != a.Seq || r.MessageID != a.MessageID {
+				t.Errorf("%s: retry of %s (accepted seq %d %s) answered %+v %v", phase, a.ClientMessageID, a.Seq, a.MessageID, r, err)
+			}
+		}
+	}
+
+	time.Sleep(2 * time.Second)
+	isolatedAt := time.Now()
+	admin("isolate", hot)
+	time.Sleep(2 * time.Second)
+	retryEarlier("after isolating")
+	releasedAt := time.Now()
+	admin("unisolate", hot)
+	time.Sleep(2 * time.Second)
+	retryEarlier("after releasing")
+	close(stop)
+	wg.Wait()
+	accepted := l.finish()
+	checkWorld(t, dev.ep, accepted)
+
+	// The log: two moved records, to a dedicated vshard and back; the
+	// events between them written by the dedicated vshard, the others by
+	// the hashed one; seqs of the conversation gap-free.
+	logRows := readLog(t, dev.ep)
+	var moves []int64
+	var mine []row
+	for _, r := range logRows {
+		if r.Conv == hot {
+			mine = append(mine, r)
+		}
+	}
+	sort.Slice(mine, func(i, j int) bool { return mine[i].Seq < mine[j].Seq })
+	vs := map[int64]int{}
+	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
+		if e.ConversationID == hot {
+			vs[e.Seq] = e.VShard
+		}
+	})
+	for i, r := range mine {
+		if r.Seq != int64(i+1) {
+			t.Fatalf("%s: seq %d at position %d: seqs are not 1…n", hot, r.Seq, i)
+		}
+		if r.Kind == logrecord.KindMoved {
+			moves = append(moves, r.Seq)
+		}
+	}
+	if len(moves) != 2 || moves[1] == int64(len(mine)) {
+		t.Fatalf("%s has moved records at seqs %v of %d, want 2 (isolated, released) with events after each", hot, moves, len(mine))
+	}
+	dedicated := vs[moves[0]+1]
+	if dedicated < dev.ep.VShards || dedicated >= dev.ep.VShards+dev.ep.Dedicated {
+		t.Errorf("after the first move %s was written by vshard %d, not a dedicated one", hot, dedicated)
+	}
+	for _, r := range mine {
+		want := home
+		if r.Seq > moves[0] && r.Seq <= moves[1] {
+			want = dedicated
+		}
+		if vs[r.Seq] != want {
+			t.Errorf("%s seq %d (%s) written by vshard %d, want %d (moves at %v)", hot, r.Seq, r.Kind, vs[r.Seq], want, moves)
+		}
+	}
+
+	// I5 for the kicked member, in the log.
+	per := periods(mine)[hot]["ikx"]
+	visible := visibleTo(mine, per)
+	n := 0
+	for _, r := range mine {
+		if r.Kind == logrecord.KindMessage && r.Sender == "ikx" {
+			n++
+			if _, ok := visible[r.Seq]; !ok {
+				t.Errorf("ikx's message at seq %d lies outside their membership periods", r.Seq)
+			}
+		}
+	}
+	mu.Lock()
+	if n != len(kxAccepted) || kicks == 0 {
+		t.Errorf("ikx: %d messages in the log, %d accepted; %d kick cycles", n, len(kxAccepted), kicks)
+	}
+	mu.Unlock()
+
+	// The watcher's device converges on the log, moved records included.
+	waitProjected(t, dev.ep, len(logRows))
+	last := mine[len(mine)-1].Seq
+	waitFor(t, 60*time.Second, "the watcher's device to hold the whole conversation", func() bool {
+		s := watcher.seqs(hot)
+		return len(s) > 0 && s[len(s)-1] == last
+	})
+	want := make([]int64, 0, len(mine))
+	for _, r := range mine {
+		want = append(want, r.Seq)
+	}
+	if got := watcher.seqs(hot); !slices.Equal(got, want) {
+		t.Errorf("the watcher holds %d events of %s, the log %d", len(got), hot, len(want))
+	}
+
+	// What clients saw: the longest time without an accepted send of the
+	// hot conversation around each move (its clients retry through it),
+	// and the slowest accepted send of the other conversations.
+	var hotAt []time.Time
+	var otherMax time.Duration
+	for _, a := range accepted {
+		if a.Conv == hot {
+			hotAt = append(hotAt, a.AcceptedAt)
+		} else {
+			otherMax = max(otherMax, a.AcceptedAt.Sub(a.SentAt))
+		}
+	}
+	slices.SortFunc(hotAt, func(a, b time.Time) int { return a.Compare(b) })
+	gap := func(around time.Time) time.Duration {
+		var g time.Duration
+		for i := 1; i < len(hotAt); i++ {
+			if hotAt[i].After(around.Add(-time.Second)) && hotAt[i-1].Before(around.Add(3*time.Second)) {
+				g = max(g, hotAt[i].Sub(hotAt[i-1]))
+			}
+		}
+		return g
+	}
+	t.Logf("%d sends accepted (%d kick cycles); %s: seqs 1…%d, moved at seqs %v; longest pause between accepted sends of %s: %v around the isolate, %v around the release; slowest accepted send of the other conversations %v",
+		len(accepted), kicks, hot, last, moves, hot, gap(isolatedAt).Round(time.Millisecond), gap(releasedAt).Round(time.Millisecond), otherMax.Round(time.Millisecond))
+}
