@@ -34,6 +34,16 @@
 //	            and lost replies; sends, duplicate sends, kicks, joins, leaves.
 //	device.go   devices building their view from the sink with sync cursors.
 //
+// Dedicated vshards (Config.Dedicated) sit after the hashed ones, each with
+// a partition of its own. The operator isolates a conversation into one,
+// or releases it, at any step (an override in the owner store); the
+// gateway and each worker read the overrides with a delay of their own,
+// and every writer that may hold the conversation is told. The writer that
+// has it commits a moved record; the one it moves to answers retry until
+// its state — loaded from the sink — says the conversation is there. The
+// checker orders a conversation's events by commit across partitions, and
+// liveness asks for every conversation to end where its override says.
+//
 // # Schedules
 //
 // Nothing runs concurrently and nothing reads a clock: a run is a sequence of

@@ -29,6 +29,12 @@ type Stats struct {
 	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
 	Isolations        int // overrides the operator changed (isolate or release)
 	ConvMoves         int // moved records committed
+	// MovesAcrossTakeover: takeovers of a vshard a conversation was moving
+	// from or to (its override named another vshard than the log).
+	MovesAcrossTakeover int
+	// ArrivalsBeforePersist: commands the writer a conversation had moved
+	// to answered retry because persist had not stored the moved record yet.
+	ArrivalsBeforePersist int
 }
 
 // add sums o into s.
@@ -54,6 +60,8 @@ func (s *Stats) add(o Stats) {
 	s.EpochRegressions += o.EpochRegressions
 	s.Isolations += o.Isolations
 	s.ConvMoves += o.ConvMoves
+	s.MovesAcrossTakeover += o.MovesAcrossTakeover
+	s.ArrivalsBeforePersist += o.ArrivalsBeforePersist
 }
 
 // Violation is one broken property.

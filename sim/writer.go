@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
@@ -296,12 +297,20 @@ func (wr *writer) commit(w *World, e *shardcore.Effect, lost bool) error {
 func (wr *writer) collect(w *World) {
 	rd := wr.m.Ready()
 	for _, a := range rd.Answers {
+		if a.Retry && a.Reply.Code == protocol.CodeUnavailable && w.locatedAt(a.Call.Cmd.ConversationID) == wr.v {
+			w.stats.ArrivalsBeforePersist++
+		}
 		ans := w.reply(a.Call.Tag.(*attempt), a.Reply, a.Wrote)
 		// whether the writer's producer was already fenced (it cannot know)
 		ans.fenced = wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch
 	}
 	if rd.Notice.TookOver {
 		w.stats.Takeovers++
+		for _, c := range sortedKeys(w.routes) {
+			if at, to := w.locatedAt(c), w.routes[c]; at != to && (wr.v == at || wr.v == to) {
+				w.stats.MovesAcrossTakeover++
+			}
+		}
 	}
 	w.stats.ConvMoves += len(rd.Notice.Moved)
 	if rd.Effect != nil {
