@@ -1,0 +1,287 @@
+package wire_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/wire"
+)
+
+// pki is a link CA with certificates of every kind the tests need.
+type pki struct {
+	ca                   *clientsec.LinkCA
+	gateway, worker      *wire.TLS
+	other                *wire.TLS // same CA, client auth, names neither role
+	workerAsClient       *wire.TLS // the worker's certificate offered by a client
+	gatewayAsServer      *wire.TLS // a gateway's certificate served by a worker
+	foreignGateway       *wire.TLS // a gateway certificate from another CA
+	foreignWorker        *wire.TLS // a worker certificate from another CA
+	plainTLSClientConfig *tls.Config
+}
+
+func issue(t *testing.T, ca *clientsec.LinkCA, trust []byte, id string, usage x509.ExtKeyUsage) *wire.TLS {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Issue("test "+id, id, usage, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	files := map[string][]byte{"ca.pem": trust, "cert.pem": certPEM, "key.pem": keyPEM}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := wire.LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newPKI(t *testing.T) *pki {
+	t.Helper()
+	ca, err := clientsec.NewLinkCA("test link CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := clientsec.NewLinkCA("another CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pki{ca: ca}
+	p.gateway = issue(t, ca, ca.PEM, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	p.worker = issue(t, ca, ca.PEM, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	p.other = issue(t, ca, ca.PEM, "urn:chatpipe:link:persist", x509.ExtKeyUsageClientAuth)
+	p.workerAsClient = issue(t, ca, ca.PEM, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	p.gatewayAsServer = issue(t, ca, ca.PEM, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	// The other CA's certificates trust the other CA: each side of a
+	// foreign deployment is consistent, just not this one's.
+	p.foreignGateway = issue(t, other, other.PEM, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	p.foreignWorker = issue(t, other, other.PEM, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	p.plainTLSClientConfig = &tls.Config{RootCAs: pool, ServerName: "ignored", InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+	return p
+}
+
+// serveTLS runs a worker's link server with creds; handled counts the
+// commands that reached its handler.
+func serveTLS(t *testing.T, creds *wire.TLS) (addr string, handled *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled = &atomic.Int64{}
+	h := func(req *wire.Request, reply func(*wire.Response)) {
+		handled.Add(1)
+		reply(&wire.Response{RID: req.RID, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID}})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() { defer close(done); wire.Serve(ctx, ln, h, wire.Config{TLS: creds}, log) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ln.Addr().String(), handled
+}
+
+const sendLine = `{"rid":1,"user":"mallory","req":{"op":"send","id":"r1","conversation_id":"c","client_message_id":"m","body":"forged"}}` + "\n"
+
+// A gateway's certificate from the link CA makes a working link, and the
+// link carries commands both ways.
+func TestLinkTLSGatewayCertificateWorks(t *testing.T) {
+	p := newPKI(t)
+	addr, handled := serveTLS(t, p.worker)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := wire.Dial(ctx, addr, wire.Config{TLS: p.gateway})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := 0; i < 3; i++ {
+		r, err := cl.Do(ctx, "alice", &protocol.Request{Op: "send", ID: "r"})
+		if err != nil || r.Reply == nil || r.Reply.Op != protocol.OpAccepted {
+			t.Fatalf("call %d over mutual TLS: %+v %v", i, r, err)
+		}
+	}
+	if n := handled.Load(); n != 3 {
+		t.Fatalf("handled %d commands, want 3", n)
+	}
+}
+
+// Every client that does not authenticate as a gateway of this link's CA
+// is refused, and none of what it sends reaches the handler: plaintext
+// (the old wire format), TLS without a certificate, a gateway certificate
+// from another CA, a certificate of the link CA naming another role, and
+// the worker's own certificate offered as a client's.
+func TestLinkTLSRefusesClientsThatAreNotGateways(t *testing.T) {
+	p := newPKI(t)
+	addr, handled := serveTLS(t, p.worker)
+
+	t.Run("plaintext", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte(sendLine))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		if err != nil && !isReset(err) {
+			t.Fatalf("plaintext link not closed: %v", err)
+		}
+		if strings.Contains(string(b), "rid") {
+			t.Fatalf("plaintext client got an answer: %q", b)
+		}
+	})
+	t.Run("no certificate", func(t *testing.T) {
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		c := tls.Client(raw, p.plainTLSClientConfig)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		// TLS 1.3: the client's side of the handshake completes; the
+		// server's refusal comes with the first read.
+		err = c.Handshake()
+		if err == nil {
+			c.Write([]byte(sendLine))
+			_, err = c.Read(make([]byte, 1))
+		}
+		if err == nil || !strings.Contains(err.Error(), "certificate required") {
+			t.Fatalf("TLS client without a certificate: %v, want the worker to require one", err)
+		}
+	})
+	for name, creds := range map[string]*wire.TLS{
+		"another CA":            p.foreignGateway,
+		"another role":          p.other,
+		"worker cert as client": p.workerAsClient,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// The foreign gateway trusts its own CA, not this worker's:
+			// let it trust this one to see the worker refuse it (its
+			// certificate is offered, the worker does not know its CA).
+			if creds == p.foreignGateway {
+				pool := x509.NewCertPool()
+				pool.AppendCertsFromPEM(p.ca.PEM)
+				creds = &wire.TLS{CAs: pool, Cert: creds.Cert}
+			}
+			cl, err := wire.Dial(ctx, addr, wire.Config{TLS: creds})
+			if err == nil {
+				cl.Close()
+				t.Fatal("dialed a link the worker must refuse")
+			}
+			if !strings.Contains(err.Error(), "the worker refused the link") {
+				t.Fatalf("dial: %v, want the worker's refusal", err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	if n := handled.Load(); n != 0 {
+		t.Fatalf("%d commands of unauthenticated clients reached the handler", n)
+	}
+
+	// The worker still serves a gateway.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := wire.Dial(ctx, addr, wire.Config{TLS: p.gateway})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if r, err := cl.Do(ctx, "alice", &protocol.Request{Op: "send", ID: "r"}); err != nil || r.Reply == nil {
+		t.Fatalf("gateway after the refusals: %+v %v", r, err)
+	}
+}
+
+// A gateway talks only to a worker of its link CA: a server with a
+// certificate of another CA, one naming the gateway role, or no TLS at all
+// fails Dial, before any command is sent.
+func TestLinkTLSGatewayRefusesServersThatAreNotWorkers(t *testing.T) {
+	p := newPKI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for name, c := range map[string]struct {
+		creds *wire.TLS
+		want  string
+	}{
+		"another CA":   {p.foreignWorker, "certificate signed by unknown authority"},
+		"gateway cert": {p.gatewayAsServer, "incompatible key usage"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// The server trusts this link's gateways: only the gateway's
+			// check of the server can fail.
+			pool := x509.NewCertPool()
+			pool.AppendCertsFromPEM(p.ca.PEM)
+			addr, handled := serveTLS(t, &wire.TLS{CAs: pool, Cert: c.creds.Cert})
+			cl, err := wire.Dial(ctx, addr, wire.Config{TLS: p.gateway})
+			if err == nil {
+				cl.Close()
+				t.Fatal("the gateway dialed a server that is not a worker of its CA")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("dial: %v, want %q", err, c.want)
+			}
+			if handled.Load() != 0 {
+				t.Fatal("a command reached the server")
+			}
+		})
+	}
+	t.Run("plaintext worker", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		var handled atomic.Int64
+		go func() {
+			defer close(done)
+			wire.Serve(sctx, ln, func(req *wire.Request, reply func(*wire.Response)) { handled.Add(1) }, wire.Config{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}()
+		defer func() { stop(); <-done }()
+		cl, err := wire.Dial(ctx, ln.Addr().String(), wire.Config{TLS: p.gateway})
+		if err == nil {
+			cl.Close()
+			t.Fatal("the gateway dialed a plaintext worker")
+		}
+		if handled.Load() != 0 {
+			t.Fatal("a command reached the plaintext worker")
+		}
+	})
+}
+
+// A certificate naming a role other than the gateway, from the link CA and
+// with the client-auth usage, is refused by the role check itself.
+func TestLinkTLSRoleOfCertificates(t *testing.T) {
+	p := newPKI(t)
+	if p.gateway.Role() != wire.GatewayID || p.worker.Role() != wire.WorkerID || p.other.Role() != "" {
+		t.Fatalf("roles: %q %q %q", p.gateway.Role(), p.worker.Role(), p.other.Role())
+	}
+	if time.Until(p.gateway.NotAfter()) > time.Hour || time.Until(p.gateway.NotAfter()) < 50*time.Minute {
+		t.Fatalf("NotAfter %v", p.gateway.NotAfter())
+	}
+}
+
+func isReset(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && strings.Contains(err.Error(), "reset")
+}
