@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -30,27 +31,107 @@ const (
 // requires a gateway's client certificate; Dial speaks TLS 1.3 as the
 // gateway and requires a worker's certificate. Both check the peer's chain
 // against CAs and its role (GatewayID, WorkerID).
+//
+// A TLS from LoadTLS reads its files again at the first handshake after
+// one of them changed, so certificates and CAs are rotated in place without
+// a restart (links already up keep the session they authenticated). Files
+// that cannot be loaded, a certificate that does not match its key, or one
+// of another role leave the loaded credentials in use until they can.
 type TLS struct {
 	CAs  *x509.CertPool
 	Cert tls.Certificate
+
+	files *tlsFiles // nil: CAs and Cert as given
+}
+
+// tlsFiles are the files of a TLS from LoadTLS and what was last loaded
+// from them.
+type tlsFiles struct {
+	ca, cert, key string
+
+	mu      sync.Mutex
+	stamps  [3]fileStamp // of the files as last loaded (or tried)
+	cas     *x509.CertPool
+	crt     tls.Certificate
+	role    string
+	lastErr error // of the last reload that failed; nil once one succeeds
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stamp(path string) fileStamp {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}
+	}
+	return fileStamp{mod: fi.ModTime(), size: fi.Size()}
 }
 
 // LoadTLS reads a link CA bundle (PEM, one or more certificates: several
-// during a rotation) and a certificate with its key.
+// during a rotation) and a certificate with its key, and watches the files
+// for changes (see TLS).
 func LoadTLS(caFile, certFile, keyFile string) (*TLS, error) {
-	pem, err := os.ReadFile(caFile)
+	f := &tlsFiles{ca: caFile, cert: certFile, key: keyFile}
+	st := f.stampAll()
+	cas, cert, err := f.load()
 	if err != nil {
-		return nil, fmt.Errorf("link tls: read CA file: %w", err)
+		return nil, err
+	}
+	f.stamps, f.cas, f.crt = st, cas, cert
+	t := &TLS{CAs: cas, Cert: cert, files: f}
+	f.role = t.Role()
+	return t, nil
+}
+
+func (f *tlsFiles) stampAll() [3]fileStamp {
+	return [3]fileStamp{stamp(f.ca), stamp(f.cert), stamp(f.key)}
+}
+
+func (f *tlsFiles) load() (*x509.CertPool, tls.Certificate, error) {
+	pem, err := os.ReadFile(f.ca)
+	if err != nil {
+		return nil, tls.Certificate{}, fmt.Errorf("link tls: read CA file: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("link tls: CA file %s holds no PEM certificate", caFile)
+		return nil, tls.Certificate{}, fmt.Errorf("link tls: CA file %s holds no PEM certificate", f.ca)
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	cert, err := tls.LoadX509KeyPair(f.cert, f.key)
 	if err != nil {
-		return nil, fmt.Errorf("link tls: load certificate: %w", err)
+		return nil, tls.Certificate{}, fmt.Errorf("link tls: load certificate: %w", err)
 	}
-	return &TLS{CAs: pool, Cert: cert}, nil
+	return pool, cert, nil
+}
+
+// current returns the credentials to use for a new handshake, reloading
+// the files if they changed; reloadErr is why the last reload failed (the
+// previous credentials are returned then).
+func (t *TLS) current() (cas *x509.CertPool, cert *tls.Certificate, reloadErr error) {
+	f := t.files
+	if f == nil {
+		return t.CAs, &t.Cert, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.stampAll(); st != f.stamps {
+		f.stamps = st
+		cas, crt, err := f.load()
+		if err == nil {
+			if role := (&TLS{Cert: crt}).Role(); role != f.role {
+				err = fmt.Errorf("link tls: %s now names %q, not %s: not loaded", f.cert, role, f.role)
+			}
+		}
+		if err != nil {
+			f.lastErr = err
+		} else {
+			f.cas, f.crt, f.lastErr = cas, crt, nil
+		}
+	}
+	crt := f.crt
+	return f.cas, &crt, f.lastErr
 }
 
 // Role returns GatewayID or WorkerID if the certificate names one (the
@@ -98,13 +179,13 @@ func hasID(c *x509.Certificate, id string) bool {
 }
 
 // serverConfig is the worker's side: TLS 1.3 only, a client certificate
-// from CAs required and verified, and it must name GatewayID.
-func (t *TLS) serverConfig() *tls.Config {
+// from cas required and verified, and it must name GatewayID.
+func serverConfig(cas *x509.CertPool, cert *tls.Certificate) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{t.Cert},
+		Certificates: []tls.Certificate{*cert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    t.CAs,
+		ClientCAs:    cas,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			// The chain (and the client-auth key usage) is verified by
 			// RequireAndVerifyClientCert before this runs.
@@ -117,20 +198,20 @@ func (t *TLS) serverConfig() *tls.Config {
 }
 
 // clientConfig is the gateway's side: TLS 1.3 only, its certificate
-// offered, and the worker's verified against CAs (server-auth key usage)
+// offered, and the worker's verified against cas (server-auth key usage)
 // and required to name WorkerID instead of a host name.
-func (t *TLS) clientConfig() *tls.Config {
+func clientConfig(cas *x509.CertPool, cert *tls.Certificate) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		// Always offered, even if the worker asks for another CA's: the
 		// worker then logs why it refused the link.
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &t.Cert, nil },
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
 		// Verification is not skipped: VerifyConnection verifies the chain
 		// against the link CA, as the default would, but checks the role
 		// instead of the host name.
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return verifyWorker(t.CAs, cs.PeerCertificates)
+			return verifyWorker(cas, cs.PeerCertificates)
 		},
 	}
 }
@@ -154,19 +235,20 @@ func verifyWorker(cas *x509.CertPool, chain []*x509.Certificate) error {
 }
 
 // handshakeServer runs the worker's side of the TLS handshake on c within
-// timeout.
-func handshakeServer(ctx context.Context, c net.Conn, t *TLS, timeout time.Duration) (net.Conn, error) {
-	tc := tls.Server(c, t.serverConfig())
+// timeout; reloadErr is as of TLS.current.
+func handshakeServer(ctx context.Context, c net.Conn, t *TLS, timeout time.Duration) (conn net.Conn, reloadErr, err error) {
+	cas, cert, reloadErr := t.current()
+	tc := tls.Server(c, serverConfig(cas, cert))
 	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return nil, err
+		return nil, reloadErr, err
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return nil, err
+		return nil, reloadErr, err
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
-		return nil, err
+		return nil, reloadErr, err
 	}
-	return tc, nil
+	return tc, reloadErr, nil
 }
 
 // handshakeClient runs the gateway's side of the TLS handshake on c and
@@ -175,7 +257,8 @@ func handshakeServer(ctx context.Context, c net.Conn, t *TLS, timeout time.Durat
 // round trip a refused gateway would learn it from its first command's
 // failure (an unknown outcome) instead of from Dial.
 func handshakeClient(ctx context.Context, c net.Conn, t *TLS, timeout time.Duration) (net.Conn, error) {
-	tc := tls.Client(c, t.clientConfig())
+	cas, cert, reloadErr := t.current()
+	tc := tls.Client(c, clientConfig(cas, cert))
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -198,6 +281,9 @@ func handshakeClient(ctx context.Context, c net.Conn, t *TLS, timeout time.Durat
 			return nil, fmt.Errorf("the worker's first answer is not a pong: %q…", line[:64])
 		}
 		if _, err := tc.Read(b); err != nil {
+			if reloadErr != nil { // the likely cause
+				return nil, fmt.Errorf("the worker refused the link: %w (and %w)", err, reloadErr)
+			}
 			return nil, fmt.Errorf("the worker refused the link: %w", err)
 		}
 		line = append(line, b[0])

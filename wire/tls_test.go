@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,9 +79,33 @@ func newPKI(t *testing.T) *pki {
 	return p
 }
 
+// logBuf is a log a test reads while a server writes it.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // serveTLS runs a worker's link server with creds; handled counts the
 // commands that reached its handler.
 func serveTLS(t *testing.T, creds *wire.TLS) (addr string, handled *atomic.Int64) {
+	addr, handled, _ = serveTLSLog(t, creds)
+	return addr, handled
+}
+
+// serveTLSLog is serveTLS that also returns the server's log.
+func serveTLSLog(t *testing.T, creds *wire.TLS) (addr string, handled *atomic.Int64, logs *logBuf) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,10 +118,11 @@ func serveTLS(t *testing.T, creds *wire.TLS) (addr string, handled *atomic.Int64
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs = &logBuf{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
 	go func() { defer close(done); wire.Serve(ctx, ln, h, wire.Config{TLS: creds}, log) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return ln.Addr().String(), handled
+	return ln.Addr().String(), handled, logs
 }
 
 const sendLine = `{"rid":1,"user":"mallory","req":{"op":"send","id":"r1","conversation_id":"c","client_message_id":"m","body":"forged"}}` + "\n"
@@ -131,7 +157,7 @@ func TestLinkTLSGatewayCertificateWorks(t *testing.T) {
 // the worker's own certificate offered as a client's.
 func TestLinkTLSRefusesClientsThatAreNotGateways(t *testing.T) {
 	p := newPKI(t)
-	addr, handled := serveTLS(t, p.worker)
+	addr, handled, logs := serveTLSLog(t, p.worker)
 
 	t.Run("plaintext", func(t *testing.T) {
 		c, err := net.Dial("tcp", addr)
@@ -168,6 +194,12 @@ func TestLinkTLSRefusesClientsThatAreNotGateways(t *testing.T) {
 			t.Fatalf("TLS client without a certificate: %v, want the worker to require one", err)
 		}
 	})
+	// The worker's reason for each refusal, as it logs it.
+	reasons := map[string]string{
+		"another CA":            "certificate signed by unknown authority",
+		"another role":          "the client certificate does not name " + wire.GatewayID,
+		"worker cert as client": "incompatible key usage",
+	}
 	for name, creds := range map[string]*wire.TLS{
 		"another CA":            p.foreignGateway,
 		"another role":          p.other,
@@ -193,6 +225,7 @@ func TestLinkTLSRefusesClientsThatAreNotGateways(t *testing.T) {
 				t.Fatalf("dial: %v, want the worker's refusal", err)
 			}
 			t.Logf("refused: %v", err)
+			waitLog(t, logs, reasons[name])
 		})
 	}
 	if n := handled.Load(); n != 0 {
@@ -269,8 +302,7 @@ func TestLinkTLSGatewayRefusesServersThatAreNotWorkers(t *testing.T) {
 	})
 }
 
-// A certificate naming a role other than the gateway, from the link CA and
-// with the client-auth usage, is refused by the role check itself.
+// Role and NotAfter read a certificate's link role and expiry.
 func TestLinkTLSRoleOfCertificates(t *testing.T) {
 	p := newPKI(t)
 	if p.gateway.Role() != wire.GatewayID || p.worker.Role() != wire.WorkerID || p.other.Role() != "" {
@@ -281,7 +313,126 @@ func TestLinkTLSRoleOfCertificates(t *testing.T) {
 	}
 }
 
+// waitLog waits for the server's log to say want.
+func waitLog(t *testing.T, logs *logBuf, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker's log does not say %q:\n%s", want, logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func isReset(err error) bool {
 	var ne *net.OpError
 	return errors.As(err, &ne) && strings.Contains(err.Error(), "reset")
+}
+
+// linkFiles writes a CA bundle and a certificate of ca for id into dir.
+func linkFiles(t *testing.T, dir string, bundle []byte, ca *clientsec.LinkCA, id string, usage x509.ExtKeyUsage) {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Issue("test "+id, id, usage, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"ca.pem": bundle, "cert.pem": certPEM, "key.pem": keyPEM} {
+		writeFile(t, filepath.Join(dir, name), b)
+	}
+}
+
+// writeFile replaces path as an operator's tool would: a new file renamed
+// over the old one.
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func load(t *testing.T, dir string) *wire.TLS {
+	t.Helper()
+	c, err := wire.LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Rotating the link CA in place, as docs/operations.md says (both CAs
+// trusted, then the new certificates, then the new CA alone), keeps new
+// links working at every step without a restart; at the end a gateway
+// certificate of the old CA is refused. A certificate file that does not
+// match its key leaves the previous credentials in use.
+func TestLinkTLSRotationInPlace(t *testing.T) {
+	ca1, err := clientsec.NewLinkCA("old", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca2, err := clientsec.NewLinkCA("new", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wdir, gdir := t.TempDir(), t.TempDir()
+	linkFiles(t, wdir, ca1.PEM, ca1, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	linkFiles(t, gdir, ca1.PEM, ca1, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	// A gateway that keeps the old CA's certificate (and trusts both CAs,
+	// so that only the worker's check can fail).
+	oldGateway := &wire.TLS{CAs: x509.NewCertPool(), Cert: load(t, gdir).Cert}
+	oldGateway.CAs.AppendCertsFromPEM(ca1.PEM)
+	oldGateway.CAs.AppendCertsFromPEM(ca2.PEM)
+	addr, _ := serveTLS(t, load(t, wdir))
+	gateway := load(t, gdir)
+	dial := func(step string, creds *wire.TLS) error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cl, err := wire.Dial(ctx, addr, wire.Config{TLS: creds})
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		if r, err := cl.Do(ctx, "alice", &protocol.Request{Op: "send", ID: "r"}); err != nil || r.Reply == nil {
+			t.Fatalf("%s: call: %+v %v", step, r, err)
+		}
+		return nil
+	}
+	must := func(step string) {
+		t.Helper()
+		if err := dial(step, gateway); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	must("old CA")
+	both := append(append([]byte{}, ca1.PEM...), ca2.PEM...)
+	writeFile(t, filepath.Join(wdir, "ca.pem"), both)
+	writeFile(t, filepath.Join(gdir, "ca.pem"), both)
+	must("both CAs trusted")
+	linkFiles(t, wdir, both, ca2, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	must("new worker certificate")
+	linkFiles(t, gdir, both, ca2, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	must("new gateway certificate")
+	writeFile(t, filepath.Join(wdir, "ca.pem"), ca2.PEM)
+	writeFile(t, filepath.Join(gdir, "ca.pem"), ca2.PEM)
+	must("new CA alone")
+	if err := dial("old gateway certificate", oldGateway); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a gateway certificate of the removed CA: %v, want it refused", err)
+	}
+
+	// A certificate that does not match its key is not loaded: the
+	// gateway keeps using the one it has, and says why if a dial fails.
+	other, _, err := ca2.Issue("stray", wire.GatewayID, x509.ExtKeyUsageClientAuth, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(gdir, "cert.pem"), other)
+	must("mismatched certificate file")
+	// A worker certificate put where the gateway's was is not loaded
+	// either (it would be refused by every worker).
+	linkFiles(t, gdir, ca2.PEM, ca2, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	must("certificate of another role")
 }

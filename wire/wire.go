@@ -192,7 +192,10 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, cfg Config, log *slo
 			}()
 			link := c
 			if cfg.TLS != nil {
-				tc, err := handshakeServer(ctx, c, cfg.TLS, cfg.ReadTimeout)
+				tc, reloadErr, err := handshakeServer(ctx, c, cfg.TLS, cfg.ReadTimeout)
+				if reloadErr != nil {
+					log.Warn("wire: the link certificates changed but cannot be loaded; serving with the previous ones", "err", reloadErr)
+				}
 				if err != nil {
 					log.Warn("wire: refused a link that did not authenticate as a gateway", "remote", c.RemoteAddr().String(), "err", err)
 					c.Close()
