@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -297,3 +298,28 @@ func handshakeClient(ctx context.Context, c net.Conn, t *TLS, timeout time.Durat
 	}
 	return tc, nil
 }
+
+// sniffTLS reads the first byte of c (within timeout) and reports whether
+// it starts a TLS handshake record; the returned conn reads it again.
+func sniffTLS(c net.Conn, timeout time.Duration) (net.Conn, bool, error) {
+	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, false, err
+	}
+	br := bufio.NewReader(c)
+	b, err := br.Peek(1)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		return nil, false, err
+	}
+	return peekedConn{Conn: c, r: br}, b[0] == 0x16, nil // 0x16: a handshake record
+}
+
+// peekedConn is a connection whose first bytes were read into r.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }

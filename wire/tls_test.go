@@ -436,3 +436,46 @@ func TestLinkTLSRotationInPlace(t *testing.T) {
 	linkFiles(t, gdir, ca2.PEM, ca2, wire.WorkerID, x509.ExtKeyUsageServerAuth)
 	must("certificate of another role")
 }
+
+// With AllowPlaintext (turning TLS on in a running deployment, workers
+// first) a worker serves plaintext gateways and TLS gateways alike, and
+// still refuses a TLS client that is not a gateway.
+func TestLinkTLSSwitchOverServesBoth(t *testing.T) {
+	p := newPKI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	h := func(req *wire.Request, reply func(*wire.Response)) {
+		handled.Add(1)
+		reply(&wire.Response{RID: req.RID, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID}})
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wire.Serve(sctx, ln, h, wire.Config{TLS: p.worker, AllowPlaintext: true}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	defer func() { stop(); <-done }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for name, creds := range map[string]*wire.TLS{"plaintext gateway": nil, "TLS gateway": p.gateway} {
+		cl, err := wire.Dial(ctx, ln.Addr().String(), wire.Config{TLS: creds})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		r, err := cl.Do(ctx, "alice", &protocol.Request{Op: "send", ID: "r"})
+		cl.Close()
+		if err != nil || r.Reply == nil {
+			t.Fatalf("%s: %+v %v", name, r, err)
+		}
+	}
+	if cl, err := wire.Dial(ctx, ln.Addr().String(), wire.Config{TLS: p.other}); err == nil {
+		cl.Close()
+		t.Fatal("a TLS client naming another role was served")
+	}
+	if n := handled.Load(); n != 2 {
+		t.Fatalf("handled %d, want 2", n)
+	}
+}

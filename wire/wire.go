@@ -106,6 +106,10 @@ type Config struct {
 	// a gateway's client certificate, Dial a worker's certificate. nil is
 	// plaintext.
 	TLS *TLS
+	// AllowPlaintext, with TLS, lets Serve also take plaintext links (any
+	// whose first byte does not start a TLS handshake): for turning TLS
+	// on in a running deployment, workers first, then gateways.
+	AllowPlaintext bool
 }
 
 func (c Config) withDefaults() Config {
@@ -191,8 +195,19 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, cfg Config, log *slo
 				mu.Unlock()
 			}()
 			link := c
+			if cfg.TLS != nil && cfg.AllowPlaintext {
+				pc, isTLS, err := sniffTLS(c, cfg.ReadTimeout)
+				if err != nil {
+					c.Close()
+					return
+				}
+				if link = pc; !isTLS {
+					serveConn(link, h, cfg, log)
+					return
+				}
+			}
 			if cfg.TLS != nil {
-				tc, reloadErr, err := handshakeServer(ctx, c, cfg.TLS, cfg.ReadTimeout)
+				tc, reloadErr, err := handshakeServer(ctx, link, cfg.TLS, cfg.ReadTimeout)
 				if reloadErr != nil {
 					log.Warn("wire: the link certificates changed but cannot be loaded; serving with the previous ones", "err", reloadErr)
 				}

@@ -96,7 +96,7 @@ func addLinkFlags(fs *flag.FlagSet) *linkFlags {
 		key:  fs.String("link-tls-key", "", "PEM key of --link-tls-cert"),
 	}
 	if fs.Name() == "worker" {
-		l.insecure = fs.Bool("link-insecure", false, "serve gateways in plaintext on a non-loopback --listen address: anyone who reaches it can write as any user (without it, such a worker needs --link-tls-*)")
+		l.insecure = fs.Bool("link-insecure", false, "serve gateways in plaintext on a non-loopback --listen address: anyone who reaches it can write as any user (without it, such a worker needs --link-tls-*); with --link-tls-*, take both TLS and plaintext links, while a deployment turns TLS on")
 	}
 	checkFlags(fs, l.check)
 	return l
@@ -123,9 +123,6 @@ func (l *linkFlags) check(fs *flag.FlagSet) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("the link's mutual TLS needs --link-tls-ca, --link-tls-cert and --link-tls-key: %s missing", strings.Join(missing, ", "))
 	}
-	if insecure {
-		return errors.New("--link-insecure and --link-tls-*: choose one")
-	}
 	creds, err := wire.LoadTLS(*l.ca, *l.cert, *l.key)
 	if err != nil {
 		return err
@@ -148,6 +145,14 @@ func (l *linkFlags) check(fs *flag.FlagSet) error {
 	}
 	l.creds = creds
 	return nil
+}
+
+// apply sets the link's TLS in c: the credentials, and with
+// --link-insecure as well plaintext links too (while a deployment turns TLS
+// on).
+func (l *linkFlags) apply(c *wire.Config) {
+	c.TLS = l.creds
+	c.AllowPlaintext = l.creds != nil && l.insecure != nil && *l.insecure
 }
 
 // loopbackAddr reports whether a listen address (host:port) takes

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/wire"
 )
 
 func TestLoopbackAddr(t *testing.T) {
@@ -58,7 +59,7 @@ func TestLinkFlags(t *testing.T) {
 		{"worker", []string{"--listen", "0.0.0.0:7070", "--link-insecure"}, ""},
 		{"worker", append([]string{"--listen", "0.0.0.0:7070"}, tlsArgs("worker")...), ""},
 		{"worker", tlsArgs("gateway"), "chatpipe worker needs a certificate naming urn:chatpipe:link:worker"},
-		{"worker", append([]string{"--link-insecure"}, tlsArgs("worker")...), "choose one"},
+		{"worker", append([]string{"--link-insecure", "--listen", "0.0.0.0:7070"}, tlsArgs("worker")...), ""},
 		{"worker", tlsArgs("worker")[:2], "--link-tls-cert, --link-tls-key missing"},
 		{"gateway", tlsArgs("gateway"), ""},
 		{"gateway", tlsArgs("worker"), "chatpipe gateway needs a certificate naming urn:chatpipe:link:gateway"},
@@ -75,5 +76,34 @@ func TestLinkFlags(t *testing.T) {
 	}
 	if _, err := linkCheck(t, "gateway", "--link-tls-ca", filepath.Join(dir, "none.pem"), "--link-tls-cert", "x", "--link-tls-key", "y"); err == nil {
 		t.Error("a missing CA file is no error")
+	}
+}
+
+// --link-insecure with --link-tls-* is the switch-over mode: TLS and
+// plaintext links both served.
+func TestLinkFlagsSwitchOver(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := clientsec.WriteLinkCerts(dir, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	f := clientsec.LinkDir(dir, "worker")
+	tlsArgs := []string{"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key}
+	for _, c := range []struct {
+		args           []string
+		tls, plaintext bool
+	}{
+		{nil, false, false},
+		{tlsArgs, true, false},
+		{append([]string{"--link-insecure"}, tlsArgs...), true, true},
+	} {
+		l, err := linkCheck(t, "worker", c.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wc wire.Config
+		l.apply(&wc)
+		if (wc.TLS != nil) != c.tls || wc.AllowPlaintext != c.plaintext {
+			t.Errorf("%v: TLS %v, AllowPlaintext %v; want %v, %v", c.args, wc.TLS != nil, wc.AllowPlaintext, c.tls, c.plaintext)
+		}
 	}
 }

@@ -30,5 +30,7 @@ func addWireFlags(fs *flag.FlagSet) wireFlags {
 }
 
 func (f wireFlags) config() wire.Config {
-	return wire.Config{WriteTimeout: *f.write, PingInterval: *f.ping, ReadTimeout: *f.read, QueueLen: *f.queue, TLS: f.link.creds}
+	c := wire.Config{WriteTimeout: *f.write, PingInterval: *f.ping, ReadTimeout: *f.read, QueueLen: *f.queue}
+	f.link.apply(&c)
+	return c
 }
