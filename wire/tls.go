@@ -249,7 +249,7 @@ func handshakeServer(ctx context.Context, c net.Conn, t *TLS, timeout time.Durat
 	if err := c.SetDeadline(time.Time{}); err != nil {
 		return nil, reloadErr, err
 	}
-	return tc, reloadErr, nil
+	return tlsConn{Conn: tc, raw: c}, reloadErr, nil
 }
 
 // handshakeClient runs the gateway's side of the TLS handshake on c and
@@ -296,7 +296,7 @@ func handshakeClient(ctx context.Context, c net.Conn, t *TLS, timeout time.Durat
 	if err := c.SetDeadline(time.Time{}); err != nil {
 		return nil, err
 	}
-	return tc, nil
+	return tlsConn{Conn: tc, raw: c}, nil
 }
 
 // sniffTLS reads the first byte of c (within timeout) and reports whether
@@ -323,3 +323,15 @@ type peekedConn struct {
 }
 
 func (p peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// tlsConn is a TLS connection whose Close closes the TCP connection at
+// once, without the close_notify alert a tls.Conn would first try to send
+// for up to 5 s: a worker closes a link from reply, which must never
+// block, and a peer that does not read would hold it there. A peer reading
+// lines loses nothing by it: a line cut short is not decoded.
+type tlsConn struct {
+	*tls.Conn
+	raw net.Conn
+}
+
+func (c tlsConn) Close() error { return c.raw.Close() }

@@ -479,3 +479,52 @@ func TestLinkTLSSwitchOverServesBoth(t *testing.T) {
 		t.Fatalf("handled %d, want 2", n)
 	}
 }
+
+// Over TLS too, a worker's reply never waits for a gateway that does not
+// read: closing the link does not wait to say goodbye (close_notify) to a
+// peer whose socket is full.
+func TestLinkTLSReplyToPeerThatDoesNotReadDoesNotBlock(t *testing.T) {
+	p := newPKI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	replies := make(chan func(*wire.Response), 1)
+	h := func(req *wire.Request, reply func(*wire.Response)) {
+		select {
+		case replies <- reply:
+		default:
+		}
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wire.Serve(sctx, ln, h, wire.Config{TLS: p.worker, QueueLen: 64}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	defer func() { stop(); <-done }()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	gw := p.gateway.Cert
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &gw, nil }})
+	if _, err := c.Write([]byte(sendLine)); err != nil {
+		t.Fatal(err)
+	}
+	reply := <-replies
+	big := strings.Repeat("x", 16<<10)
+	// Fill the socket (the peer reads nothing), then keep replying: one
+	// reply finds the queue full and closes the link, the others return.
+	var slowest time.Duration
+	for i := 0; i < 2000; i++ {
+		start := time.Now()
+		reply(&wire.Response{RID: 1, Reply: &protocol.Reply{Op: protocol.OpRejected, ID: "r1", Message: big}})
+		slowest = max(slowest, time.Since(start))
+	}
+	if slowest > time.Second {
+		t.Fatalf("a reply took %v on a TLS peer that does not read", slowest)
+	}
+}
