@@ -528,3 +528,66 @@ func TestLinkTLSReplyToPeerThatDoesNotReadDoesNotBlock(t *testing.T) {
 		t.Fatalf("a reply took %v on a TLS peer that does not read", slowest)
 	}
 }
+
+// What mutual TLS costs a call, against the plaintext link (the same
+// parallel round trips as BenchmarkLinkRoundTrip's wire case):
+//
+//	go test ./wire -run '^$' -bench LinkTLSRoundTrip -benchmem
+func BenchmarkLinkTLSRoundTrip(b *testing.B) {
+	ca, err := clientsec.NewLinkCA("bench", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mk := func(id string, usage x509.ExtKeyUsage) *wire.TLS {
+		certPEM, keyPEM, err := ca.Issue(id, id, usage, time.Hour)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca.PEM)
+		return &wire.TLS{CAs: pool, Cert: cert}
+	}
+	worker, gateway := mk(wire.WorkerID, x509.ExtKeyUsageServerAuth), mk(wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	req := &protocol.Request{Op: protocol.OpSend, ID: "r12345", ConversationID: "g-000123", ClientMessageID: "u-000042-000000001234",
+		Body: "hello there, this is a message of a typical length for a chat app"}
+	for _, c := range []struct {
+		name           string
+		server, client *wire.TLS
+	}{{"plaintext", nil, nil}, {"mtls", worker, gateway}} {
+		b.Run(c.name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				wire.Serve(ctx, ln, func(r *wire.Request, reply func(*wire.Response)) {
+					reply(&wire.Response{RID: r.RID, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: r.Req.ID, ConversationID: r.Req.ConversationID,
+						Seq: 4711, MessageID: "01KQ8Z3V9T4B6N2M5X7C1D0F8G", ClientMessageID: r.Req.ClientMessageID}})
+				}, wire.Config{TLS: c.server}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			}()
+			defer func() { cancel(); <-done }()
+			cl, err := wire.Dial(context.Background(), ln.Addr().String(), wire.Config{TLS: c.client})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cl.Close()
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := cl.Do(context.Background(), "u-000042", req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
