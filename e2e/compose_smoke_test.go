@@ -588,6 +588,9 @@ func (s *smokeStack) rewriteAll(inst string, args []string, volumes []string) []
 		}
 		dst, _, _ = strings.Cut(dst, ":")
 		dir := filepath.Join(s.root, "volumes", inst+"-"+filepath.Base(src))
+		if !strings.Contains(src, "/") { // a named volume: one for every service that mounts it
+			dir = filepath.Join(s.root, "volumes", src)
+		}
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			s.t.Fatal(err)
 		}

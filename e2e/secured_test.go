@@ -24,12 +24,15 @@ import (
 // securedStack is the e2e stack in secured mode: a kfake broker serving TLS
 // with SASL and ACLs enforced, an etcd member serving TLS that wants client
 // certificates, and `chatpipe dev` running the gateway (with the gateway's
-// Kafka credentials) against both. Workers, persist and projection run as
-// their own processes with their own credentials (startRole).
+// Kafka credentials and link certificate) against both. Workers, persist
+// and projection run as their own processes with their own credentials
+// (startRole); the gateway↔worker link is mutual TLS from the link CA that
+// `chatpipe init --link-certs` made.
 type securedStack struct {
 	t      *testing.T
 	dir    string
 	certs  devstack.Certs
+	link   string // chatpipe init --link-certs directory
 	broker string
 	etcd   string
 	dev    *devProc
@@ -57,7 +60,10 @@ func startSecured(t *testing.T) *securedStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &securedStack{t: t, dir: dir, certs: certs}
+	s := &securedStack{t: t, dir: dir, certs: certs, link: filepath.Join(dir, "link")}
+	if r := runChatpipe(t, "init", "--link-certs", s.link, "--link-certs-validity", "24h"); r.err != nil {
+		t.Fatalf("init --link-certs: %v\n%s", r.err, r.out)
+	}
 	s.writeSecret("admin", "pw-admin")
 	opts := []kfake.Opt{kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser("SCRAM-SHA-512", "admin", "pw-admin")}
 	for role, mech := range securedUsers {
@@ -117,8 +123,16 @@ func startSecured(t *testing.T) *securedStack {
 		t.Fatal(err)
 	}
 	args := []string{"--kafka", s.broker, "--etcd", s.etcd, "--workers", "0", "--persist=false", "--projection=false"}
-	s.dev = startDev(t, devDir, append(args, s.roleFlags(clientsec.RoleGateway)...)...)
+	args = append(append(args, s.roleFlags(clientsec.RoleGateway)...), s.linkFlags(clientsec.RoleGateway)...)
+	s.dev = startDev(t, devDir, args...)
 	return s
+}
+
+// linkFlags are the link TLS flags of role (gateway or worker), from the
+// files init made.
+func (s *securedStack) linkFlags(role string) []string {
+	f := clientsec.LinkDir(s.link, role)
+	return []string{"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key}
 }
 
 func (s *securedStack) writeSecret(name, secret string) {
@@ -146,7 +160,7 @@ func (s *securedStack) roleFlags(role string) []string {
 func (s *securedStack) startRole(role string, extra ...string) *proc {
 	args := []string{role, "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--log-level", "warn"}
 	if role == clientsec.RoleWorker {
-		args = append(args, "--id", "w1")
+		args = append(append(args, "--id", "w1"), s.linkFlags(role)...)
 	}
 	return startProc(s.t, s.dir, role, nil, append(append(args, s.roleFlags(role)...), extra...)...)
 }
@@ -190,8 +204,9 @@ func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string
 	return p.cmd.ProcessState.ExitCode(), string(b)
 }
 
-// TestSecuredWritePath runs the write path with Kafka TLS+SASL+ACLs and
-// etcd client TLS on: each role with its own least-privilege user. A
+// TestSecuredWritePath runs the write path with Kafka TLS+SASL+ACLs, etcd
+// client TLS and the mutual TLS gateway↔worker link on: each role with its
+// own least-privilege user. A
 // message sent over the websocket is accepted and reaches Postgres, and a
 // loadgen run's check (as the reader user) passes.
 func TestSecuredWritePath(t *testing.T) {

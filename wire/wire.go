@@ -1,6 +1,8 @@
 // Package wire is the gateway↔worker connection: one persistent TCP
 // connection per worker, newline-delimited JSON, pipelined (many requests in
-// flight, answered in any order, matched by request id).
+// flight, answered in any order, matched by request id). With Config.TLS the
+// connection is mutual TLS 1.3 from the link's CA (tls.go): a worker serves
+// only gateways, a gateway talks only to workers.
 //
 // A link never makes its caller wait for the peer: a worker's reply is
 // queued without blocking, and a link whose queue is full is closed (its
@@ -100,6 +102,14 @@ type Config struct {
 	// queue, however many answers a batch sends at once. Keep the
 	// gateway's QueueLen no larger than the workers'.
 	MaxInFlight int
+	// TLS, when set, makes the link mutual TLS (see TLS): Serve requires
+	// a gateway's client certificate, Dial a worker's certificate. nil is
+	// plaintext.
+	TLS *TLS
+	// AllowPlaintext, with TLS, lets Serve also take plaintext links (any
+	// whose first byte does not start a TLS handshake): for turning TLS
+	// on in a running deployment, workers first, then gateways.
+	AllowPlaintext bool
 }
 
 func (c Config) withDefaults() Config {
@@ -179,10 +189,36 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, cfg Config, log *slo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serveConn(c, h, cfg, log)
-			mu.Lock()
-			delete(conns, c)
-			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				delete(conns, c)
+				mu.Unlock()
+			}()
+			link := c
+			if cfg.TLS != nil && cfg.AllowPlaintext {
+				pc, isTLS, err := sniffTLS(c, cfg.ReadTimeout)
+				if err != nil {
+					c.Close()
+					return
+				}
+				if link = pc; !isTLS {
+					serveConn(link, h, cfg, log)
+					return
+				}
+			}
+			if cfg.TLS != nil {
+				tc, reloadErr, err := handshakeServer(ctx, link, cfg.TLS, cfg.ReadTimeout)
+				if reloadErr != nil {
+					log.Warn("wire: the link certificates changed but cannot be loaded; serving with the previous ones", "err", reloadErr)
+				}
+				if err != nil {
+					log.Warn("wire: refused a link that did not authenticate as a gateway", "remote", c.RemoteAddr().String(), "err", err)
+					c.Close()
+					return
+				}
+				link = tc
+			}
+			serveConn(link, h, cfg, log)
 		}()
 	}
 }
@@ -296,6 +332,14 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
 	}
+	if cfg.TLS != nil {
+		tc, err := handshakeClient(ctx, conn, cfg.TLS, cfg.WriteTimeout)
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
+		}
+		conn = tc
+	}
 	dc := deadlineConn{Conn: conn, read: cfg.ReadTimeout, write: cfg.WriteTimeout}
 	cl := &Client{conn: dc, cfg: cfg, pending: map[uint64]chan *Response{}, closed: make(chan struct{}),
 		slots: make(chan struct{}, cfg.MaxInFlight)}
@@ -341,11 +385,7 @@ func (cl *Client) readLoop() {
 func (cl *Client) pingLoop() {
 	t := time.NewTicker(cl.cfg.PingInterval)
 	defer t.Stop()
-	// The ping also carries a command an older worker rejects (an unknown
-	// op, answered bad_request with rid 0, which no call uses): its answer
-	// keeps the link alive through a rolling upgrade.
-	line, _ := json.Marshal(&Request{Ping: true, Req: &protocol.Request{Op: "ping"}})
-	line = append(line, '\n')
+	line := pingLine()
 	for {
 		select {
 		case <-t.C:
@@ -357,6 +397,14 @@ func (cl *Client) pingLoop() {
 			return
 		}
 	}
+}
+
+// pingLine is a ping request. It also carries a command an older worker
+// rejects (an unknown op, answered bad_request with rid 0, which no call
+// uses): its answer keeps the link alive through a rolling upgrade.
+func pingLine() []byte {
+	line, _ := json.Marshal(&Request{Ping: true, Req: &protocol.Request{Op: "ping"}})
+	return append(line, '\n')
 }
 
 // write sends line, combined with the lines of concurrent callers into as

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/clientsec"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 )
@@ -47,7 +49,8 @@ func buildVersion() (v, goVersion string) {
 }
 
 // runInit prepares a deployment once: the fixed shape in etcd, the
-// Postgres schema, and (with --kafka) the log topic.
+// Postgres schema, (with --kafka) the log topic, and (with --link-certs) the
+// gateway↔worker link's CA and certificates.
 func runInit(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
@@ -56,8 +59,10 @@ func runInit(ctx context.Context, args []string) error {
 	dedicated := fs.Int("dedicated", 16, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (the topic gets partitions+dedicated)")
 	replication := fs.Int("replication-factor", 3, "replication factor of the log topic (-1: the broker's default)")
 	minISR := fs.Int("min-insync-replicas", 2, "min.insync.replicas of the log topic (0: the broker's default)")
+	linkDir := fs.String("link-certs", "", "directory to make the gateway↔worker link's CA and certificates in, once (DIR/gateway/ and DIR/worker/, each ca.pem, cert.pem, key.pem); kept if already complete. Alone (no --etcd, --database-url) it does only this")
+	linkValid := fs.Duration("link-certs-validity", 2*365*24*time.Hour, "validity of the link CA and certificates --link-certs makes")
 	retention := fs.Duration("retention", -1, "retention.ms of the log topic; negative keeps it forever (the log is the source of truth: replay and rebuild read it)")
-	checkFlags(fs, atLeast("vshards", 1), atLeast("partitions", 1), notNegative("dedicated"), notNegative("min-insync-replicas"),
+	checkFlags(fs, atLeast("vshards", 1), atLeast("partitions", 1), notNegative("dedicated"), notNegative("min-insync-replicas"), positive("link-certs-validity"),
 		func(fs *flag.FlagSet) error {
 			if *replication == 0 || *replication < -1 {
 				return rangeError(fs.Lookup("replication-factor"), "at least 1, or -1 for the broker's default")
@@ -68,6 +73,20 @@ func runInit(ctx context.Context, args []string) error {
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
 		return err
+	}
+	if *linkDir != "" {
+		created, err := clientsec.WriteLinkCerts(*linkDir, *linkValid)
+		if err != nil {
+			return err
+		}
+		if created {
+			log.Info("link certificates made", "dir", *linkDir, "valid", linkValid.String())
+		} else {
+			log.Info("link certificates kept", "dir", *linkDir)
+		}
+		if *inf.etcd == "" && *inf.dbURL == "" {
+			return nil
+		}
 	}
 	if *inf.etcd == "" || *inf.dbURL == "" {
 		return errors.New("need --etcd and --database-url (and --kafka to create the topic)")

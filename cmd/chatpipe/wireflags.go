@@ -12,6 +12,7 @@ import (
 type wireFlags struct {
 	write, ping, read, call *time.Duration
 	queue                   *int
+	link                    *linkFlags
 }
 
 func addWireFlags(fs *flag.FlagSet) wireFlags {
@@ -23,10 +24,13 @@ func addWireFlags(fs *flag.FlagSet) wireFlags {
 		ping:  fs.Duration("wire-ping", wire.DefaultPingInterval, "how often a gateway pings each of its worker links"),
 		read:  fs.Duration("wire-read-timeout", wire.DefaultReadTimeout, "a gateway↔worker link on which nothing was read for this long is closed (keep it a few --wire-ping)"),
 		call:  fs.Duration("call-timeout", 15*time.Second, "how long a gateway waits for one attempt at a worker; the worker drops a command still queued past it (answered unavailable, nothing written)"),
+		link:  addLinkFlags(fs),
 		queue: fs.Int("wire-queue", wire.DefaultQueueLen, "answers a worker queues on one gateway link (a link whose queue is full is closed); a gateway keeps at most this less 64 requests in flight per link"),
 	}
 }
 
 func (f wireFlags) config() wire.Config {
-	return wire.Config{WriteTimeout: *f.write, PingInterval: *f.ping, ReadTimeout: *f.read, QueueLen: *f.queue}
+	c := wire.Config{WriteTimeout: *f.write, PingInterval: *f.ping, ReadTimeout: *f.read, QueueLen: *f.queue}
+	f.link.apply(&c)
+	return c
 }
