@@ -370,6 +370,7 @@
       case 'join': return e.sender === e.user_id ? `${e.user_id} joined` : `${e.sender} added ${e.user_id}`;
       case 'kick': return `${e.sender} removed ${e.user_id}`;
       case 'leave': return `${e.user_id || e.sender} left`;
+      case 'moved': return '(moved to another shard writer; nothing changes for its members)';
       default: return e.body || '';
     }
   }

@@ -15,8 +15,12 @@ export type Code =
   | "rate_limited"
   | "unavailable";
 
-/** `event.kind` values. */
-export type Kind = "create" | "join" | "kick" | "leave" | "message";
+/**
+ * `event.kind` values. `moved` is a system event (empty `sender`): the
+ * conversation moved to another shard writer; it takes a seq like any
+ * event and changes nothing for members.
+ */
+export type Kind = "create" | "join" | "kick" | "leave" | "message" | "moved";
 
 /** An event of a conversation as the server sends it. */
 export interface ChatEvent {
