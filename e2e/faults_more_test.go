@@ -77,7 +77,7 @@ func TestKafkaRestartUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	kdir := filepath.Join(dir, "broker")
-	args := []string{"kafka", "--data-dir", kdir, "--port", strconv.Itoa(port), "--partitions", "8", "--log-level", "warn"}
+	args := []string{"kafka", "--data-dir", kdir, "--port", strconv.Itoa(port), "--partitions", "10", "--log-level", "warn"} // dev's 8 hashed partitions and its 2 dedicated vshards' own
 	k := startProc(t, dir, "kafka1", nil, args...)
 	waitFor(t, 30*time.Second, "the broker to listen", func() bool { return dialable(port) })
 	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port))

@@ -49,7 +49,7 @@ func TestNemesis(t *testing.T) {
 
 	dir := t.TempDir()
 	port := freePort(t)
-	kargs := []string{"kafka", "--data-dir", filepath.Join(dir, "broker"), "--port", strconv.Itoa(port), "--partitions", "8", "--log-level", "warn"}
+	kargs := []string{"kafka", "--data-dir", filepath.Join(dir, "broker"), "--port", strconv.Itoa(port), "--partitions", "10", "--log-level", "warn"} // dev's 8 hashed partitions and its 2 dedicated vshards' own
 	kn := 0
 	startBroker := func() *proc {
 		kn++

@@ -203,7 +203,8 @@ func TestNetworkFaultsBroker(t *testing.T) {
 	t.Cleanup(k.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := devstack.EnsureTopic(ctx, []string{np.addr()}, logrecord.DefaultTopic, 8); err != nil {
+	// dev's 8 hashed partitions and its 2 dedicated vshards' own
+	if err := devstack.EnsureTopic(ctx, []string{np.addr()}, logrecord.DefaultTopic, 8+2); err != nil {
 		t.Fatal(err)
 	}
 	dev := startDev(t, dir, "--kafka", np.addr())

@@ -84,7 +84,8 @@ func startSecured(t *testing.T) *securedStack {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := s.kafkaOpts("admin", "SCRAM-SHA-512", "pw-admin")
-	if err := devstack.EnsureTopic(ctx, []string{s.broker}, logrecord.DefaultTopic, 8, admin...); err != nil {
+	// dev's 8 hashed partitions and its 2 dedicated vshards' own
+	if err := devstack.EnsureTopic(ctx, []string{s.broker}, logrecord.DefaultTopic, 8+2, admin...); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.broker)}, admin...)...)

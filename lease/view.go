@@ -7,13 +7,14 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Watcher keeps a View of <prefix>shards/ and <prefix>workers/ current by
-// watching etcd.
+// Watcher keeps a View of <prefix>shards/ and <prefix>workers/, and the
+// overrides of <prefix>routes/, current by watching etcd.
 type Watcher struct {
 	cli    *clientv3.Client
 	prefix string
@@ -23,6 +24,9 @@ type Watcher struct {
 	view    View
 	routes  map[string]Override
 	changed chan struct{}
+	// routed is a copy of routes made at each change, read without the
+	// lock on every command's route (nil: no overrides).
+	routed atomic.Pointer[map[string]Override]
 }
 
 // Watch loads the current rows and keeps them current until ctx ends.
@@ -69,9 +73,11 @@ func (w *Watcher) Route(v int) (Row, WorkerInfo, bool) {
 // Override returns where conversation cid's commands are routed instead
 // of its hashed vshard, if anywhere.
 func (w *Watcher) Override(cid string) (int, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	o, ok := w.routes[cid]
+	m := w.routed.Load()
+	if m == nil {
+		return 0, false
+	}
+	o, ok := (*m)[cid]
 	return o.VShard, ok
 }
 
@@ -91,6 +97,7 @@ func (w *Watcher) Overrides() map[string]Override {
 func StaticOverrides(v View, routes map[string]Override) *Watcher {
 	w := Static(v)
 	w.routes = routes
+	w.notifyLocked()
 	return w
 }
 
@@ -202,6 +209,15 @@ func (w *Watcher) applyLocked(v *View, key string, val []byte, modRev int64, del
 }
 
 func (w *Watcher) notifyLocked() {
+	if len(w.routes) == 0 {
+		w.routed.Store(nil)
+	} else {
+		m := make(map[string]Override, len(w.routes))
+		for k, o := range w.routes {
+			m[k] = o
+		}
+		w.routed.Store(&m)
+	}
 	close(w.changed)
 	w.changed = make(chan struct{})
 }
