@@ -181,21 +181,33 @@ func TestNoAllocs(t *testing.T) {
 	}
 }
 
-// BenchmarkAdd is the per-event cost on the commit path: a skewed stream
-// over 10 000 conversations, windows rotating.
+// BenchmarkAdd is the per-event cost on the commit path, windows
+// rotating: a skewed stream over 10 000 conversations (mostly hits), and a
+// uniform one over 100 000 (nearly every event replaces a key).
 func BenchmarkAdd(b *testing.B) {
-	c := New(DefaultK, 10*time.Millisecond)
-	ks := keys(10000)
-	z := rand.NewZipf(rand.New(rand.NewPCG(3, 4)), 1.1, 1, uint64(len(ks)-1))
-	stream := make([]string, 1<<16)
-	for i := range stream {
-		stream[i] = ks[z.Uint64()]
-	}
-	now := t0
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		now = now.Add(time.Microsecond)
-		c.Add(now, stream[i&(len(stream)-1)])
+	rng := rand.New(rand.NewPCG(3, 4))
+	zipf := rand.NewZipf(rng, 1.1, 1, 10000-1)
+	for _, bc := range []struct {
+		name string
+		n    int
+		pick func() int
+	}{
+		{"zipf", 10000, func() int { return int(zipf.Uint64()) }},
+		{"uniform", 100000, func() int { return rng.IntN(100000) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := New(DefaultK, 10*time.Millisecond)
+			ks := keys(bc.n)
+			stream := make([]string, 1<<16)
+			for i := range stream {
+				stream[i] = ks[bc.pick()]
+			}
+			now := t0
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				now = now.Add(time.Microsecond)
+				c.Add(now, stream[i&(len(stream)-1)])
+			}
+		})
 	}
 }

@@ -42,3 +42,29 @@ func TestWorkerHot(t *testing.T) {
 		t.Error("Hot(0) returned entries")
 	}
 }
+
+// TestWorkerHotWhileCommitting: Hot reads while a writer counts (run with
+// -race).
+func TestWorkerHotWhileCommitting(t *testing.T) {
+	s := &shard{v: 1}
+	w := &Worker{shards: map[int]*shard{1: s}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		evs := []*logrecord.Event{{Kind: logrecord.KindMessage, ConversationID: "a"}, {Kind: logrecord.KindMessage, ConversationID: "b"}}
+		for i := 0; i < 2000; i++ {
+			s.hot.count(time.Now(), evs)
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			if got := w.Hot(5); len(got) != 2 {
+				t.Fatalf("Hot = %+v, want a and b", got)
+			}
+			return
+		default:
+			_ = w.Hot(5)
+		}
+	}
+}
