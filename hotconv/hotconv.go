@@ -134,9 +134,8 @@ func (c *Counter) advance(now time.Time) {
 	c.curStart = c.curStart.Add(n * c.width)
 }
 
-// Add counts one event of key at now. It does not allocate once the
-// counter holds K keys per window; it keeps key (not a copy) while the key
-// is held.
+// Add counts one event of key at now. It never allocates (the slots are
+// made by New); it keeps key itself, not a copy, while the key is held.
 func (c *Counter) Add(now time.Time, key string) {
 	c.advance(now)
 	c.cur.add(maphash.String(c.seed, key), key)
