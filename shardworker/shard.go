@@ -50,6 +50,7 @@ type shard struct {
 	// dedupeHeld is the number of dedupe results in memory as of the last
 	// trim (read by the worker's gauge).
 	dedupeHeld atomic.Int64
+	hot        hotCounter // committed events per conversation (Worker.Hot)
 
 	m       *shardcore.Writer // owned by run's loop
 	cl      *kgo.Client       // the session's transactional producer
@@ -363,6 +364,7 @@ func (s *shard) commitEvents(e *shardcore.Effect) ([]int64, error) {
 			}
 		}
 		s.w.stats.Events.Add(int64(n))
+		s.hot.count(time.Now(), e.Events)
 	}
 	offs := make([]int64, len(recs))
 	for i, r := range recs {

@@ -28,7 +28,10 @@ type OpsConfig struct {
 	Etcd    *clientv3.Client
 	Prefix  string // etcd key prefix (default lease.DefaultPrefix)
 	VShards int
-	Topic   string
+	// Dedicated is the number of dedicated vshards after the hashed ones
+	// (lease.Config.Dedicated).
+	Dedicated int
+	Topic     string
 	// DB, if set, is read for the consumers' offsets (consumer_offsets).
 	DB *pgxpool.Pool
 	// Brokers, if set, are asked for the topic's end offsets (the consumers'
@@ -61,6 +64,9 @@ func (c *OpsConfig) validate() error {
 	if c.VShards <= 0 {
 		return errors.New("web: ops needs the number of vshards")
 	}
+	if c.Dedicated < 0 {
+		return errors.New("web: ops: negative number of dedicated vshards")
+	}
 	if c.Prefix == "" {
 		c.Prefix = lease.DefaultPrefix
 	}
@@ -87,16 +93,21 @@ func (c *OpsConfig) validate() error {
 
 // State is the pipeline at one instant, as GET /ops/state serves it.
 type State struct {
-	Time        time.Time `json:"time"`
-	VShards     int       `json:"vshards"`
-	Topic       string    `json:"topic"`
-	Coordinator string    `json:"coordinator,omitempty"` // the elected coordinator's candidate id
-	// Shards is indexed by vshard. Worker is empty for a vshard with no
-	// owner row yet.
-	Shards  []ShardState  `json:"shards"`
-	Workers []WorkerState `json:"workers"`
-	Rates   Rates         `json:"rates"`
-	Totals  Totals        `json:"totals"`
+	Time    time.Time `json:"time"`
+	VShards int       `json:"vshards"` // hashed vshards: 0 … VShards-1
+	// Dedicated vshards follow the hashed ones: VShards … VShards+Dedicated-1.
+	Dedicated   int    `json:"dedicated"`
+	Topic       string `json:"topic"`
+	Coordinator string `json:"coordinator,omitempty"` // the elected coordinator's candidate id
+	// Shards is indexed by vshard, the hashed ones then the dedicated ones.
+	// Worker is empty for a vshard with no owner row yet.
+	Shards []ShardState `json:"shards"`
+	// Overrides are the conversations routed away from their hashed vshard
+	// (routes/<conversation> in etcd), by conversation.
+	Overrides []OverrideState `json:"overrides"`
+	Workers   []WorkerState   `json:"workers"`
+	Rates     Rates           `json:"rates"`
+	Totals    Totals          `json:"totals"`
 	// Gateway is this gateway's websocket side (from its own /metrics).
 	Gateway map[string]float64 `json:"gateway,omitempty"`
 	// Consumers are the log's Postgres consumers (persist, projection) with
@@ -119,6 +130,21 @@ type ShardState struct {
 	// Live: the row's worker is registered with the row's gen (its lease is
 	// alive), so it is the vshard's writer.
 	Live bool `json:"live"`
+	// Dedicated: a dedicated vshard, writing only the conversations whose
+	// override names it (Conversations, sorted).
+	Dedicated     bool     `json:"dedicated,omitempty"`
+	Conversations []string `json:"conversations,omitempty"`
+}
+
+// OverrideState is one conversation's override.
+type OverrideState struct {
+	Conversation string    `json:"conversation"`
+	VShard       int       `json:"vshard"`
+	Since        time.Time `json:"since"`
+	// Isolated: VShard is a dedicated vshard. An override that names a
+	// hashed vshard is a release in progress (the conversation is moving
+	// home).
+	Isolated bool `json:"isolated"`
 }
 
 // Worker states.
@@ -254,9 +280,10 @@ type registered struct {
 }
 
 func (o *Ops) collectLocked(ctx context.Context, now time.Time) *State {
-	s := &State{Time: now.UTC(), VShards: o.cfg.VShards, Topic: o.cfg.Topic, Shards: make([]ShardState, o.cfg.VShards)}
+	s := &State{Time: now.UTC(), VShards: o.cfg.VShards, Dedicated: o.cfg.Dedicated, Topic: o.cfg.Topic,
+		Shards: make([]ShardState, o.cfg.VShards+o.cfg.Dedicated), Overrides: []OverrideState{}}
 	for v := range s.Shards {
-		s.Shards[v].VShard = v
+		s.Shards[v] = ShardState{VShard: v, Dedicated: v >= o.cfg.VShards}
 	}
 	errs := func(format string, args ...any) { s.Errors = append(s.Errors, fmt.Sprintf(format, args...)) }
 
@@ -351,7 +378,14 @@ func (o *Ops) readEtcd(ctx context.Context, s *State) (map[string]*registered, s
 			if json.Unmarshal(kv.Value, &ow) != nil {
 				continue
 			}
-			s.Shards[v] = ShardState{VShard: v, Worker: ow.Worker, Gen: ow.Gen, Epoch: ow.Epoch}
+			s.Shards[v] = ShardState{VShard: v, Worker: ow.Worker, Gen: ow.Gen, Epoch: ow.Epoch, Dedicated: v >= o.cfg.VShards}
+		case strings.HasPrefix(key, "routes/"):
+			var ov lease.Override
+			if json.Unmarshal(kv.Value, &ov) != nil {
+				continue
+			}
+			s.Overrides = append(s.Overrides, OverrideState{Conversation: strings.TrimPrefix(key, "routes/"), VShard: ov.VShard, Since: ov.Since,
+				Isolated: ov.VShard >= o.cfg.VShards && ov.VShard < len(s.Shards)})
 		case strings.HasPrefix(key, "workers/"):
 			var info lease.WorkerInfo
 			if json.Unmarshal(kv.Value, &info) != nil {
@@ -368,6 +402,12 @@ func (o *Ops) readEtcd(ctx context.Context, s *State) (map[string]*registered, s
 	for i, sh := range s.Shards {
 		if r := workers[sh.Worker]; r != nil && r.info.Gen == sh.Gen {
 			s.Shards[i].Live = true
+		}
+	}
+	sort.Slice(s.Overrides, func(i, j int) bool { return s.Overrides[i].Conversation < s.Overrides[j].Conversation })
+	for _, ov := range s.Overrides {
+		if ov.Isolated {
+			s.Shards[ov.VShard].Conversations = append(s.Shards[ov.VShard].Conversations, ov.Conversation)
 		}
 	}
 	for _, r := range workers {

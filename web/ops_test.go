@@ -134,7 +134,15 @@ func TestOpsState(t *testing.T) {
 	put("shards/1", lease.Owner{Worker: "wa", Gen: 3, Epoch: 4})
 	put("shards/2", lease.Owner{Worker: "wb", Gen: 5, Epoch: 2})
 	put("shards/3", lease.Owner{Worker: "wb", Gen: 4, Epoch: 1}) // an older gen of wb: not live
+	put("shards/5", lease.Owner{Worker: "wa", Gen: 3, Epoch: 1}) // the first dedicated vshard
 	put("shards/9", lease.Owner{Worker: "wz", Gen: 1, Epoch: 1}) // beyond the vshards: ignored
+	since := time.Date(2026, 11, 29, 6, 0, 0, 0, time.UTC)
+	put("routes/hot-2", lease.Override{VShard: 5, Since: since})
+	put("routes/hot-1", lease.Override{VShard: 5, Since: since})
+	put("routes/home", lease.Override{VShard: 2, Since: since}) // a release in progress
+	if _, err := cli.Put(ctx, lease.DefaultPrefix+"routes/bad", "{"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cli.Put(ctx, lease.DefaultPrefix+"coordinator/694d8a1b", "wa"); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +150,7 @@ func TestOpsState(t *testing.T) {
 	accepted := 40.0
 	clock := &fakeClock{t: time.Date(2026, 11, 29, 7, 0, 0, 0, time.UTC)}
 	ops, err := NewOps(OpsConfig{
-		Etcd: cli, VShards: 5, Topic: "chatpipe.log", Log: testLog(t), Now: clock.Now,
+		Etcd: cli, VShards: 5, Dedicated: 2, Topic: "chatpipe.log", Log: testLog(t), Now: clock.Now,
 		LocalMetrics: func(context.Context) ([]byte, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -158,10 +166,23 @@ func TestOpsState(t *testing.T) {
 		t.Fatalf("errors: %v", s.Errors)
 	}
 	wantShards := []ShardState{
-		{0, "wa", 3, 1, true}, {1, "wa", 3, 4, true}, {2, "wb", 5, 2, true}, {3, "wb", 4, 1, false}, {4, "", 0, 0, false},
+		{VShard: 0, Worker: "wa", Gen: 3, Epoch: 1, Live: true}, {VShard: 1, Worker: "wa", Gen: 3, Epoch: 4, Live: true},
+		{VShard: 2, Worker: "wb", Gen: 5, Epoch: 2, Live: true}, {VShard: 3, Worker: "wb", Gen: 4, Epoch: 1}, {VShard: 4},
+		{VShard: 5, Worker: "wa", Gen: 3, Epoch: 1, Live: true, Dedicated: true, Conversations: []string{"hot-1", "hot-2"}},
+		{VShard: 6, Dedicated: true},
 	}
 	if fmt.Sprint(s.Shards) != fmt.Sprint(wantShards) {
 		t.Fatalf("shards\n got %v\nwant %v", s.Shards, wantShards)
+	}
+	if s.VShards != 5 || s.Dedicated != 2 {
+		t.Errorf("vshards %d dedicated %d, want 5 and 2", s.VShards, s.Dedicated)
+	}
+	wantOverrides := []OverrideState{
+		{Conversation: "home", VShard: 2, Since: since}, {Conversation: "hot-1", VShard: 5, Since: since, Isolated: true},
+		{Conversation: "hot-2", VShard: 5, Since: since, Isolated: true},
+	}
+	if fmt.Sprint(s.Overrides) != fmt.Sprint(wantOverrides) {
+		t.Errorf("overrides\n got %v\nwant %v", s.Overrides, wantOverrides)
 	}
 	if s.Coordinator != "wa" {
 		t.Errorf("coordinator %q, want wa", s.Coordinator)
@@ -173,7 +194,7 @@ func TestOpsState(t *testing.T) {
 	if len(workers) != 2 {
 		t.Fatalf("workers: %+v", s.Workers)
 	}
-	if w := workers["wa"]; w.State != WorkerLive || w.Owned != 2 || w.Rows != 2 || w.Gen != 3 || w.LeaseTTL <= 0 || w.Metrics["events_total"] != 100 {
+	if w := workers["wa"]; w.State != WorkerLive || w.Owned != 3 || w.Rows != 3 || w.Gen != 3 || w.LeaseTTL <= 0 || w.Metrics["events_total"] != 100 {
 		t.Errorf("wa: %+v", w)
 	}
 	if w := workers["wb"]; w.State != WorkerUnreachable || w.Owned != 1 || w.Rows != 2 || w.Error == "" {
@@ -214,11 +235,11 @@ func TestOpsState(t *testing.T) {
 	clock.Add(2 * time.Second)
 	s = ops.State(ctx)
 	for _, w := range s.Workers {
-		if w.ID == "wa" && (w.State != WorkerGone || w.Owned != 0 || w.Rows != 2 || w.LeaseTTL != -1 || w.Metrics["events_total"] != 300) {
+		if w.ID == "wa" && (w.State != WorkerGone || w.Owned != 0 || w.Rows != 3 || w.LeaseTTL != -1 || w.Metrics["events_total"] != 300) {
 			t.Errorf("wa after its lease ended: %+v", w)
 		}
 	}
-	if s.Shards[0].Live || s.Shards[1].Live || !s.Shards[2].Live {
+	if s.Shards[0].Live || s.Shards[1].Live || !s.Shards[2].Live || s.Shards[5].Live {
 		t.Errorf("shards after wa's lease ended: %v", s.Shards)
 	}
 	if s.Totals.Events != 300 {
@@ -228,6 +249,10 @@ func TestOpsState(t *testing.T) {
 	// Once no row names it, a gone worker is forgotten after Forget.
 	put("shards/0", lease.Owner{Worker: "wb", Gen: 5, Epoch: 2})
 	put("shards/1", lease.Owner{Worker: "wb", Gen: 5, Epoch: 5})
+	put("shards/5", lease.Owner{Worker: "wb", Gen: 5, Epoch: 2})
+	if _, err := cli.Delete(ctx, lease.DefaultPrefix+"routes/hot-2"); err != nil {
+		t.Fatal(err)
+	}
 	clock.Add(11 * time.Minute)
 	s = ops.State(ctx)
 	for _, w := range s.Workers {
@@ -235,7 +260,7 @@ func TestOpsState(t *testing.T) {
 			t.Errorf("wa still listed 11 min after it was last seen: %+v", w)
 		}
 	}
-	if !s.Shards[0].Live || s.Shards[1].Epoch != 5 {
+	if !s.Shards[0].Live || s.Shards[1].Epoch != 5 || !s.Shards[5].Live || fmt.Sprint(s.Shards[5].Conversations) != "[hot-1]" {
 		t.Errorf("shards after the move: %v", s.Shards)
 	}
 }
@@ -246,6 +271,9 @@ func TestNewOpsNeedsEtcdAndVShards(t *testing.T) {
 	}
 	if _, err := NewOps(OpsConfig{Etcd: &clientv3.Client{}}); err == nil {
 		t.Error("NewOps without vshards: no error")
+	}
+	if _, err := NewOps(OpsConfig{Etcd: &clientv3.Client{}, VShards: 4, Dedicated: -1}); err == nil {
+		t.Error("NewOps with negative dedicated vshards: no error")
 	}
 }
 

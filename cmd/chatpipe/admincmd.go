@@ -30,6 +30,7 @@ Commands:
   handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
   dead-letters  records persist or the projection could never write (dead_letters), oldest first
   kafka-acls    print the kafka-acls.sh commands granting each role its least-privilege ACLs
+  hot           the busiest conversations, from the workers' own counters, and whether each is isolated
   isolate       give one conversation a dedicated vshard of its own (CONVERSATION_ID; --vshard N to choose)
   unisolate     route an isolated conversation back to its hashed vshard, then remove its override
 `
@@ -52,6 +53,7 @@ func adminCommandTable() map[string]func(ctx context.Context, args []string) err
 		"shards": adminShards, "check-config": adminCheckConfig, "rebuild": adminRebuild,
 		"handoff": adminHandoff, "dead-letters": adminDeadLetters, "kafka-acls": adminKafkaACLs,
 		"isolate": adminIsolate, "unisolate": adminUnisolate,
+		"hot": adminHot,
 	}
 }
 

@@ -70,7 +70,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	roles.start("delivery", g.feed.Run)
 	s.onClose(g.shutdown)
-	admin, err := g.serveAdmin(*f.admin, log)
+	admin, err := g.serveAdmin(*f.admin, log, mountHot(hotOfWorkers(s.workers)))
 	if err != nil {
 		return err
 	}
@@ -151,6 +151,7 @@ type devStack struct {
 	cli     *clientv3.Client
 	cfg     lease.Config
 	db      *pgxpool.Pool
+	workers []*shardworker.Worker // in-process; their /debug/hot is the process's admin server's
 	closers []func()
 }
 
@@ -265,6 +266,7 @@ func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGro
 		roles.start("worker", w.Run)
 		ws = append(ws, w)
 	}
+	s.workers = ws
 	waitAccepting(ctx, ws, s.cfg.VShards, log)
 	return metrics, nil
 }

@@ -138,7 +138,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, nil, log)
+	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, nil, log, mountHot(w.Hot))
 	defer admin.Close()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
@@ -327,9 +327,9 @@ func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags
 	return g, nil
 }
 
-// serveAdmin serves the gateway's metrics, readiness and pipeline page on
-// addr; an empty addr serves none and returns nil.
-func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, error) {
+// serveAdmin serves the gateway's metrics, readiness and pipeline page, and
+// what more mounts, on addr; an empty addr serves none and returns nil.
+func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger, more ...func(*http.ServeMux)) (*adminServer, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -337,7 +337,7 @@ func (g *gatewayRole) serveAdmin(addr string, log *slog.Logger) (*adminServer, e
 	if err != nil {
 		return nil, err
 	}
-	var mounts []func(*http.ServeMux)
+	mounts := more
 	if g.pages != nil {
 		mounts = append(mounts, func(mux *http.ServeMux) { g.pages(mux, false, true) })
 	}

@@ -16,7 +16,7 @@ import (
 func init() {
 	newPages = func(d webDeps, metrics http.Handler) func(mux *http.ServeMux, chat, ops bool) {
 		src, err := web.NewOps(web.OpsConfig{
-			Etcd: d.Etcd, Prefix: lease.DefaultPrefix, VShards: d.Config.VShards, Topic: d.Config.Topic,
+			Etcd: d.Etcd, Prefix: lease.DefaultPrefix, VShards: d.Config.VShards, Dedicated: d.Config.Dedicated, Topic: d.Config.Topic,
 			DB: d.DB, Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, LocalMetrics: localMetrics(metrics), Log: d.Log,
 		})
 		if err != nil {

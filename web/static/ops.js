@@ -37,7 +37,7 @@
     $('#t-events').textContent = fmt(s.rates.events_per_second, 1);
     $('#t-accepted').textContent = fmt(s.rates.gateway_accepted_per_second, 1);
     $('#t-workers').textContent = `${live} / ${s.workers.length}`;
-    $('#t-live').textContent = `${s.shards.filter((x) => x.live).length} / ${s.vshards}`;
+    $('#t-live').textContent = `${s.shards.filter((x) => x.live).length} / ${s.shards.length}`;
     $('#t-takeovers').textContent = fmt(s.totals.takeovers);
     $('#t-fenced').textContent = fmt(s.totals.fenced_writes);
     $('#t-fenced').parentElement.classList.toggle('alert', s.totals.fenced_writes > 0);
@@ -53,13 +53,18 @@
   function renderGrid(s) {
     const grid = $('#grid');
     grid.classList.toggle('dense', s.vshards > 512);
-    if (grid.children.length !== s.vshards) {
-      grid.replaceChildren(...s.shards.map((x) => h('div', {class: 'cell', 'data-vshard': x.vshard})));
+    // The grid holds the hashed vshards; the dedicated ones (after them)
+    // have a table of their own (renderDedicated).
+    const hashed = s.shards.slice(0, s.vshards);
+    if (grid.children.length !== hashed.length) {
+      grid.replaceChildren(...hashed.map((x) => h('div', {class: 'cell', 'data-vshard': x.vshard})));
     }
     const moved = [];
     for (const x of s.shards) {
-      const cell = grid.children[x.vshard];
       const before = prev && prev[x.vshard];
+      if (before && before.worker !== x.worker) moved.push({vshard: x.vshard, from: before.worker, to: x.worker, epoch: x.epoch});
+      if (x.dedicated) continue;
+      const cell = grid.children[x.vshard];
       cell.style.backgroundColor = colour(x.worker);
       cell.dataset.worker = x.worker;
       cell.dataset.epoch = x.epoch;
@@ -69,7 +74,6 @@
         ? `vshard ${x.vshard}\nowner ${x.worker} (gen ${x.gen})\nepoch ${x.epoch}\n${x.live ? 'live' : "owner's lease is gone"}`
         : `vshard ${x.vshard}\nno owner yet`;
       if (before && before.worker !== x.worker) {
-        moved.push({vshard: x.vshard, from: before.worker, to: x.worker, epoch: x.epoch});
         cell.classList.remove('moved');
         void cell.offsetWidth; // restart the animation
         cell.classList.add('moved');
@@ -95,6 +99,22 @@
     for (const x of s.shards) if (x.worker) counts.set(x.worker, (counts.get(x.worker) || 0) + 1);
     $('#legend').replaceChildren(...[...counts].sort().map(([w, n]) => h('span', {class: 'chip', 'data-worker': w},
       h('i', {style: `background:${colour(w)}`}), `${w}: ${n}`)));
+  }
+
+  // renderDedicated lists the dedicated vshards with their owner and the
+  // conversations isolated to each, and the releases in progress.
+  function renderDedicated(s) {
+    const overrides = s.overrides || [];
+    $('#dedicated-box').hidden = !s.dedicated && !overrides.length;
+    const rows = s.shards.filter((x) => x.dedicated).map((x) => h('tr', {'data-vshard': x.vshard, class: x.worker && !x.live ? 'dead' : ''},
+      h('td', {}, x.vshard),
+      h('td', {}, x.worker ? h('i', {class: 'swatch', style: `background:${colour(x.worker)}`}) : null, x.worker || 'no owner yet'),
+      h('td', {}, x.worker ? x.epoch : '–'),
+      h('td', {}, x.worker ? (x.live ? 'live' : "owner's lease is gone") : '–'),
+      h('td', {class: 'convs'}, (x.conversations || []).join(', ') || '–')));
+    $('#dedicated tbody').replaceChildren(...rows);
+    $('#releasing').replaceChildren(...overrides.filter((o) => !o.isolated).map((o) => h('li', {'data-conversation': o.conversation},
+      `${o.conversation}: moving home to vshard ${o.vshard} (override since ${new Date(o.since).toLocaleTimeString()})`)));
   }
 
   function renderWorkers(s) {
@@ -135,6 +155,7 @@
       const s = await r.json();
       renderTiles(s);
       renderGrid(s);
+      renderDedicated(s);
       renderWorkers(s);
       renderConsumers(s);
       const st = $('#status');
