@@ -65,15 +65,20 @@ type Conv struct {
 	MovedAt time.Time
 }
 
-// Here reports whether conversation c is written by vshard v, as far as
-// c's state knows: the target of its last moved event, or, never moved,
-// its hashed vshard (any vshard that is not dedicated: commands reach a
-// hashed vshard only by the hash).
-func Here(c *Conv, v int, dedicated bool) bool {
-	if c.Moved {
-		return c.At == v
+// Holds reports whether conversation cid, whose state is c, is written by
+// st's vshard, as far as c knows: the target of its last moved event, or,
+// never moved, its hashed vshard (with VShards 0, any vshard that is not
+// dedicated).
+func (st Stamp) Holds(c *Conv, cid string) bool {
+	switch {
+	case c.Moved:
+		return c.At == st.VShard
+	case st.Dedicated:
+		return false
+	case st.VShards > 0:
+		return logrecord.VShard(cid, st.VShards) == st.VShard
 	}
-	return !dedicated
+	return true
 }
 
 // Refusal is a remembered final rejection of a keyed command.
@@ -178,8 +183,11 @@ type Stamp struct {
 	VShard    int
 	Epoch     int64
 	// Dedicated: VShard is a dedicated vshard, which writes only the
-	// conversations moved to it.
+	// conversations moved to it. VShards is the number of hashed vshards
+	// (0: unknown; a vshard that is not dedicated then holds every
+	// conversation that never moved).
 	Dedicated bool
+	VShards   int
 }
 
 // Decision is the outcome of Decide: exactly one of Reject, Event, or an
@@ -234,7 +242,7 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 	// to its moved record. A first result above is still true here: it
 	// never changes. A remembered rejection is not: the new writer may
 	// have accepted the key since.
-	if !Here(c, st.VShard, st.Dedicated) {
+	if !st.Holds(c, cmd.ConversationID) {
 		e := protocol.Errorf(protocol.CodeUnavailable, "%s is moving between vshards; retry with the same ids", cmd.ConversationID)
 		e.RetryAfterMS = 50
 		return Decision{Reject: e, Retry: true}

@@ -1,6 +1,7 @@
 package shardcore
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,8 +15,9 @@ import (
 // before the move still gets its first result.
 func TestWriterMovesAConversation(t *testing.T) {
 	h := newHarness(t, func(c *WriterConfig) { c.VShards = 4 })
+	c1 := convAt(3, 4)
 	h.takeOver()
-	h.submit("s1", send("c1", "u1", "k1"), time.Time{})
+	h.submit("s1", send(c1, "u1", "k1"), time.Time{})
 	h.tick()
 	h.load()
 	h.want(EffectCommit)
@@ -26,8 +28,8 @@ func TestWriterMovesAConversation(t *testing.T) {
 		t.Fatalf("s1 %+v", a.Reply)
 	}
 
-	h.m.Route(h.now, "c1", 6)
-	h.submit("s2", send("c1", "u1", "k2"), time.Time{})
+	h.m.Route(h.now, c1, 6)
+	h.submit("s2", send(c1, "u1", "k2"), time.Time{})
 	h.tick()
 	h.want(EffectLoadState) // k2's dedupe lookup
 	h.m.StateLoaded(h.now, nil, nil, nil)
@@ -46,8 +48,8 @@ func TestWriterMovesAConversation(t *testing.T) {
 		t.Fatalf("notice %+v, moving %d", rd.Notice.Moved, h.m.Moving())
 	}
 
-	h.submit("s3", send("c1", "u1", "k3"), time.Time{})
-	h.submit("s1-again", send("c1", "u1", "k1"), time.Time{})
+	h.submit("s3", send(c1, "u1", "k3"), time.Time{})
+	h.submit("s1-again", send(c1, "u1", "k1"), time.Time{})
 	h.tick()
 	h.want(EffectLoadState) // k3's dedupe lookup
 	h.m.StateLoaded(h.now, nil, nil, nil)
@@ -152,5 +154,30 @@ func (h *harness) housekeep() {
 	if h.last != nil && h.last.Kind == EffectPersistOffset {
 		h.m.PersistOffset(h.now, 0, false, nil)
 		h.ready()
+	}
+}
+
+// convAt is a conversation id that hashes to vshard v of vshards.
+func convAt(v, vshards int) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("c%d", i); logrecord.VShard(id, vshards) == v {
+			return id
+		}
+	}
+}
+
+// A hashed vshard's writer holds only the conversations that hash to it
+// (or were moved to it): one routed to it by a mistaken override is
+// answered retry, never decided from a state its own writer may be adding
+// to.
+func TestWriterRefusesAConversationOfAnotherVShard(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShards = 4 })
+	h.takeOver()
+	other := convAt(1, 4)
+	h.submit("s1", send(other, "u1", "k1"), time.Time{})
+	h.tick()
+	h.load()
+	if a := h.answers["s1"]; !a.Retry || a.Reply.Code != protocol.CodeUnavailable || h.last != nil && h.last.Kind == EffectCommit {
+		t.Fatalf("a send to %s (vshard 1) at vshard 3: %+v, effect %v", other, a, h.last)
 	}
 }

@@ -616,7 +616,7 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 				// Loaded again (it was not here): its remembered
 				// rejections still stand.
 				conv.Refused, conv.refusedOrder = old.Refused, old.refusedOrder
-				if !Here(old, m.cfg.VShard, m.cfg.Dedicated) && Here(conv, m.cfg.VShard, m.cfg.Dedicated) && conv.Moved {
+				if !m.here(old, cid) && m.here(conv, cid) && conv.Moved {
 					m.notice.Arrived = append(m.notice.Arrived, now.Sub(conv.MovedAt))
 				}
 			}

@@ -86,12 +86,18 @@ func (m *Writer) cached(cid string) bool {
 	if !ok {
 		return false
 	}
-	return Here(conv, m.cfg.VShard, m.cfg.Dedicated) || m.stored[cid] != nil
+	return m.here(conv, cid) || m.stored[cid] != nil
 }
 
 // stamp is the Stamp of an event decided at now with message id id.
 func (m *Writer) stamp(now time.Time, id string) Stamp {
-	return Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Dedicated: m.cfg.Dedicated}
+	return Stamp{Now: now, MessageID: id, VShard: m.cfg.VShard, Epoch: m.cfg.Epoch, Dedicated: m.cfg.Dedicated, VShards: m.cfg.VShards}
+}
+
+// here reports whether this writer's vshard holds conversation cid, as
+// far as its state conv knows.
+func (m *Writer) here(conv *Conv, cid string) bool {
+	return Stamp{VShard: m.cfg.VShard, Dedicated: m.cfg.Dedicated, VShards: m.cfg.VShards}.Holds(conv, cid)
 }
 
 // decide decides the batch in arrival order, applying each event at once
@@ -111,7 +117,7 @@ func (m *Writer) decide(now time.Time) {
 			conv = NewConv()
 			m.convs[c.Cmd.ConversationID] = conv
 		}
-		if m.cfg.Faults.AcceptBeforeMoved && m.inbound[c.Cmd.ConversationID] && !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
+		if m.cfg.Faults.AcceptBeforeMoved && m.inbound[c.Cmd.ConversationID] && !m.here(conv, c.Cmd.ConversationID) {
 			conv.Moved, conv.At = true, m.cfg.VShard
 		}
 		// (A conversation that is not here is answered retry by Decide
@@ -205,7 +211,7 @@ func (m *Writer) decideMoves(now time.Time) (int, error) {
 			conv = NewConv()
 			m.convs[cid] = conv
 		}
-		if !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
+		if !m.here(conv, cid) {
 			m.notHerePinned(cid)
 			continue
 		}

@@ -112,7 +112,7 @@ func (m *Writer) storedUpTo(cid string, conv *Conv) int64 {
 // send; a retry that dedupe answers costs nothing (it writes nothing). It
 // runs in the mailbox, before any seq is assigned.
 func (m *Writer) allowSend(conv *Conv, cmd *Command, now time.Time) (time.Duration, bool) {
-	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 || !Here(conv, m.cfg.VShard, m.cfg.Dedicated) {
+	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 || !m.here(conv, cmd.ConversationID) {
 		return 0, true
 	}
 	if _, dup := conv.Dedupe[cmd.ClientMessageID]; dup {

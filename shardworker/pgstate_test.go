@@ -87,10 +87,10 @@ func TestLoadReadsMoves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := convs["c1"]; !c.Moved || c.At != 3 || c.LastSeq != 4 || !shardcore.Here(c, 3, false) {
+	if c := convs["c1"]; !c.Moved || c.At != 3 || c.LastSeq != 4 || !(shardcore.Stamp{VShard: 3}).Holds(c, "c1") {
 		t.Errorf("c1 = %+v, want moved back to 3 at seq 4", c)
 	}
-	if c := convs["c2"]; !c.Moved || c.At != 9 || shardcore.Here(c, 3, false) || !shardcore.Here(c, 9, true) || c.MovedAt.IsZero() {
+	if c := convs["c2"]; !c.Moved || c.At != 9 || (shardcore.Stamp{VShard: 3}).Holds(c, "c2") || !(shardcore.Stamp{VShard: 9, Dedicated: true}).Holds(c, "c2") || c.MovedAt.IsZero() {
 		t.Errorf("c2 = %+v, want at dedicated vshard 9", c)
 	}
 }
