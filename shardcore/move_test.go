@@ -181,3 +181,31 @@ func TestWriterRefusesAConversationOfAnotherVShard(t *testing.T) {
 		t.Fatalf("a send to %s (vshard 1) at vshard 3: %+v, effect %v", other, a, h.last)
 	}
 }
+
+// A move called off before its batch leaves no wake-up behind: a wake in
+// the past that a Tick does not clear would make the driver call Tick in
+// a loop (a busy writer after every release).
+func TestWriterCalledOffMoveLeavesNoWake(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShard, c.VShards, c.Dedicated = 6, 4, true })
+	h.takeOver()
+	h.m.Route(h.now, "c1", 5)
+	h.m.Unroute("c1")
+	if rd := h.tick(); !rd.Wake.IsZero() || h.last != nil {
+		t.Fatalf("after the move was called off: wake %v, effect %v", rd.Wake, h.last)
+	}
+	h.m.Route(h.now, "c1", 5)
+	h.m.Route(h.now, "c1", 6) // routed here: nothing to move
+	if rd := h.tick(); !rd.Wake.IsZero() || h.last != nil {
+		t.Fatalf("after the route came here: wake %v, effect %v", rd.Wake, h.last)
+	}
+	// A move that is only looked at later keeps its (future) wake.
+	h.m.Route(h.now, "c1", 5)
+	h.tick()
+	h.want(EffectLoadState)
+	h.m.StateLoaded(h.now, map[string]*Conv{"c1": NewConv()}, nil, nil)
+	rd := h.ready()
+	h.now = h.now.Add(100 * time.Millisecond)
+	if rd = h.tick(); !rd.Wake.After(h.now) {
+		t.Fatalf("a pending move's wake %v is not after now %v", rd.Wake, h.now)
+	}
+}

@@ -406,6 +406,10 @@ func (m *Writer) Tick(now time.Time) {
 		if len(m.queue) == 0 {
 			if m.movesDue(now) {
 				m.startBatch(now)
+			} else if !m.collecting {
+				// Nothing to do now (a move it was woken for may have
+				// been called off): wake for the next move, or not at all.
+				m.idle(now)
 			}
 			return
 		}

@@ -39,6 +39,9 @@ const (
 	PropStaleAnswer = "I7 stale-answer"
 	// PropLiveness: the healed world did not answer every op, persist every record and sync every device.
 	PropLiveness = "liveness"
+	// PropBusyWake: an accepting writer asked to be woken now with nothing
+	// to start, so a driver would call Tick in a loop.
+	PropBusyWake = "busy-wake"
 )
 
 // check runs the end-of-run properties on the drained world.

@@ -313,6 +313,17 @@ func (wr *writer) collect(w *World) {
 		}
 	}
 	w.stats.ConvMoves += len(rd.Notice.Moved)
+	if now := w.clock(); rd.Effect == nil && !rd.Wake.IsZero() && !rd.Wake.After(now) && wr.phase() == shardcore.PhaseAccepting && !wr.m.CanStart(now) {
+		// The driver ticks a writer whose wake time has come; with nothing
+		// to start, that Tick must leave no wake time behind that has come
+		// too, or the driver would tick it in a loop.
+		wr.m.Tick(now)
+		if again := wr.m.Ready(); again.Effect != nil || len(again.Answers) > 0 {
+			w.violate(PropBusyWake, "%s did something on a Tick with nothing to start", wr)
+		} else if !again.Wake.IsZero() && !again.Wake.After(now) {
+			w.violate(PropBusyWake, "%s asks to be woken at %v (now %v) again after a Tick with nothing to start", wr, again.Wake.Unix(), now.Unix())
+		}
+	}
 	if rd.Effect != nil {
 		wr.pending = rd.Effect
 	}
