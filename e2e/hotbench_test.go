@@ -297,12 +297,12 @@ func TestHotConversationBench(t *testing.T) {
 	lat := make([][]time.Duration, secs)
 	hotN := make([]int, secs)
 	for _, s := range ord.all() {
-		if i := int(s.sent.Sub(t0) / time.Second); s.code == "" && i >= 0 && i < secs {
+		if i := int(s.sent.Sub(t0) / time.Second); s.code == "" && !s.sent.Before(t0) && i < secs {
 			lat[i] = append(lat[i], s.done.Sub(s.sent))
 		}
 	}
 	for _, at := range hotAt {
-		if i := int(at.Sub(t0) / time.Second); i >= 0 && i < secs {
+		if i := int(at.Sub(t0) / time.Second); !at.Before(t0) && i < secs {
 			hotN[i]++
 		}
 	}
