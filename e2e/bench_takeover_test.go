@@ -22,11 +22,11 @@ func TestBenchTakeover(t *testing.T) {
 	}
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--vshards", "256", "--partitions", "16")
 	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wa")
-	waitFor(t, 60*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 60*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	wb := startProc(t, dev.dir, "wb", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wb")
 	wbStart := time.Now()
-	waitFor(t, 60*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
-	waitFor(t, 60*time.Second, "wb to accept on its half", func() bool { return len(takeoverTimes(t, wb.log)) >= dev.ep.VShards/2 })
+	waitFor(t, 60*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
+	waitFor(t, 60*time.Second, "wb to accept on its half", func() bool { return len(takeoverTimes(t, wb.log)) >= dev.ep.all()/2 })
 	handoff := takeoverTimes(t, wb.log)
 	t.Logf("hand-off of 128 of 256 vshards to a live worker, claim→accepting: %s", durStats(handoff))
 
@@ -35,7 +35,7 @@ func TestBenchTakeover(t *testing.T) {
 	before := len(takeoverTimes(t, wb.log))
 	wa.signal(syscall.SIGSTOP)
 	frozen := time.Now()
-	waitFor(t, 60*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 60*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	waitFor(t, 60*time.Second, "wb to accept on all of them", func() bool { return len(takeoverTimes(t, wb.log)) >= before+128 })
 	failover := takeoverTimes(t, wb.log)[before:]
 	t.Logf("a frozen worker's 128 of 256 vshards taken over at once, claim→accepting: %s", durStats(failover))

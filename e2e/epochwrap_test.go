@@ -101,7 +101,7 @@ func TestProducerEpochRotation(t *testing.T) {
 
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark)
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	waMetrics := adminURL(t, dev.ep, "wa")
 	owner := dev.dial(t, "wu0")
 	owner.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"wu1"}})
@@ -148,7 +148,7 @@ func TestProducerEpochRotation(t *testing.T) {
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	wa.signal(syscall.SIGCONT)
 	mu.Lock()
 	n0 := len(accepted)

@@ -181,7 +181,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	}
 	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","))
 	wa, wb := twoWorkers(t, dev)
-	vshards := dev.ep.VShards
+	vshards := dev.ep.all()
 	workers := map[string]*proc{"wa": wa, "wb": wb}
 	metricsURL := map[string]string{"wa": adminURL(t, dev.ep, "wa"), "wb": adminURL(t, dev.ep, "wb")}
 	sumMetric := func(name string) float64 {
@@ -210,7 +210,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	before := etcdView(t, dev.ep)
 	convsOn := map[string]int{}
 	for c := 0; c < 20; c++ {
-		convsOn[before.Shards[logrecord.VShard(fmt.Sprintf("lc%d", c), vshards)].Worker]++
+		convsOn[before.Shards[logrecord.VShard(fmt.Sprintf("lc%d", c), dev.ep.VShards)].Worker]++
 	}
 	t.Logf("before: wa owns %d, wb owns %d vshards; the 20 load conversations are on %v", ownedBy(before, vshards, "wa"), ownedBy(before, vshards, "wb"), convsOn)
 

@@ -29,9 +29,9 @@ func underLoad(t *testing.T, dev *devProc, fault func()) {
 func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
 	t.Helper()
 	wa := dev.startWorker(t, "wa", waEnv...)
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	wb := dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
 	for _, id := range []string{"wa", "wb"} { // /readyz: registered and accepting for every vshard assigned
 		url := strings.TrimSuffix(adminURL(t, dev.ep, id), "/metrics") + "/readyz"
 		waitFor(t, 120*time.Second, id+" to be ready", func() bool {
@@ -53,7 +53,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms")
 	underLoad(t, dev, func() {
 		wa.kill9()
-		waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+		waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	})
 }
 
@@ -99,7 +99,7 @@ func TestAddWorkerUnderLoad(t *testing.T) {
 	underLoad(t, dev, func() {
 		wc = dev.startWorker(t, "wc")
 		waitFor(t, 120*time.Second, "wc to get a third", func() bool {
-			return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wc") >= dev.ep.VShards/3
+			return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wc") >= dev.ep.all()/3
 		})
 	})
 	wc.stop()
@@ -108,7 +108,7 @@ func TestAddWorkerUnderLoad(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "wc's vshards to move", func() bool {
 		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.VShards, "wa")+ownedBy(v, dev.ep.VShards, "wb") == dev.ep.VShards
+		return ownedBy(v, dev.ep.all(), "wa")+ownedBy(v, dev.ep.all(), "wb") == dev.ep.all()
 	})
 }
 
@@ -141,7 +141,7 @@ func dialable(port int) bool {
 func TestKilledOnlyWorker(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	load := startLoad(t, dev, 10, 20)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
 	wa.kill9()
@@ -153,7 +153,7 @@ func TestKilledOnlyWorker(t *testing.T) {
 	}
 	back := time.Now()
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	n := load.count()
 	waitFor(t, 120*time.Second, "load to go on after the worker returned", func() bool { return load.count() > n+300 })
 	resumed := time.Since(back)

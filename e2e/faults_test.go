@@ -102,9 +102,9 @@ func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float
 	// fencing — not Kafka's timeout — can stop its late commits.
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	dev.startWorker(t, "wb", wbEnv...)
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
 	waMetrics := adminURL(t, dev.ep, "wa")
 
 	load := startLoad(t, dev, 10, 20)
@@ -114,7 +114,7 @@ func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	t.Logf("shards moved %v after the pause", time.Since(paused).Round(time.Millisecond))
 	// Let wb finish taking over (and, in the broken order, sit in its
 	// accept delay) before wa wakes up.

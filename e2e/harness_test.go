@@ -64,6 +64,10 @@ type endpoints struct {
 	Admin      string   `json:"admin"`
 }
 
+// all is the number of vshards with an owner row: the hashed ones and the
+// dedicated ones after them.
+func (ep endpoints) all() int { return ep.VShards + ep.Dedicated }
+
 // devProc is a running `chatpipe dev` process.
 type devProc struct {
 	t      *testing.T

@@ -88,7 +88,7 @@ func TestNemesis(t *testing.T) {
 	}
 	waitFor(t, 120*time.Second, "the workers to own every vshard", func() bool {
 		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.VShards, "w1")+ownedBy(v, dev.ep.VShards, "w2")+ownedBy(v, dev.ep.VShards, "w3") == dev.ep.VShards
+		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
 	})
 
 	// Clients reconnect, as real ones do: a consumer killed and restarted
@@ -169,7 +169,7 @@ func TestNemesis(t *testing.T) {
 	}
 	waitFor(t, 120*time.Second, "the workers to own every vshard again", func() bool {
 		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.VShards, "w1")+ownedBy(v, dev.ep.VShards, "w2")+ownedBy(v, dev.ep.VShards, "w3") == dev.ep.VShards
+		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
 	})
 	healed := load.count()
 	waitFor(t, 120*time.Second, "load to go on after the faults", func() bool { return load.count() > healed+300 })

@@ -116,7 +116,7 @@ func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
 	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--id", "wa", "--log-level", "warn",
 		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", np.addr())
 	logsOnFailure(t, dev.dir, "dev", "wa")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	return dev, np
 }
 

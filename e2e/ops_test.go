@@ -85,8 +85,8 @@ func TestInitAndConfig(t *testing.T) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
-	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.VShards) {
-		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.VShards)
+	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.all()) {
+		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.all())
 	}
 	if n := metric(t, base0+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
 		t.Errorf("the gateway sees %v vshards without a live owner, want 0", n)
@@ -119,7 +119,7 @@ func TestInitAndConfig(t *testing.T) {
 		}
 		total += w.Shards
 	}
-	if len(table.Shards) != dev.ep.VShards || total != dev.ep.VShards || len(table.Workers) != 2 {
+	if len(table.Shards) != dev.ep.all() || total != dev.ep.all() || len(table.Workers) != 2 {
 		t.Errorf("admin shards: %d shards, %d owned by %d workers", len(table.Shards), total, len(table.Workers))
 	}
 	for i, s := range table.Shards {

@@ -25,9 +25,9 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	const txnTimeout = 2 * time.Second
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT="+txnTimeout.String())
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards/2 })
+	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
 	waMetrics := adminURL(t, dev.ep, "wa")
 	aborts0 := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort")
 
@@ -37,7 +37,7 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	if d := time.Since(paused); d < 2*txnTimeout {
 		time.Sleep(2*txnTimeout - d)
 	}

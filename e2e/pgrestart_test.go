@@ -41,7 +41,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	pg := startTestPG(t, filepath.Join(dir, "pg"))
 	dev := startDev(t, dir, "--workers", "0", "--database-url", pg.url)
 	wa := dev.startWorker(t, "wa")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wa") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	probes := newPGProbes(t, dev, 240)
 	waitFor(t, 60*time.Second, "persist to store the probe conversations", func() bool {
 		return pgCountStored(t, pg.url, probes.firsts) == len(probes.firsts)
@@ -50,7 +50,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	// offsets, past the probes, so it holds none of them in memory.
 	wa.stop()
 	wb := dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.VShards, "wb") == dev.ep.VShards })
+	waitFor(t, 120*time.Second, "wb to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("wb's log:\n%s\ndev's log:\n%s", tail(wb.log), tail(filepath.Join(dev.dir, "dev.log")))

@@ -267,7 +267,7 @@ func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGro
 		ws = append(ws, w)
 	}
 	s.workers = ws
-	waitAccepting(ctx, ws, s.cfg.VShards, log)
+	waitAccepting(ctx, ws, s.cfg.Layout().AllVShards(), log)
 	return metrics, nil
 }
 
