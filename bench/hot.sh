@@ -10,7 +10,8 @@
 # isolated with `chatpipe admin isolate`), then a release (`admin
 # unisolate`). The test starts and stops every process itself.
 #
-# Usage: bench/hot.sh [OUT.md]   (default: hot.md in BENCH_DIR)
+# Usage: bench/hot.sh [OUT.md]   (default: bench/hot/hot.md, which
+# bench/run.sh appends to BENCHMARKS.md as it stands, like the soak's)
 # Knobs (environment), with defaults:
 #   BENCH_DIR (a new temporary directory: the test's log and the section)
 #   CHATPIPE_E2E_HOT_BENCH_PHASE=20s CHATPIPE_E2E_HOT_BENCH_RATE=500
@@ -20,7 +21,8 @@ cd "$(dirname "$0")/.."
 W=${BENCH_DIR:-$(mktemp -d /tmp/chatpipe-hot.XXXXXX)}
 mkdir -p "$W"
 W=$(cd "$W" && pwd)
-OUT=${1:-$W/hot.md}
+mkdir -p bench/hot
+OUT=${1:-$PWD/bench/hot/hot.md}
 case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 
 commit=$(git rev-parse --short HEAD)
@@ -44,7 +46,7 @@ fi
 {
   echo "## Hot conversation isolation"
   echo
-  echo "Written by \`bench/hot.sh\` (not by \`bench/run.sh\`): issue 18's measurement. Command: \`$CMD\`."
+  echo "Written by \`bench/hot.sh\` into bench/hot/hot.md (\`bench/run.sh\` appends it as it stands): the hot-conversation measurement. Command: \`$CMD\`."
   echo
   echo "Run $started, commit $commit; $cpu, $(nproc) cores shared with other work on the machine (load average at start $load_start, at end $load_end), everything (\`chatpipe dev\` with etcd, the broker, Postgres and its roles, and the test's clients) in one process tree on those cores."
   echo

@@ -375,4 +375,9 @@ go run ./bench/report -dir "$R" -out "$OUT"
 if [ -f bench/soak/soak.md ]; then
   { echo; cat bench/soak/soak.md; } >> "$OUT"
 fi
+# Nor is the hot-conversation benchmark (bench/hot.sh): its last result is
+# kept in bench/hot/hot.md and appended as it stands.
+if [ -f bench/hot/hot.md ]; then
+  { echo; cat bench/hot/hot.md; } >> "$OUT"
+fi
 log "wrote $OUT"
