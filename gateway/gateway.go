@@ -710,12 +710,18 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 		// Looked up at each try: an override that changed since (the
 		// conversation is moving) takes effect at once.
 		v := g.vshardOf(req.ConversationID)
+		sleep := backoff
 		if row, w, ok := g.cfg.Owners.Route(v); ok {
-			rep, moved, reason := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
+			rep, moved, reason, after := g.attempt(ctx, w.Addr, v, row.Epoch, user, req)
 			if rep != nil {
 				return rep
 			}
 			why = reason
+			if after > 0 && after < sleep {
+				// The worker said when to try again (a conversation
+				// moving between vshards: soon).
+				sleep = after
+			}
 			if moved {
 				deadline = time.Now().Add(g.cfg.RouteTimeout)
 				continue
@@ -729,7 +735,7 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 		select {
 		case <-ctx.Done():
 		case <-changed:
-		case <-time.After(backoff):
+		case <-time.After(sleep):
 		}
 		backoff = min(backoff*2, 250*time.Millisecond)
 	}
@@ -738,11 +744,12 @@ func (g *Gateway) route(ctx context.Context, user string, req *protocol.Request)
 // attempt sends req once to the worker at addr, owner of v at epoch. It
 // returns the reply to give the client, or nil to try again (moved: the
 // shard moved while the call was waiting; why: what went wrong, for the
-// client's answer if the retries run out).
-func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, user string, req *protocol.Request) (rep *protocol.Reply, moved bool, why string) {
+// client's answer if the retries run out; after: when the worker said to
+// try again, if it did).
+func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, user string, req *protocol.Request) (rep *protocol.Reply, moved bool, why string, after time.Duration) {
 	cl, err := g.client(ctx, addr)
 	if err != nil {
-		return nil, false, "cannot reach its owner"
+		return nil, false, "cannot reach its owner", 0
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
@@ -757,15 +764,15 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	stop()
 	switch {
 	case errors.Is(err, wire.ErrNotSent):
-		return nil, moved, "could not be asked (the request was not sent)" // nothing was written
+		return nil, moved, "could not be asked (the request was not sent)", 0 // nothing was written
 	case err != nil && !safe:
-		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false, ""
+		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false, "", 0
 	case err != nil:
-		return nil, moved, "did not answer in time (the outcome is unknown)"
+		return nil, moved, "did not answer in time (the outcome is unknown)", 0
 	case resp.Retry, safe && resp.Reply.Code == protocol.CodeUnavailable:
-		return nil, moved, "answered: " + resp.Reply.Message
+		return nil, moved, "answered: " + resp.Reply.Message, time.Duration(resp.Reply.RetryAfterMS) * time.Millisecond
 	}
-	return resp.Reply, false, ""
+	return resp.Reply, false, "", 0
 }
 
 // cancelOnMove cancels a call when vshard v's owner row moves past epoch;
