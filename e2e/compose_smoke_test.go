@@ -164,6 +164,10 @@ func TestComposeSmoke(t *testing.T) {
 		t.Fatal("init has no --vshards")
 	}
 	want, _ := strconv.Atoi(vshards)
+	if d, ok := flagValue(initSvc.Command, "dedicated"); ok {
+		n, _ := strconv.Atoi(d)
+		want += n // the dedicated vshards have owner rows too
+	}
 	var gatewayWS string
 	var workerMetrics []string
 	for _, name := range chatpipes {
