@@ -85,7 +85,7 @@ func (w *Worker) leaseGated(next wire.Handler) wire.Handler {
 		if !ok {
 			w.gate.refused.Add(1)
 			if !w.gate.closed.Swap(true) {
-				w.log.Warn("not accepting: lease renewal overdue", "why", why)
+				w.log.Warn("not accepting: lease renewal overdue or lease gone", "why", why)
 			}
 			reply(&wire.Response{RID: req.RID, Retry: true,
 				Reply: shardcore.Unavailable(req.Req.ID, "worker %s is not accepting: %s", w.cfg.ID, why)})
