@@ -51,7 +51,7 @@ func TestEtcdLeaderStall(t *testing.T) {
 		}
 	}
 	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","))
-	vshards := dev.ep.VShards
+	vshards := dev.ep.all()
 	epPath := filepath.Join(dev.dir, "endpoints.json")
 	workers := map[string]*proc{}
 	for _, id := range []string{"wa", "wb"} {

@@ -100,7 +100,7 @@ func TestStarvedKeepAlive(t *testing.T) {
 	link := startNetProxy(t, "wa-etcd", etcdHost)
 	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
 		"--etcd", "http://"+link.addr(), "--id", "wa", "--log-level", "warn")
-	vshards := dev.ep.VShards
+	vshards := dev.ep.all()
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), vshards, "wa") == vshards })
 	dev.startWorker(t, "wb")
 	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), vshards, "wb") == vshards/2 })
