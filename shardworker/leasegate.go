@@ -92,7 +92,7 @@ func (w *Worker) leaseGated(next wire.Handler) wire.Handler {
 			return
 		}
 		if w.gate.closed.Swap(false) {
-			w.log.Info("accepting again: lease renewed")
+			w.log.Info("accepting again: lease renewed, or registered anew")
 		}
 		if req.Deadline.IsZero() || req.Deadline.After(until) {
 			req.Deadline = until
