@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -10,10 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// DefaultTTL is the worker lease's time to live, in seconds. The etcd client
+// DefaultTTL is the worker lease's time to live, in seconds. The worker
 // renews it every TTL/3.
 const DefaultTTL = 10
 
@@ -27,9 +29,18 @@ type Registration struct {
 	log      *slog.Logger
 	lost     chan struct{}
 	renewals *atomic.Int64
+	renewed  atomic.Pointer[renewal]
 	cancel   context.CancelFunc
 	done     chan struct{}
 	once     sync.Once
+}
+
+// renewal is the last grant or keep-alive etcd answered: sent is when its
+// request left this process (etcd restarted the lease's TTL no earlier),
+// ttl what etcd granted.
+type renewal struct {
+	sent time.Time
+	ttl  time.Duration
 }
 
 // Register takes a new gen for workerID, grants a lease of ttl seconds and
@@ -47,6 +58,7 @@ func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID string
 	if err != nil {
 		return nil, err
 	}
+	sent := time.Now()
 	grant, err := cli.Grant(ctx, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("lease: grant: %w", err)
@@ -59,44 +71,68 @@ func Register(ctx context.Context, cli *clientv3.Client, prefix, workerID string
 	kctx, cancel := context.WithCancel(context.Background())
 	r := &Registration{WorkerID: workerID, Gen: gen, LeaseID: grant.ID, cli: cli, log: log,
 		lost: make(chan struct{}), renewals: renewals, cancel: cancel, done: make(chan struct{})}
+	r.renewed.Store(&renewal{sent: sent, ttl: time.Duration(grant.TTL) * time.Second})
 	go r.keepAlive(kctx)
 	return r, nil
 }
 
 // Lost is closed when etcd has answered that the lease is gone. A renewal
-// that merely fails (etcd unreachable) does not close it: while etcd is down
-// no new owner can be made, so the worker keeps serving.
+// that merely fails (etcd unreachable) does not close it; Deadline says
+// how long the lease is certain to last.
 func (r *Registration) Lost() <-chan struct{} { return r.lost }
+
+// Deadline is the earliest moment etcd may expire the lease as far as this
+// process knows: the time the last renewal etcd answered was sent, plus
+// the TTL it granted (etcd restarts the TTL when it receives the request,
+// which is no earlier). ttl is that TTL. A worker must not count on the
+// lease past the deadline: from then on a new owner of its shards may be
+// made.
+func (r *Registration) Deadline() (deadline time.Time, ttl time.Duration) {
+	rn := r.renewed.Load()
+	return rn.sent.Add(rn.ttl), rn.ttl
+}
+
+// Renewal timing: a keep-alive every TTL/3; an attempt that gets no answer
+// within TTL/6 is given up and retried after renewRetry, so a request stuck
+// on an unresponsive etcd member does not hold up the next one (which the
+// client sends to another member).
+const renewRetry = 250 * time.Millisecond
 
 func (r *Registration) keepAlive(ctx context.Context) {
 	defer close(r.done)
-	for ctx.Err() == nil {
-		ch, err := r.cli.KeepAlive(ctx, r.LeaseID)
-		if err == nil {
-			for resp := range ch { // drain: an undrained channel stalls renewals
-				if resp != nil {
-					r.renewals.Add(1)
-				}
-			}
-		}
-		if ctx.Err() != nil {
+	_, ttl := r.Deadline()
+	every, attempt := ttl/3, max(ttl/6, 200*time.Millisecond)
+	wait, failures := every, 0
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-time.After(wait):
 		}
-		// The stream ended: ask etcd whether the lease still exists.
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ttl, err := r.cli.TimeToLive(tctx, r.LeaseID)
+		sent := time.Now()
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		resp, err := r.cli.KeepAliveOnce(actx, r.LeaseID)
 		cancel()
 		switch {
-		case err == nil && ttl.TTL <= 0:
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			r.renewed.Store(&renewal{sent: sent, ttl: time.Duration(resp.TTL) * time.Second})
+			r.renewals.Add(1)
+			if failures > 0 {
+				r.log.Info("lease renewed again", "worker", r.WorkerID, "gen", r.Gen, "failures", failures)
+			}
+			wait, failures = every, 0
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			r.log.Warn("worker lease is gone", "worker", r.WorkerID, "gen", r.Gen)
 			close(r.lost)
 			return
-		case err != nil:
-			r.log.Warn("lease renewal failing; still serving until etcd says the lease is gone", "worker", r.WorkerID, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
+		default:
+			failures++
+			deadline, _ := r.Deadline()
+			r.log.Warn("lease renewal failing; etcd has not said the lease is gone", "worker", r.WorkerID, "gen", r.Gen,
+				"err", err, "lease_left", time.Until(deadline).Round(time.Millisecond))
+			wait = renewRetry
 		}
 	}
 }

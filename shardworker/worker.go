@@ -201,7 +201,8 @@ type Worker struct {
 	addr   string
 	ready  chan struct{}
 	view   atomic.Pointer[lease.Watcher]
-	loader *loader // the writers' shared state loads; nil until Run
+	loader *loader   // the writers' shared state loads; nil until Run
+	gate   leaseGate // stops taking commands when the lease may expire (leasegate.go)
 }
 
 // Advertised returns addr as others should dial it: a wildcard listen
@@ -244,7 +245,7 @@ func (w *Worker) Collectors() []prometheus.Collector {
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, func() float64 { return float64(v.Load()) })
 	}
-	return []prometheus.Collector{
+	return append([]prometheus.Collector{
 		counter("chatpipe_worker_fenced_writes_total", "Produces or commits refused because another writer took the vshard over.", &w.stats.FencedWrites),
 		counter("chatpipe_worker_unknown_commits_total", "Transactions whose commit returned an error (outcome unknown; never answered accepted).", &w.stats.UnknownCommits),
 		counter("chatpipe_worker_takeovers_total", "Vshards taken over (marker committed, replayed, accepting).", &w.stats.Takeovers),
@@ -263,7 +264,7 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		w.takeoverSeconds,
 		w.commitSeconds,
 		w.arrivalSeconds,
-	}
+	}, w.leaseCollectors()...)
 }
 
 // SetTxnTimeout sets the Kafka transaction timeout of writers started
@@ -294,6 +295,9 @@ func (w *Worker) Healthy() error {
 	watcher := w.view.Load()
 	if watcher == nil {
 		return errors.New("no ownership view yet")
+	}
+	if err := w.leaseGateErr(); err != nil {
+		return err
 	}
 	v, gen := watcher.Snapshot(), w.gen.Load()
 	assigned := 0
@@ -358,7 +362,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()
-		if err := wire.Serve(bg, ln, w.handle, w.cfg.Wire, w.log); err != nil {
+		if err := wire.Serve(bg, ln, w.leaseGated(w.handle), w.cfg.Wire, w.log); err != nil {
 			w.log.Error("worker listener failed", "err", err)
 		}
 	}()
@@ -381,6 +385,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			continue
 		}
 		w.gen.Store(reg.Gen)
+		w.gate.set(reg)
 		w.log.Info("worker registered", "gen", reg.Gen, "addr", w.addr)
 		readyOnce.Do(func() { close(w.ready) })
 		w.manage(ctx, reg, watcher)
