@@ -1,6 +1,9 @@
 package lease
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // Overrides are read without the watcher's lock, from a copy made at each
 // change: a change shows at once, and none means no lookup at all.
@@ -22,5 +25,23 @@ func TestWatcherOverride(t *testing.T) {
 	}
 	if v, ok := w.Override("warm"); !ok || v != 8 || len(w.Overrides()) != 1 {
 		t.Fatalf("Override(warm) = %d, %v; overrides %v", v, ok, w.Overrides())
+	}
+}
+
+// BenchmarkOverride is the per-command cost of routing by override: the
+// gateway and the worker look one up for every write.
+func BenchmarkOverride(b *testing.B) {
+	for _, n := range []int{0, 16} {
+		routes := map[string]Override{}
+		for i := 0; i < n; i++ {
+			routes[fmt.Sprintf("hot-%d", i)] = Override{VShard: 64 + i}
+		}
+		w := StaticOverrides(View{}, routes)
+		b.Run(fmt.Sprintf("overrides=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				w.Override("some-conversation")
+			}
+		})
 	}
 }

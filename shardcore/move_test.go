@@ -209,3 +209,14 @@ func TestWriterCalledOffMoveLeavesNoWake(t *testing.T) {
 		t.Fatalf("a pending move's wake %v is not after now %v", rd.Wake, h.now)
 	}
 }
+
+// BenchmarkHolds is the per-command cost of the writer's location check
+// for a conversation that never moved (its hashed vshard is computed).
+func BenchmarkHolds(b *testing.B) {
+	st := Stamp{VShard: 3, VShards: 4096}
+	c := NewConv()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		st.Holds(c, "conversation-0123456789")
+	}
+}
