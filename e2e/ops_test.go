@@ -26,7 +26,7 @@ func TestInitAndConfig(t *testing.T) {
 		return string(out), err
 	}
 	base := []string{"init", "--etcd", strings.Join(dev.ep.Etcd, ","), "--database-url", dev.ep.Postgres, "--kafka", strings.Join(dev.ep.Kafka, ",")}
-	if out, err := run(append(base, "--vshards", "64", "--partitions", "8")...); err != nil {
+	if out, err := run(append(base, "--vshards", "64", "--partitions", "8", "--dedicated", "2")...); err != nil {
 		t.Fatalf("init with the deployment's shape: %v\n%s", err, out)
 	}
 	out, err := run(append(base, "--vshards", "128", "--partitions", "8")...)
