@@ -27,34 +27,48 @@ func addIsolateFlags(fs *flag.FlagSet) isolateFlags {
 	return f
 }
 
-// isolateSetup parses the flags and returns the etcd client, the
+// isolateRun is what admin isolate and unisolate work with: etcd, the
 // deployment's config, Postgres (nil without --database-url) and the one
 // conversation argument.
-func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string) (*clientv3.Client, lease.Config, *pgxpool.Pool, string, error) {
+type isolateRun struct {
+	cli *clientv3.Client
+	cfg lease.Config
+	db  *pgxpool.Pool
+	cid string
+}
+
+func (r *isolateRun) close() {
+	r.cli.Close()
+	if r.db != nil {
+		r.db.Close()
+	}
+}
+
+// setup parses the flags and connects.
+func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string) (*isolateRun, error) {
 	level, format := logFlags(fs)
 	if _, err := f.inf.setup(fs, args, level, format); err != nil {
-		return nil, lease.Config{}, nil, "", err
+		return nil, err
 	}
 	if *f.inf.etcd == "" || fs.NArg() != 1 {
-		return nil, lease.Config{}, nil, "", fmt.Errorf("usage: chatpipe %s --etcd … (or --endpoints …) CONVERSATION_ID", fs.Name())
+		return nil, fmt.Errorf("usage: chatpipe %s --etcd … (or --endpoints …) CONVERSATION_ID", fs.Name())
 	}
-	cid := fs.Arg(0)
 	cli, cfg, err := etcdConfig(ctx, *f.inf.etcd, f.inf.sec, lease.Config{})
 	if err != nil {
-		return nil, lease.Config{}, nil, "", err
+		return nil, err
 	}
+	r := &isolateRun{cli: cli, cfg: cfg, cid: fs.Arg(0)}
 	if cfg.Dedicated == 0 {
-		cli.Close()
-		return nil, lease.Config{}, nil, "", errors.New("this deployment has no dedicated vshards (chatpipe init --dedicated N when it is made)")
+		r.close()
+		return nil, errors.New("this deployment has no dedicated vshards (chatpipe init --dedicated N when it is made)")
 	}
-	var db *pgxpool.Pool
 	if *f.inf.dbURL != "" {
-		if db, err = openDB(ctx, *f.inf.dbURL); err != nil {
-			cli.Close()
-			return nil, lease.Config{}, nil, "", err
+		if r.db, err = openDB(ctx, *f.inf.dbURL); err != nil {
+			r.close()
+			return nil, err
 		}
 	}
-	return cli, cfg, db, cid, nil
+	return r, nil
 }
 
 // adminIsolate routes a conversation to a dedicated vshard of its own: the
@@ -64,15 +78,13 @@ func adminIsolate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin isolate", flag.ContinueOnError)
 	f := addIsolateFlags(fs)
 	to := fs.Int("vshard", -1, "the dedicated vshard to move it to (default: the first one no conversation is routed to)")
-	cli, cfg, db, cid, err := f.setup(ctx, fs, args)
+	r, err := f.setup(ctx, fs, args)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	if db != nil {
-		defer db.Close()
-	}
-	l := cfg.Layout()
+	defer r.close()
+	cli, db, cid := r.cli, r.db, r.cid
+	l := r.cfg.Layout()
 	routes, err := lease.Overrides(ctx, cli, lease.DefaultPrefix)
 	if err != nil {
 		return err
@@ -132,15 +144,13 @@ func pickDedicated(l logrecord.Layout, routes map[string]lease.Override, cid str
 func adminUnisolate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin unisolate", flag.ContinueOnError)
 	f := addIsolateFlags(fs)
-	cli, cfg, db, cid, err := f.setup(ctx, fs, args)
+	r, err := f.setup(ctx, fs, args)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	if db != nil {
-		defer db.Close()
-	}
-	home := logrecord.VShard(cid, cfg.VShards)
+	defer r.close()
+	cli, db, cid := r.cli, r.db, r.cid
+	home := logrecord.VShard(cid, r.cfg.VShards)
 	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
 	if err != nil {
 		return err
