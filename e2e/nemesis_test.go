@@ -319,13 +319,17 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 	z := &rep.Zero
 	var logRows []row
 	topEpoch := map[int]int64{}
+	topAt := map[int]string{} // where the vshard's newest epoch was first seen, and by which producer
 	lastSeq := map[string]int64{}
 	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
+		at := fmt.Sprintf("%s at %d/%d (producer %d epoch %d)", e.Kind, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch)
 		if e.Epoch < topEpoch[e.VShard] {
 			z.StaleEpoch++
-			t.Logf("stale epoch: vshard %d %s at %d/%d has epoch %d after %d", e.VShard, e.Kind, r.Partition, r.Offset, e.Epoch, topEpoch[e.VShard])
+			t.Logf("stale epoch: vshard %d %s has ownership epoch %d after epoch %d's %s", e.VShard, at, e.Epoch, topEpoch[e.VShard], topAt[e.VShard])
 		}
-		topEpoch[e.VShard] = max(topEpoch[e.VShard], e.Epoch)
+		if e.Epoch > topEpoch[e.VShard] || topAt[e.VShard] == "" {
+			topEpoch[e.VShard], topAt[e.VShard] = e.Epoch, at
+		}
 		if e.Kind == logrecord.KindTakeover {
 			return
 		}
