@@ -252,7 +252,7 @@ type faultAt struct {
 // (bench/nemesis.sh turns it into a table). Every count under "zero" comes
 // from a check over the committed log, Postgres and the devices' views.
 type nemesisReport struct {
-	Seed         uint64           `json:"seed"`
+	Seed         uint64           `json:"seed,string"` // a string: a float64 reader (jq) would round it
 	Duration     string           `json:"duration"`
 	Faults       map[string]int   `json:"faults"`
 	Accepted     int              `json:"accepted"`
