@@ -23,6 +23,7 @@ type frame struct {
 	RetryAfterMS   int64                        `json:"retry_after_ms"`
 	ConversationID string                       `json:"conversation_id"`
 	Seq            int64                        `json:"seq"`
+	MessageID      string                       `json:"message_id"`
 	Cursors        map[string]int64             `json:"cursors"`
 	More           bool                         `json:"more"`
 	Events         []*protocol.Event            `json:"events"`

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -8,9 +10,17 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // TestNemesis runs a seeded random schedule of faults against a stack
@@ -23,10 +33,18 @@ import (
 // resumes), a graceful worker restart, kill -9 of persist or of the
 // projection, and a graceful broker restart.
 //
+// Beside the load a member is kicked and joined again over and over while
+// sending, and four devices stay connected through the faults (reconnecting
+// and syncing when dropped). After the world check, countViolations counts
+// every must-be-zero violation over the log, Postgres, the answers and the
+// devices' views after a final sync; each must be 0.
+//
 // The seed is logged; CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
 // (the same faults in the same order with the same gaps between them;
 // what the processes do meanwhile is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
-// sets how long faults are injected (default 60 s).
+// sets how long faults are injected (default 60 s), and
+// CHATPIPE_E2E_NEMESIS_REPORT=path writes the faults injected by kind, the
+// counts and the longest send gap per fault kind as JSON (bench/nemesis.sh).
 func TestNemesis(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("CHATPIPE_E2E_NEMESIS_SEED"); v != "" {
@@ -96,6 +114,12 @@ func TestNemesis(t *testing.T) {
 	// and the gateway closes such a device ("reconnect and sync").
 	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	// Beside the load: a member kicked and joined again over and over
+	// while sending (for the post-kick counts), and devices that stay
+	// connected through the faults, reconnect and sync when dropped, and
+	// must end with what their user may see.
+	churn := startKickChurn(t, dev)
+	observers := startObservers(t, dev, churn.devices(), "lu1", "lu2")
 
 	workers := []string{"w1", "w2", "w3"}
 	// pausedAt holds the workers frozen by a pause and when; a worker is
@@ -105,60 +129,75 @@ func TestNemesis(t *testing.T) {
 	const pastLease = 12 * time.Second
 	type fault struct {
 		name string
-		do   func()
+		do   func() bool
 	}
+	// do reports whether the fault was injected (a pause of a worker
+	// already paused, or a resume with no pause past the lease, is not).
 	faults := []fault{
-		{"kill -9 a worker, start it again", func() {
+		{"kill -9 a worker, start it again", func() bool {
 			w := workers[rng.IntN(len(workers))]
 			procs[w].kill9()
 			delete(pausedAt, w)
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Millisecond)
 			procs[w] = start(w)
+			return true
 		}},
-		{"pause a worker past its lease", func() {
+		{"pause a worker past its lease", func() bool {
 			w := workers[rng.IntN(len(workers))]
 			if _, ok := pausedAt[w]; ok {
-				return
+				return false
 			}
 			procs[w].signal(syscall.SIGSTOP)
 			pausedAt[w] = time.Now()
+			return true
 		}},
-		{"resume the workers paused past their lease", func() {
+		{"resume the workers paused past their lease", func() bool {
+			resumed := false
 			for w, at := range pausedAt {
 				if time.Since(at) >= pastLease {
 					procs[w].signal(syscall.SIGCONT)
 					delete(pausedAt, w)
+					resumed = true
 				}
 			}
+			return resumed
 		}},
-		{"restart a worker gracefully", func() {
+		{"restart a worker gracefully", func() bool {
 			w := workers[rng.IntN(len(workers))]
 			if _, ok := pausedAt[w]; ok {
-				return
+				return false
 			}
 			procs[w].stop()
 			procs[w] = start(w)
+			return true
 		}},
-		{"kill -9 persist, start it again", func() {
+		{"kill -9 persist, start it again", func() bool {
 			procs["persist"].kill9()
 			procs["persist"] = start("persist")
+			return true
 		}},
-		{"kill -9 the projection, start it again", func() {
+		{"kill -9 the projection, start it again", func() bool {
 			procs["projection"].kill9()
 			procs["projection"] = start("projection")
+			return true
 		}},
-		{"restart the broker gracefully", func() {
+		{"restart the broker gracefully", func() bool {
 			broker.stop()
 			broker = startBroker()
+			return true
 		}},
 	}
 	counts := map[string]int{}
+	var timeline []faultAt
 	begin := time.Now()
 	for time.Since(begin) < dur {
 		f := faults[rng.IntN(len(faults))]
 		t.Logf("t=%5.1fs %s", time.Since(begin).Seconds(), f.name)
-		f.do()
-		counts[f.name]++
+		at := time.Now()
+		if f.do() {
+			counts[f.name]++
+			timeline = append(timeline, faultAt{at, f.name})
+		}
 		time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Millisecond)
 	}
 
@@ -174,11 +213,479 @@ func TestNemesis(t *testing.T) {
 	healed := load.count()
 	waitFor(t, 120*time.Second, "load to go on after the faults", func() bool { return load.count() > healed+300 })
 	accepted := load.finish()
+	churned := churn.finish()
+	observers.finish()
 	var kinds []string
 	for k, c := range counts {
 		kinds = append(kinds, fmt.Sprintf("%s ×%d", k, c))
 	}
 	sort.Strings(kinds)
-	t.Logf("%d sends accepted (%d client reconnects) under %s", len(accepted), reconnects.Load(), strings.Join(kinds, ", "))
-	checkWorld(t, dev.ep, accepted)
+	t.Logf("%d sends accepted (%d client reconnects) under %s; %d kick cycles, %d sends of the kicked member accepted",
+		len(accepted), reconnects.Load(), strings.Join(kinds, ", "), churn.cycles.Load(), len(churned))
+	all := append(append([]acceptedMsg(nil), accepted...), churned...)
+	rep := countViolations(t, dev.ep, all, observers.devs)
+	rep.Seed, rep.Duration, rep.Faults, rep.Accepted = seed, dur.String(), counts, len(all)
+	rep.Reconnects, rep.KickCycles = reconnects.Load(), churn.cycles.Load()
+	rep.MaxSendGapMS = sendGaps(accepted, timeline)
+	for _, z := range rep.zeros() {
+		if z.n != 0 {
+			t.Errorf("%s: %d (must be 0)", z.name, z.n)
+		}
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	t.Logf("nemesis report: %s", b)
+	if path := os.Getenv("CHATPIPE_E2E_NEMESIS_REPORT"); path != "" {
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			t.Errorf("write the report: %v", err)
+		}
+	}
+	checkWorld(t, dev.ep, all)
+}
+
+// faultAt is one injected fault and when it began.
+type faultAt struct {
+	at   time.Time
+	kind string
+}
+
+// nemesisReport is what a nemesis run writes to CHATPIPE_E2E_NEMESIS_REPORT
+// (bench/nemesis.sh turns it into a table). Every count under "zero" comes
+// from a check over the committed log, Postgres and the devices' views.
+type nemesisReport struct {
+	Seed         uint64           `json:"seed,string"` // a string: a float64 reader (jq) would round it
+	Duration     string           `json:"duration"`
+	Faults       map[string]int   `json:"faults"`
+	Accepted     int              `json:"accepted"`
+	LogEvents    int              `json:"log_events"`
+	Reconnects   int64            `json:"reconnects"`
+	KickCycles   int64            `json:"kick_cycles"`
+	Devices      int              `json:"devices"`
+	MaxSendGapMS map[string]int64 `json:"max_send_gap_ms"`
+	Zero         nemesisZeros     `json:"zero"`
+}
+
+// nemesisZeros are the counts that must be zero.
+type nemesisZeros struct {
+	// LostAccepted: accepted sends missing from the log or Postgres, or
+	// held there as another message.
+	LostAccepted int `json:"lost_accepted"`
+	// Duplicated: a (conversation, client_message_id) stored twice in the
+	// log or in Postgres.
+	Duplicated int `json:"duplicated"`
+	// SeqCollision: a (conversation, seq) twice in the log or Postgres, a
+	// Postgres row whose message differs from the log's at its seq, rows in
+	// seq_conflicts, or two accepted answers with one seq.
+	SeqCollision int `json:"seq_collision"`
+	// SeqGap: a conversation's seqs in the log not 1, 2, 3, ...
+	SeqGap int `json:"seq_gap"`
+	// Regression: a seq not above its conversation's previous one in log
+	// order, or a send accepted before another was sent that has the
+	// larger seq.
+	Regression int `json:"regression"`
+	// AbortedVisible: an event in Postgres or on a device that is not in
+	// the committed (read_committed) log.
+	AbortedVisible int `json:"aborted_visible"`
+	// PostKick: a message in the log from a sender who was not a member at
+	// its seq, or a device holding an event outside its user's membership
+	// periods.
+	PostKick int `json:"post_kick"`
+	// DeviceDivergence: after a final sync, an event a device's user may
+	// see that it lacks or holds differently from the log.
+	DeviceDivergence int `json:"device_divergence"`
+	// StaleEpoch: a vshard's record in the log with an older ownership
+	// epoch than one before it.
+	StaleEpoch int `json:"stale_epoch"`
+}
+
+type namedCount struct {
+	name string
+	n    int
+}
+
+func (r *nemesisReport) zeros() []namedCount {
+	z := r.Zero
+	return []namedCount{{"lost accepted", z.LostAccepted}, {"duplicated", z.Duplicated}, {"seq collision", z.SeqCollision},
+		{"seq gap", z.SeqGap}, {"regression", z.Regression}, {"aborted visible", z.AbortedVisible}, {"post-kick", z.PostKick},
+		{"device divergence", z.DeviceDivergence}, {"stale epoch after a newer one", z.StaleEpoch}}
+}
+
+// countViolations reads the committed log and Postgres (once the projection
+// has caught up) and counts every violation of I1–I6 it can see in them,
+// in the accepted answers and in the devices' views after a final sync
+// (TestNemesis and TestReconnectStorm).
+func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []*device) *nemesisReport {
+	t.Helper()
+	rep := &nemesisReport{Devices: len(devs)}
+	z := &rep.Zero
+	var logRows []row
+	topEpoch := map[int]int64{}
+	topAt := map[int]string{} // where the vshard's newest epoch was first seen, and by which producer
+	lastSeq := map[string]int64{}
+	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
+		at := fmt.Sprintf("%s at %d/%d (producer %d epoch %d)", e.Kind, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch)
+		if e.Epoch < topEpoch[e.VShard] {
+			z.StaleEpoch++
+			t.Logf("stale epoch: vshard %d %s has ownership epoch %d after epoch %d's %s", e.VShard, at, e.Epoch, topEpoch[e.VShard], topAt[e.VShard])
+		}
+		if e.Epoch > topEpoch[e.VShard] || topAt[e.VShard] == "" {
+			topEpoch[e.VShard], topAt[e.VShard] = e.Epoch, at
+		}
+		if e.Kind == logrecord.KindTakeover {
+			return
+		}
+		if prev, ok := lastSeq[e.ConversationID]; ok && e.Seq <= prev {
+			z.Regression++
+			t.Logf("regression: %s seq %d after %d in the log", e.ConversationID, e.Seq, prev)
+		}
+		lastSeq[e.ConversationID] = e.Seq
+		logRows = append(logRows, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID,
+			Sender: e.Sender, Seq: e.Seq, UserID: e.UserID, Body: e.Body, Members: e.Members})
+	})
+	rep.LogEvents = len(logRows)
+	dbRows := readDB(t, ep, len(logRows))
+	waitProjected(t, ep, len(logRows))
+	conflicts := 0
+	func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, ep.Postgres)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM seq_conflicts`).Scan(&conflicts); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	z.SeqCollision += conflicts
+
+	key := func(conv string, seq int64) string { return fmt.Sprintf("%s/%d", conv, seq) }
+	index := func(name string, rows []row) map[string]row {
+		bySeq := map[string]row{}
+		byCmid := map[string]bool{}
+		for _, r := range rows {
+			k := key(r.Conv, r.Seq)
+			if _, ok := bySeq[k]; ok {
+				z.SeqCollision++
+				t.Logf("seq collision: %s %s used twice", name, k)
+			}
+			bySeq[k] = r
+			if r.Kind == logrecord.KindMessage {
+				ck := r.Conv + "/" + r.ClientMessageID
+				if byCmid[ck] {
+					z.Duplicated++
+					t.Logf("duplicated: %s %s stored twice", name, ck)
+				}
+				byCmid[ck] = true
+			}
+		}
+		return bySeq
+	}
+	logBySeq, dbBySeq := index("log", logRows), index("postgres", dbRows)
+	for k, d := range dbBySeq {
+		l, ok := logBySeq[k]
+		switch {
+		case !ok:
+			z.AbortedVisible++
+			t.Logf("aborted visible: Postgres holds %s (%s), the committed log does not", k, d.MessageID)
+		case l.MessageID != d.MessageID || l.ClientMessageID != d.ClientMessageID || l.Body != d.Body:
+			z.SeqCollision++
+			t.Logf("seq collision: Postgres %s holds %+v, the log %+v", k, d, l)
+		}
+	}
+	answered := map[string]string{}
+	for _, a := range accepted {
+		k := key(a.Conv, a.Seq)
+		if prev, ok := answered[k]; ok && prev != a.ClientMessageID {
+			z.SeqCollision++
+			t.Logf("seq collision: %s answered to %s and %s", k, prev, a.ClientMessageID)
+		}
+		answered[k] = a.ClientMessageID
+		l, inLog := logBySeq[k]
+		d, inDB := dbBySeq[k]
+		if !inLog || !inDB || l.MessageID != a.MessageID || l.ClientMessageID != a.ClientMessageID || d.MessageID != a.MessageID {
+			z.LostAccepted++
+			t.Logf("lost accepted: %s %s (in the log %v, in Postgres %v)", k, a.ClientMessageID, inLog, inDB)
+		}
+	}
+	byConv := map[string][]acceptedMsg{}
+	for _, a := range accepted {
+		byConv[a.Conv] = append(byConv[a.Conv], a)
+	}
+	for _, as := range byConv {
+		sort.Slice(as, func(i, j int) bool { return as[i].AcceptedAt.Before(as[j].AcceptedAt) })
+		// a accepted before b was sent must have the smaller seq: compare
+		// each b with the largest seq accepted before it was sent.
+		top, j := int64(0), 0
+		bySent := append([]acceptedMsg(nil), as...)
+		sort.Slice(bySent, func(i, j int) bool { return bySent[i].SentAt.Before(bySent[j].SentAt) })
+		for _, b := range bySent {
+			for ; j < len(as) && as[j].AcceptedAt.Before(b.SentAt); j++ {
+				top = max(top, as[j].Seq)
+			}
+			if j > 0 && top >= b.Seq {
+				z.Regression++
+				t.Logf("regression: %s %s got seq %d, a send accepted before it was sent has %d", b.Conv, b.ClientMessageID, b.Seq, top)
+			}
+		}
+	}
+	rowsByConv := map[string][]row{}
+	for _, r := range logRows {
+		rowsByConv[r.Conv] = append(rowsByConv[r.Conv], r)
+	}
+	per := periods(logRows)
+	userConvs := map[string]map[string][][2]int64{} // user → conversation → periods
+	for conv, m := range per {
+		for u, ps := range m {
+			if userConvs[u] == nil {
+				userConvs[u] = map[string][][2]int64{}
+			}
+			userConvs[u][conv] = ps
+		}
+	}
+	for conv, rows := range rowsByConv {
+		seqs := make([]int64, len(rows))
+		for i, r := range rows {
+			seqs[i] = r.Seq
+		}
+		sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+		for i, s := range seqs {
+			if s != int64(i+1) {
+				z.SeqGap++
+				t.Logf("seq gap: %s has seq %d at position %d", conv, s, i+1)
+				break
+			}
+		}
+		for _, r := range rows {
+			if r.Kind == logrecord.KindMessage && !inPeriods(per[conv][r.Sender], r.Seq) {
+				z.PostKick++
+				t.Logf("post-kick: %s/%d from %s, not a member then", conv, r.Seq, r.Sender)
+			}
+		}
+	}
+	// Every device syncs once more (a few at a time: each sync is a
+	// Postgres read), then must hold exactly what its user may see.
+	var wg sync.WaitGroup
+	next := make(chan *device)
+	for w := 0; w < min(32, len(devs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for d := range next {
+				if err := d.connect(); err != nil {
+					t.Errorf("final connect of %s: %v", d.name, err)
+				} else if err := d.syncAll(); err != nil {
+					t.Errorf("final sync of %s: %v", d.name, err)
+				}
+			}
+		}()
+	}
+	for _, d := range devs {
+		next <- d
+	}
+	close(next)
+	wg.Wait()
+	for _, d := range devs {
+		for _, conv := range d.convs() {
+			for _, s := range d.seqs(conv) {
+				e := d.get(conv, s)
+				l, ok := logBySeq[key(conv, s)]
+				switch {
+				case !ok:
+					z.AbortedVisible++
+					t.Logf("aborted visible: %s holds %s/%d, the committed log does not", d.name, conv, s)
+				case !inPeriods(per[conv][d.user], s):
+					z.PostKick++
+					t.Logf("post-kick: %s holds %s/%d, outside %s's periods", d.name, conv, s, d.user)
+				case e.MessageID != l.MessageID || e.Body != l.Body || e.Kind != l.Kind || e.Sender != l.Sender:
+					z.DeviceDivergence++
+					t.Logf("device divergence: %s holds %s/%d = %+v, the log %+v", d.name, conv, s, e, l)
+				}
+			}
+		}
+		for conv, ps := range userConvs[d.user] {
+			for s := range visibleTo(rowsByConv[conv], ps) {
+				if d.get(conv, s) == nil {
+					z.DeviceDivergence++
+					t.Logf("device divergence: %s lacks %s/%d", d.name, conv, s)
+				}
+			}
+		}
+	}
+	return rep
+}
+
+func inPeriods(ps [][2]int64, seq int64) bool {
+	for _, p := range ps {
+		if seq >= p[0] && seq <= p[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// sendGaps is, per fault kind, the longest time a load client waited
+// between two of its accepted sends, the gap counted under the last fault
+// injected before it ended ("none" before the first fault).
+func sendGaps(accepted []acceptedMsg, timeline []faultAt) map[string]int64 {
+	bySender := map[string][]time.Time{}
+	for _, a := range accepted {
+		bySender[a.Sender] = append(bySender[a.Sender], a.AcceptedAt)
+	}
+	out := map[string]int64{}
+	for _, ts := range bySender {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		for i := 1; i < len(ts); i++ {
+			kind := "none"
+			if k := sort.Search(len(timeline), func(k int) bool { return timeline[k].at.After(ts[i]) }); k > 0 {
+				kind = timeline[k-1].kind
+			}
+			out[kind] = max(out[kind], ts[i].Sub(ts[i-1]).Milliseconds())
+		}
+	}
+	return out
+}
+
+// devOp sends a command from d until it is answered (reconnecting and
+// syncing when the connection drops), as a client keeps a command's
+// client_message_id across reconnects.
+func devOp(d *device, req map[string]any) (*frame, error) {
+	start := time.Now()
+	for {
+		err := d.connect()
+		var f *frame
+		if err == nil {
+			r := map[string]any{}
+			for k, v := range req {
+				r[k] = v
+			}
+			if f, err = d.doRetrying(r); err == nil {
+				return f, nil
+			}
+		}
+		if time.Since(start) > 2*time.Minute {
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kickChurn is an owner kicking a member out of one conversation and
+// joining them again, over and over, while the member sends to it.
+type kickChurn struct {
+	t             *testing.T
+	owner, member *device
+	stop          chan struct{}
+	wg            sync.WaitGroup
+	cycles        atomic.Int64
+	mu            sync.Mutex
+	accepted      []acceptedMsg
+}
+
+func startKickChurn(t *testing.T, dev *devProc) *kickChurn {
+	t.Helper()
+	k := &kickChurn{t: t, owner: newDevice(t, dev, "nko", "nko.d0"), member: newDevice(t, dev, "nkm", "nkm.d0"), stop: make(chan struct{})}
+	f, err := devOp(k.owner, map[string]any{"op": "create", "conversation_id": "nk0", "members": []string{"nkm"}, "client_message_id": "nk-create"})
+	if err != nil || f.Op != protocol.OpAccepted {
+		t.Fatalf("create nk0: %v %+v", err, f)
+	}
+	k.wg.Add(2)
+	go func() {
+		defer k.wg.Done()
+		for i := 0; ; i++ {
+			for _, op := range []string{"kick", "join"} {
+				select {
+				case <-k.stop:
+					return
+				case <-time.After(150 * time.Millisecond):
+				}
+				f, err := devOp(k.owner, map[string]any{"op": op, "conversation_id": "nk0", "user_id": "nkm", "client_message_id": fmt.Sprintf("nk-%s-%d", op, i)})
+				if err != nil {
+					t.Errorf("%s nkm: %v", op, err)
+					return
+				}
+				if f.Op != protocol.OpAccepted {
+					t.Logf("%s nkm (%d): %s %s", op, i, f.Code, f.Message)
+				}
+			}
+			k.cycles.Add(1)
+		}
+	}()
+	go func() {
+		defer k.wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-k.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			cmid := fmt.Sprintf("nkm-%d", i)
+			sent := time.Now()
+			f, err := devOp(k.member, map[string]any{"op": "send", "conversation_id": "nk0", "client_message_id": cmid, "body": "churn"})
+			if err != nil {
+				t.Errorf("send %s: %v", cmid, err)
+				return
+			}
+			if f.Op == protocol.OpAccepted {
+				k.mu.Lock()
+				k.accepted = append(k.accepted, acceptedMsg{Conv: "nk0", ClientMessageID: cmid, MessageID: f.MessageID, Sender: "nkm", Seq: f.Seq, SentAt: sent, AcceptedAt: time.Now()})
+				k.mu.Unlock()
+			} else if f.Code != string(protocol.CodeForbidden) {
+				t.Errorf("send %s: %+v", cmid, f)
+			}
+		}
+	}()
+	return k
+}
+
+func (k *kickChurn) devices() []*device { return []*device{k.owner, k.member} }
+
+// finish stops the churn and returns the member's accepted sends.
+func (k *kickChurn) finish() []acceptedMsg {
+	close(k.stop)
+	k.wg.Wait()
+	return k.accepted
+}
+
+// observerSet is devices that stay connected: dropped by the gateway (a
+// send buffer overflowed after a consumer's restart) they reconnect and
+// sync.
+type observerSet struct {
+	devs []*device
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startObservers(t *testing.T, dev *devProc, devs []*device, users ...string) *observerSet {
+	t.Helper()
+	o := &observerSet{devs: devs, stop: make(chan struct{})}
+	for _, u := range users {
+		o.devs = append(o.devs, newDevice(t, dev, u, u+".observer"))
+	}
+	t.Cleanup(func() {
+		for _, d := range o.devs {
+			d.disconnect()
+		}
+	})
+	o.wg.Add(1)
+	go func() {
+		defer o.wg.Done()
+		for {
+			for _, d := range o.devs {
+				// an error is tried again on the next round
+				d.connect()
+			}
+			select {
+			case <-o.stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	return o
+}
+
+func (o *observerSet) finish() {
+	close(o.stop)
+	o.wg.Wait()
 }
