@@ -271,6 +271,14 @@ type Effect struct {
 	Events []*logrecord.Event // EffectCommit
 	Open   bool               // EffectCommit: initialise the producer first
 	Marker bool               // EffectCommit: Events is the takeover marker alone
+	// Confirm (EffectCommit, a session's first marker): after the events
+	// are produced — the transactional.id is initialised by then — read
+	// the owner row, and commit only if it still names this writer; else
+	// abort and report an error. A writer whose re-check passed just
+	// before its row moved could otherwise initialise the id after the new
+	// owner did and commit a marker of the older epoch after the newer
+	// one's records.
+	Confirm bool
 
 	From      int64 // EffectReadTail
 	FromStart bool
@@ -508,7 +516,7 @@ func (m *Writer) ProducerOpened(now time.Time, err error) {
 	}
 	m.opened = true
 	m.phase = PhaseMarker
-	m.effect = &Effect{Kind: EffectCommit, Events: []*logrecord.Event{m.marker(now)}, Marker: true}
+	m.effect = &Effect{Kind: EffectCommit, Events: []*logrecord.Event{m.marker(now)}, Marker: true, Confirm: true}
 }
 
 // Committed is the result of EffectCommit: the log offset of each event

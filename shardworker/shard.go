@@ -283,19 +283,27 @@ func (s *shard) perform(e *shardcore.Effect) {
 		cancel()
 		s.m.StateLoaded(time.Now(), convs, found, err)
 	case shardcore.EffectReadOwner:
-		ctx, cancel := context.WithTimeout(s.ctx, 3*time.Second)
-		o, ok, err := lease.ReadOwner(ctx, s.w.cfg.Etcd, s.w.cfg.Prefix, s.v)
-		cancel()
 		// After a fence only the owner may make a new producer: a zombie
 		// that re-opened its producer would fence the real owner. (A pause
 		// between this read and the re-open can still fence a new owner
-		// for a moment; it then re-checks and fences back, and every
+		// for a moment — the marker's Confirm then keeps the zombie from
+		// committing; the new owner re-checks and fences back, and every
 		// answer waits for a commit, so no stale answer gets out.)
-		still := ok && o.Worker == s.w.cfg.ID && o.Gen == s.w.gen.Load() && o.Epoch == s.epoch
+		still, err := s.stillOwner()
 		s.m.OwnerRead(time.Now(), still, err)
 	default:
 		panic(fmt.Sprintf("shardworker: unknown effect %v", e.Kind))
 	}
+}
+
+// stillOwner reads the vshard's owner row (a linearizable read) and
+// reports whether it still names this worker, its registration and this
+// writer's epoch.
+func (s *shard) stillOwner() (bool, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 3*time.Second)
+	defer cancel()
+	o, ok, err := lease.ReadOwner(ctx, s.w.cfg.Etcd, s.w.cfg.Prefix, s.v)
+	return ok && o.Worker == s.w.cfg.ID && o.Gen == s.w.gen.Load() && o.Epoch == s.epoch, err
 }
 
 // effectContext bounds one round trip: the replay's steps by ReplayTimeout
@@ -351,7 +359,7 @@ func (s *shard) commitEvents(e *shardcore.Effect) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
 	defer cancel()
 	start := time.Now()
-	if err := s.commit(ctx, s.cl, recs, e.Marker); err != nil {
+	if err := s.commit(ctx, s.cl, recs, e.Marker, e.Confirm); err != nil {
 		return nil, err
 	}
 	if !e.Marker {
@@ -535,7 +543,7 @@ func (s *shard) record(e *logrecord.Event) (*kgo.Record, error) {
 // transaction committed: the caller treats every error as an unknown
 // outcome. marker: recs is a takeover marker (the fault tests' sleep before
 // the commit holds batches open, not takeovers).
-func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, marker bool) error {
+func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, marker, confirm bool) error {
 	if err := cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("shardworker: begin transaction: %w", err)
 	}
@@ -568,6 +576,19 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, 
 	if faultSleepBeforeCommit > 0 && !marker {
 		markCommit()
 		time.Sleep(faultSleepBeforeCommit)
+	}
+	if confirm {
+		// The produce initialised the transactional.id (fencing every
+		// older producer); only now is a look at the owner row proof that
+		// no newer owner initialised it before: one that did first had
+		// its row written before that.
+		if still, err := s.stillOwner(); err != nil || !still {
+			_ = cl.EndTransaction(ctx, kgo.TryAbort)
+			if err == nil {
+				err = errors.New("the owner row names another writer")
+			}
+			return fmt.Errorf("shardworker: confirm ownership before the marker: %w", err)
+		}
 	}
 	// EndTransaction gets a context of its own: a cancelled or expired one
 	// leaves the outcome unknown without even asking the broker (franz-go

@@ -104,3 +104,30 @@ func bugConfig(t *testing.T, name string) Config {
 	t.Fatalf("CHATPIPE_SIM_BUG=%q: want one of %v", name, names)
 	return cfg
 }
+
+// TestMarkerConfirmKeepsEpochsInOrder: without the owner-row read between
+// a session's marker produce and its commit (WhatIf.NoMarkerConfirm), a
+// writer whose re-check passed just before its row moved initialises the
+// transactional.id after the new owner and commits a marker of the older
+// epoch after the newer owner's records; with it, never (the same
+// schedules pass TestSchedules).
+func TestMarkerConfirmKeepsEpochsInOrder(t *testing.T) {
+	caught, first := 0, uint64(0)
+	for seed := uint64(1); seed <= 1000; seed++ {
+		cfg := ScheduleConfig(seed)
+		cfg.WhatIf.NoMarkerConfirm = true
+		r := Run(cfg, NewSeededChooser(seed))
+		for _, p := range r.Properties() {
+			if p == PropOwnerEpochs {
+				if caught++; first == 0 {
+					first = seed
+				}
+				break
+			}
+		}
+	}
+	t.Logf("without the confirm: %s in %d of 1000 schedules, first seed %d", PropOwnerEpochs, caught, first)
+	if caught == 0 {
+		t.Fatalf("the order without the marker's confirm never committed an older epoch after a newer one in 1000 schedules")
+	}
+}

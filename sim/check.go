@@ -16,6 +16,10 @@ const (
 	PropUnpersisted = "I1 accepted-but-not-persisted"
 	// PropEpochs: a vshard's committed records go back to an older producer epoch (I2).
 	PropEpochs = "I2 producer-epoch-order"
+	// PropOwnerEpochs: a vshard's committed records go back to an older
+	// ownership epoch: a writer of an older epoch committed after a newer
+	// owner's record (I2).
+	PropOwnerEpochs = "I2 ownership-epoch-order"
 	// PropCollision: two committed events of a conversation share a seq (I3).
 	PropCollision = "I3 seq-collision"
 	// PropRegression: a conversation's seqs go down in log order (I3).
@@ -116,6 +120,7 @@ func (w *World) checkLog() {
 			}
 			if rec.Event.Epoch < oepoch[v] {
 				w.stats.EpochRegressions++
+				w.violate(PropOwnerEpochs, "vshard %d: %s of ownership epoch %d committed at offset %d after epoch %d", v, rec.Event.Kind, rec.Event.Epoch, rec.Offset, oepoch[v])
 			}
 			pepoch[v], oepoch[v] = max(pepoch[v], rec.ProducerEpoch), max(oepoch[v], rec.Event.Epoch)
 		}

@@ -83,6 +83,12 @@ type WhatIf struct {
 	// transactional round trip); a fenced writer answers unavailable and
 	// takes over again.
 	FenceCheckedAnswers bool
+	// NoMarkerConfirm commits a session's first marker without reading the
+	// owner row between its produce and its commit (the order before that
+	// fix): a writer whose re-check passed just before its row moved can
+	// then commit a marker of the older epoch after the newer owner's
+	// records.
+	NoMarkerConfirm bool
 }
 
 // DefaultConfig is the shape the CI runs: few shards sharing partitions,

@@ -30,6 +30,12 @@ func reopenSchedule(t *testing.T, cfg Config) (*Result, *World, *op) {
 	if cfg.WhatIf.RecheckAtOpen {
 		return s.w.finish(), s.w, send
 	}
+	if !cfg.WhatIf.NoMarkerConfirm {
+		// The marker reads the owner row before it commits: the zombie's
+		// marker is aborted, and it re-checks and ends.
+		s.do("w0/v0@e1 marker")
+		return s.w.finish(), s.w, send
+	}
 	s.do("w0/v0@e1 marker", "w0/v0@e1 replay-offset", "w0/v0@e1 replay-tail")
 	s.deliver(1, true)       // the create
 	s.deliver(send.id, true) // the send, routed by the gateway's old view
@@ -49,15 +55,17 @@ func reopenSchedule(t *testing.T, cfg Config) (*Result, *World, *op) {
 // legitimate owner whose producer a zombie re-opened over. The real order
 // now (fence-checked answers) answers it with its first seq.
 func TestKnownIssueFencedWriterAnswers(t *testing.T) {
+	// The orders before the marker's confirm: the zombie's marker commits
+	// after the new owner's.
 	old := func() Config {
 		cfg := oneShard()
-		cfg.WhatIf.FenceCheckedAnswers, cfg.StrictAnswers = false, false
+		cfg.WhatIf.FenceCheckedAnswers, cfg.StrictAnswers, cfg.WhatIf.NoMarkerConfirm = false, false, true
 		return cfg
 	}
 	t.Run("before the fix", func(t *testing.T) {
 		r, w, send := reopenSchedule(t, old())
-		if r.Failed() {
-			t.Fatalf("only counted, not a violation, without StrictAnswers:\n%s", r.Report(60))
+		if ps := r.Properties(); !slices.Equal(ps, []string{PropOwnerEpochs}) {
+			t.Fatalf("only the epoch order is a violation (the stale answer only counted) without StrictAnswers, got %v:\n%s", ps, r.Report(60))
 		}
 		if send.final.Op != protocol.OpRejected || send.final.Code != protocol.CodeForbidden {
 			t.Fatalf("expected the retry to be rejected forbidden, got %+v", send.final)
@@ -78,10 +86,18 @@ func TestKnownIssueFencedWriterAnswers(t *testing.T) {
 			t.Fatalf("strict answers should report %s, got %v", PropRetry, ps)
 		}
 	})
-	t.Run("real order: fence-checked answers", func(t *testing.T) {
+	t.Run("fence-checked answers, before the marker's confirm", func(t *testing.T) {
+		cfg := oneShard()
+		cfg.WhatIf.NoMarkerConfirm = true
+		r, _, send := reopenSchedule(t, cfg)
+		if ps := r.Properties(); !slices.Equal(ps, []string{PropOwnerEpochs}) || send.final.Op != protocol.OpAccepted || send.final.Seq != 2 {
+			t.Fatalf("want the retry accepted with seq 2 and only the epoch order violated, got %+v %v\n%s", send.final, ps, r.Report(60))
+		}
+	})
+	t.Run("real order: the marker confirms the owner row", func(t *testing.T) {
 		r, _, send := reopenSchedule(t, oneShard())
-		if r.Failed() || send.final.Op != protocol.OpAccepted || send.final.Seq != 2 {
-			t.Fatalf("want the retry accepted with seq 2 and no violation, got %+v\n%s", send.final, r.Report(60))
+		if r.Failed() || r.Stats.EpochRegressions != 0 || send.final.Op != protocol.OpAccepted {
+			t.Fatalf("want no violation, no epoch regression and the send accepted, got %+v\n%s", send.final, r.Report(60))
 		}
 	})
 	t.Run("what-if recheck at open", func(t *testing.T) {

@@ -193,6 +193,14 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 				break
 			}
 		}
+		if e.Confirm && !w.cfg.WhatIf.NoMarkerConfirm && (w.etcdDown() || !wr.stillOwner(w)) {
+			// shardworker reads the owner row between the marker's
+			// produce and its commit, and aborts if it moved.
+			_ = w.log.Abort(wr.txnID, wr.pepoch)
+			wr.produced, wr.offs = false, nil
+			wr.m.Committed(now, nil, errNotOwner)
+			break
+		}
 		wr.produced, wr.offs = false, nil
 		err := wr.commit(w, e, lost)
 		if err != nil {
