@@ -60,7 +60,8 @@
 // heals every fault and runs the world to quiescence; then check.go checks:
 //
 //	I1  every accepted answer's event is in the committed log and in the sink
-//	I2  a vshard's committed records never go back to an older producer epoch
+//	I2  a vshard's committed records never go back to an older producer epoch,
+//	    nor to an older ownership epoch
 //	I3  no seq collision, no seq regression in log order; an op accepted
 //	    before another was sent has the smaller seq; no sink conflicts
 //	I4  no client_message_id twice per conversation; every answer to a send
