@@ -165,7 +165,7 @@ func TestInitAndConfig(t *testing.T) {
 		t.Errorf("check-config of a topic with one replica: %v\n%s", err, out)
 	}
 	// a log topic with the broker's usual 7-day retention is refused
-	week := devstack.TopicSpec{Partitions: 8, Configs: map[string]string{"retention.ms": "604800000"}}
+	week := devstack.TopicSpec{Partitions: 8 + 2, Configs: map[string]string{"retention.ms": "604800000"}}
 	if err := devstack.EnsureTopicSpec(context.Background(), dev.ep.Kafka, "chatpipe.week", week); err != nil {
 		t.Fatal(err)
 	}
