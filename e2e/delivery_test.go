@@ -17,7 +17,13 @@ import (
 // Postgres holds, and Postgres holds n events.
 func waitProjected(t *testing.T, ep endpoints, n int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	waitProjectedFor(t, ep, n, 90*time.Second)
+}
+
+// waitProjectedFor is waitProjected with a bound of its own.
+func waitProjectedFor(t *testing.T, ep endpoints, n int, bound time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, ep.Postgres)
 	if err != nil {
