@@ -214,6 +214,13 @@ func (l Layout) TopicPartitions() int { return l.Partitions + l.Dedicated }
 // AllVShards is how many vshards have an owner row.
 func (l Layout) AllVShards() int { return l.VShards + l.Dedicated }
 
+// MayHold reports whether vshard v may be where conversation cid is
+// written: its hashed vshard, or any dedicated one. Only these writers
+// need to hear of cid's override.
+func (l Layout) MayHold(v int, cid string) bool {
+	return l.IsDedicated(v) || v == VShard(cid, l.VShards)
+}
+
 // IsDedicated reports whether v is a dedicated vshard.
 func (l Layout) IsDedicated(v int) bool { return v >= l.VShards && v < l.VShards+l.Dedicated }
 

@@ -476,7 +476,7 @@ func (w *Worker) layout() logrecord.Layout {
 // to; else removed) if the conversation may be at s's vshard: its hashed
 // one, or any dedicated one.
 func (w *Worker) tell(s *shard, cid string, to int, routed bool) {
-	if s.v == logrecord.VShard(cid, w.cfg.VShards) || w.layout().IsDedicated(s.v) {
+	if w.layout().MayHold(s.v, cid) {
 		s.route(routeUpdate{conv: cid, to: to, routed: routed})
 	}
 }

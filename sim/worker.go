@@ -2,8 +2,6 @@ package sim
 
 import (
 	"maps"
-
-	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // worker is the model of a shardworker process: one lease, the writers of
@@ -133,7 +131,7 @@ func (w *World) manage(wk *worker) {
 // vshard to, if conv may be at wr's vshard (its hashed one, or any
 // dedicated one).
 func (w *World) tell(wr *writer, conv string, to int) {
-	if wr.v == logrecord.VShard(conv, w.cfg.VShards) || w.layout().IsDedicated(wr.v) {
+	if w.layout().MayHold(wr.v, conv) {
 		wr.m.Route(w.clock(), conv, to)
 		wr.collect(w)
 	}
