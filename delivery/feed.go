@@ -130,7 +130,7 @@ func (f *Feed) Run(ctx context.Context) error {
 
 // listen signals wake on every delivery notification until ctx ends.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
-	pglisten.Run(ctx, f.DB, pglisten.Delivery, func() {
+	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(string) {
 		select {
 		case wake <- struct{}{}:
 		default:

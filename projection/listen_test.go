@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // TestPersistCommitWakesTheWait: a NOTIFY on persist's channel (what
@@ -32,4 +36,29 @@ func TestPersistCommitWakesTheWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("after persist's notification")
+
+	// An announcement names the offsets persist stored: a batch they
+	// cover is applied without reading consumer_offsets (which holds
+	// nothing here, so a read would make the wait go on).
+	payload := logsink.AnnouncePayload(logrecord.DefaultTopic, []*kgo.Record{{Partition: 3, Offset: 41}, {Partition: 5, Offset: 7}})
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, pglisten.Persisted, payload); err != nil {
+		t.Fatal(err)
+	}
+	wait("after an announcement with offsets")
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := p.waitForPersist(wctx, map[int32]int64{3: 42, 5: 8}); err != nil {
+		t.Fatalf("wait for offsets persist announced: %v", err)
+	}
+	if n := p.offsetReads.Load(); n != 0 {
+		t.Errorf("the wait read consumer_offsets %d times; the announcement covered it", n)
+	}
+	short, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer scancel()
+	if err := p.waitForPersist(short, map[int32]int64{3: 43}); err == nil {
+		t.Error("the wait returned for an offset persist never stored")
+	}
+	if p.offsetReads.Load() == 0 {
+		t.Error("past what was announced, the wait did not read consumer_offsets")
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,14 @@ type Projector struct {
 	consumer                                 *logsink.Consumer
 	lastTrim                                 time.Time
 	persisted                                chan struct{} // a persist commit was announced (cap 1)
+	offsetReads                              atomic.Int64
+
+	// stored holds persist's stored next offsets as far as the projector
+	// knows them (from its announcements and its own reads of
+	// consumer_offsets): they only grow, and each was committed, so a
+	// batch they cover needs no read of consumer_offsets.
+	storedMu sync.Mutex
+	stored   map[int32]int64
 }
 
 // New returns a Projector; Run starts it.
@@ -95,7 +104,7 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Projector{cfg: cfg, persisted: make(chan struct{}, 1),
+	p := &Projector{cfg: cfg, persisted: make(chan struct{}, 1), stored: map[int32]int64{},
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
 			Help: "Time to apply one batch (one Postgres transaction), waiting for persist excluded.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
@@ -117,6 +126,7 @@ func (p *Projector) Collectors() []prometheus.Collector {
 		counter("chatpipe_projection_events_total", "Events applied.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
 		counter("chatpipe_projection_persist_waits_total", "Batches that had to wait for persist.", &p.waits),
+		counter("chatpipe_projection_persist_offset_reads_total", "Reads of persist's stored offsets (a batch its announcements cover needs none).", &p.offsetReads),
 		counter("chatpipe_projection_read_markers_total", "Read markers applied (one per conversation and user per batch; a lower one than stored changes nothing).", &p.reads),
 		p.batchSeconds, p.waitSeconds,
 	}, p.consumer.Collectors()...)
@@ -147,7 +157,10 @@ func (p *Projector) listen(ctx context.Context) {
 		"projection: LISTEN connection lost; polling for persist until it is back")
 }
 
-func (p *Projector) signalPersisted() {
+func (p *Projector) signalPersisted(payload string) {
+	if got := logsink.ParseAnnounce(p.cfg.Topic, payload); got != nil {
+		p.learn(got)
+	}
 	select {
 	case p.persisted <- struct{}{}:
 	default:
@@ -189,25 +202,45 @@ func (p *Projector) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record
 	return p.queue(b, events), nil
 }
 
+// learn raises the known stored offsets to have.
+func (p *Projector) learn(have map[int32]int64) {
+	p.storedMu.Lock()
+	defer p.storedMu.Unlock()
+	for part, o := range have {
+		p.stored[part] = max(p.stored[part], o)
+	}
+}
+
+// covered reports whether the known stored offsets reach next for every
+// partition.
+func (p *Projector) covered(next map[int32]int64) bool {
+	p.storedMu.Lock()
+	defer p.storedMu.Unlock()
+	for part, n := range next {
+		if p.stored[part] < n {
+			return false
+		}
+	}
+	return true
+}
+
 // waitForPersist returns once persist's stored offsets reach next for every
-// partition of the batch.
+// partition of the batch. Persist's announcements usually say so already;
+// otherwise consumer_offsets is read.
 func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) error {
 	start := time.Now()
 	waited := false
 	delay := 2 * time.Millisecond
 	for {
-		have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
-		if err != nil {
-			return fmt.Errorf("projection: %w", err)
-		}
-		behind := false
-		for part, n := range next {
-			if have[part] < n {
-				behind = true
-				break
+		if !p.covered(next) {
+			have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
+			if err != nil {
+				return fmt.Errorf("projection: %w", err)
 			}
+			p.offsetReads.Add(1)
+			p.learn(have)
 		}
-		if !behind {
+		if p.covered(next) {
 			if waited {
 				p.waits.Add(1)
 				p.waitSeconds.Observe(time.Since(start).Seconds())

@@ -17,7 +17,8 @@ import (
 const (
 	// Persisted announces each batch persist committed (its offsets
 	// moved): the projection, which waits for persist, wakes on it
-	// instead of polling. The payload is empty.
+	// instead of polling. The payload names the offsets stored
+	// (logsink.AnnouncePayload), or is empty.
 	Persisted = "chatpipe_persisted"
 	// Delivery announces a delivery row the projection committed; the
 	// payload is its id. Gateways' delivery feeds listen on it.
@@ -26,20 +27,22 @@ const (
 
 // Run holds a dedicated connection (a copy of db's connection config)
 // LISTENing on channel until ctx ends, and calls wake once after each
-// LISTEN (for anything committed while it was not listening) and on every
-// notification. A lost connection is logged and dialled again after a
-// second; wake must not block.
-func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(), log *slog.Logger, lost string) {
+// LISTEN (for anything committed while it was not listening; payload "")
+// and on every notification, with its payload. A lost connection is
+// logged and dialled again after a second; wake must not block.
+func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(payload string), log *slog.Logger, lost string) {
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
 		if err == nil {
 			if _, err = conn.Exec(ctx, "LISTEN "+channel); err == nil {
-				wake()
+				wake("")
 				for {
-					if _, err = conn.WaitForNotification(ctx); err != nil {
+					n, werr := conn.WaitForNotification(ctx)
+					if werr != nil {
+						err = werr
 						break
 					}
-					wake()
+					wake(n.Payload)
 				}
 			}
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
