@@ -118,6 +118,8 @@ export interface CallOptions {
  *  - "event": detail is a ChatEvent new to the view;
  *  - "connect": detail is { connects } after each (re)connect;
  *  - "disconnect": detail is { code, reason } when a connection is lost;
+ *  - "reconnecting": detail is { attempt, waitMs } before each wait of the
+ *    reconnect backoff;
  *  - "synced": detail is the cursors after a sync paged to its end;
  *  - "read": detail is a ReadMarker when the user's marker of a
  *    conversation moves forward (from this device's `read` or another's).
@@ -206,6 +208,9 @@ export class Client extends EventTarget {
   private gen = 0; // connection generation, bumped on each connect
   private connectedAt = 0;
   private attempt = 0; // reconnect attempt, reset after a stable connection
+  private pausedNow = false; // pause(): stay disconnected until resume()
+  private reconnecting = false; // the reconnect loop runs
+  private wake: AbortController | null = null; // ends the reconnect loop's wait
   private nextId = 0;
   private readonly pending = new Map<string, Call>();
   private readonly cursorsSynced: Cursors = {}; // of the last complete synced reply only
@@ -262,6 +267,41 @@ export class Client extends EventTarget {
   /** Whether a connection is open now. */
   get connected(): boolean {
     return this.ws !== null;
+  }
+
+  /** Whether pause() holds the client disconnected. */
+  get paused(): boolean {
+    return this.pausedNow;
+  }
+
+  /**
+   * Closes the connection (code 4000) and stays disconnected until
+   * resume(): an app's "offline" switch. Calls made or left unanswered
+   * meanwhile wait, and go out again, with the same ids, once resumed.
+   */
+  pause(): void {
+    if (this.closed || this.pausedNow) return;
+    this.pausedNow = true;
+    this.wake?.abort();
+    const ws = this.ws;
+    if (ws) {
+      ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+      try {
+        ws.close(4000, "paused");
+      } catch {
+        // already closed
+      }
+      this.lost(ws, 4000, "paused");
+    }
+  }
+
+  /** Ends a pause(): dials at once, then as after any lost connection. */
+  resume(): void {
+    if (this.closed || !this.pausedNow) return;
+    this.pausedNow = false;
+    this.attempt = 0;
+    if (this.reconnecting) this.wake?.abort();
+    else if (!this.ws) void this.reconnect(true);
   }
 
   /** The cursors of the last complete sync: for each conversation, the last seq the client is sure to have seen. */
@@ -619,7 +659,10 @@ export class Client extends EventTarget {
         settled = true;
         clearTimeout(timer);
         this.closing.signal.removeEventListener("abort", onClose);
-        ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+        ws.onopen = ws.onclose = ws.onmessage = null;
+        // Closing a socket still connecting makes the `ws` package emit an
+        // error, which it throws when nothing listens.
+        ws.onerror = () => {};
         try {
           ws.close();
         } catch {
@@ -712,24 +755,46 @@ export class Client extends EventTarget {
     this.connAbort?.abort(new Error("connection lost"));
     this.connAbort = null;
     this.dispatchEvent(new ClientEvent("disconnect", { code: code ?? 1006, reason: reason ?? "" }));
-    if (this.closed) return;
+    if (this.closed || this.pausedNow) return;
     if (Date.now() - this.connectedAt >= this.opts.stableAfterMs) this.attempt = 0;
     void this.reconnect();
   }
 
-  private async reconnect(): Promise<void> {
-    while (!this.closed) {
-      const wait = backoff(this.attempt, this.opts.baseBackoffMs, this.opts.maxBackoffMs);
-      this.attempt++;
-      if (!(await this.sleep(wait))) return;
-      let ws: WebSocketLike;
-      try {
-        ws = await this.dial();
-      } catch {
-        continue;
+  /**
+   * Dials until a connection is served, waiting the full-jitter backoff
+   * before each attempt (but the first when now), unless closed or paused.
+   */
+  private async reconnect(now = false): Promise<void> {
+    if (this.reconnecting) return;
+    this.reconnecting = true;
+    try {
+      for (let first = true; !this.closed && !this.pausedNow; first = false) {
+        if (!(now && first)) {
+          const wait = backoff(this.attempt, this.opts.baseBackoffMs, this.opts.maxBackoffMs);
+          this.attempt++;
+          this.dispatchEvent(new ClientEvent("reconnecting", { attempt: this.attempt, waitMs: wait }));
+          const wake = new AbortController();
+          this.wake = wake;
+          await this.sleep(wait, wake.signal); // resume() ends it early
+          this.wake = null;
+          if (this.closed || this.pausedNow) return;
+        }
+        let ws: WebSocketLike;
+        try {
+          ws = await this.dial();
+        } catch {
+          continue;
+        }
+        if (this.pausedNow) {
+          ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+          ws.close(4000, "paused");
+          return;
+        }
+        this.serve(ws);
+        return;
       }
-      this.serve(ws);
-      return;
+    } finally {
+      this.reconnecting = false;
     }
   }
 

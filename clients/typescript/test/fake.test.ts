@@ -537,3 +537,34 @@ test("a final rejection of a read rejects its markRead; later reads still go out
   assert.equal(await c.markRead("r-6", 1), 1);
   assert.equal(c.readSeq("r-6"), 1);
 });
+
+test("pause stays disconnected with calls waiting; resume dials at once and sends them, same ids", async () => {
+  const c = await connect({ baseBackoffMs: 5_000, maxBackoffMs: 5_000 });
+  await c.waitSynced();
+  const events: string[] = [];
+  for (const type of ["connect", "disconnect", "reconnecting"]) c.addEventListener(type, () => events.push(type));
+  c.pause();
+  assert.equal(c.paused, true);
+  assert.equal(c.connected, false);
+  const before = fake.requests.length;
+  const sending = c.send("p-1", "while paused");
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(fake.requests.length, before, "a request went out while paused");
+  assert.equal(c.connects, 1);
+  const start = Date.now();
+  c.resume();
+  const a = await sending;
+  assert.ok(Date.now() - start < 2_000, `resume waited ${Date.now() - start} ms: the backoff was not skipped`);
+  assert.equal(a.seq, 1);
+  assert.equal(c.connects, 2);
+  assert.deepEqual(events.slice(0, 2), ["disconnect", "connect"]);
+  assert.equal(fake.stored("p-1").length, 1);
+  // A lost connection after that waits the backoff and says so.
+  const d = await connect({ baseBackoffMs: 20 });
+  await d.waitSynced();
+  const waits: number[] = [];
+  d.addEventListener("reconnecting", (ev) => waits.push((ev as unknown as { detail: { waitMs: number } }).detail.waitMs));
+  fake.cutAll();
+  await waitUntil("d to reconnect", () => d.connects === 2);
+  assert.ok(waits.length >= 1 && waits[0]! <= 20, `waits ${waits}`);
+});
