@@ -60,6 +60,11 @@ type Options struct {
 	// call at a time from a goroutine of the client, in the order the
 	// events arrived. When nil, events go to the Events channel instead.
 	OnEvent func(Event)
+	// OnRead, when set, is called when the user's read marker of a
+	// conversation moves forward (by this device's MarkRead, a marker
+	// another device recorded, or a sync), with the new marker, from the
+	// same goroutine as OnEvent and in order with it.
+	OnRead func(conv string, seq int64)
 	// OnFrame, when set, is called with every server frame received,
 	// before the client handles it, from the connection's reader; it must
 	// not keep b. Meant for logging and tests.
@@ -142,9 +147,11 @@ type Client struct {
 	pending map[string]*call
 	cursors map[string]int64 // of the last complete synced reply only
 	view    map[string]map[int64]*Event
-	queue   []Event       // events to hand to OnEvent / Events
-	wake    chan struct{} // signals the deliverer, capacity 1
-	synced  chan struct{} // closed when the current connection's sync ends
+	markers map[string]int64 // the user's read markers, the highest seen
+	reading map[string]int64 // MarkRead calls in flight: the highest marker each
+	queue   []notice         // events and markers to hand to OnEvent / Events / OnRead
+	wake    chan struct{}    // signals the deliverer, capacity 1
+	synced  chan struct{}    // closed when the current connection's sync ends
 
 	connects int
 }
@@ -178,6 +185,13 @@ type frame struct {
 	More            bool                         `json:"more"`
 	Events          []*Event                     `json:"events"`
 	Conversations   []*protocol.ConversationInfo `json:"conversations"`
+	Read            map[string]int64             `json:"read"`
+}
+
+// notice is an event or a read marker queued for delivery.
+type notice struct {
+	ev     Event
+	marker bool // a read marker: ev.ConversationID and ev.Seq
 }
 
 func (f *frame) event() *Event {
@@ -199,6 +213,7 @@ func Dial(ctx context.Context, url string, ts TokenSource, opts Options) (*Clien
 	opts.fill()
 	c := &Client{url: url, ts: ts, opts: opts, done: make(chan struct{}), events: make(chan Event, 256),
 		pending: map[string]*call{}, cursors: map[string]int64{}, view: map[string]map[int64]*Event{},
+		markers: map[string]int64{}, reading: map[string]int64{},
 		wake: make(chan struct{}, 1), synced: make(chan struct{})}
 	for k, v := range opts.Cursors {
 		c.cursors[k] = v
@@ -480,6 +495,10 @@ func (c *Client) handle(b []byte) {
 		c.record([]*Event{f.event()}, true)
 		return
 	}
+	if f.Op == protocol.OpRead && f.ID == "" {
+		c.noteRead(f.ConversationID, f.Seq)
+		return
+	}
 	if f.ID == "" {
 		return
 	}
@@ -510,7 +529,7 @@ func (c *Client) record(es []*Event, emit bool) {
 		cp.Op = ""
 		m[e.Seq] = &cp
 		if emit {
-			c.queue = append(c.queue, cp)
+			c.queue = append(c.queue, notice{ev: cp})
 			n++
 		}
 	}
@@ -540,13 +559,19 @@ func (c *Client) deliver() {
 			if len(q) == 0 {
 				break
 			}
-			for _, e := range q {
+			for _, n := range q {
+				if n.marker {
+					if c.opts.OnRead != nil {
+						c.opts.OnRead(n.ev.ConversationID, n.ev.Seq)
+					}
+					continue
+				}
 				if c.opts.OnEvent != nil {
-					c.opts.OnEvent(e)
+					c.opts.OnEvent(n.ev)
 					continue
 				}
 				select {
-				case c.events <- e:
+				case c.events <- n.ev:
 				case <-c.ctx.Done():
 					return
 				}
@@ -746,6 +771,9 @@ func (c *Client) syncAll(ctx context.Context) error {
 			}
 		}
 		c.mu.Unlock()
+		for k, v := range f.Read {
+			c.noteRead(k, v)
+		}
 		if !f.More {
 			return nil
 		}
@@ -812,8 +840,64 @@ func (c *Client) ListConversations(ctx context.Context, limit int) ([]protocol.C
 	out := make([]protocol.ConversationInfo, len(f.Conversations))
 	for i, x := range f.Conversations {
 		out[i] = *x
+		c.noteRead(x.ConversationID, x.ReadSeq)
 	}
 	return out, nil
+}
+
+// MarkRead records that the user has read conv up to seq (a read marker,
+// shared by all the user's devices; docs/protocol.md). It returns at once
+// when the marker is at seq or beyond already, or a MarkRead of conv up to
+// seq or beyond is in flight; otherwise it sends the marker, retrying
+// like every write, and returns once it is committed. A marker never
+// moves back.
+func (c *Client) MarkRead(ctx context.Context, conv string, seq int64) error {
+	c.mu.Lock()
+	if seq <= c.markers[conv] || seq <= c.reading[conv] {
+		c.mu.Unlock()
+		return nil
+	}
+	c.reading[conv] = seq
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.reading[conv] == seq {
+			delete(c.reading, conv)
+		}
+		c.mu.Unlock()
+	}()
+	if _, err := c.writeCmd(ctx, protocol.Request{Op: protocol.OpRead, ConversationID: conv, Seq: seq}); err != nil {
+		return err
+	}
+	c.noteRead(conv, seq)
+	return nil
+}
+
+// ReadSeq is the user's read marker of conv as far as this device knows
+// (0: none).
+func (c *Client) ReadSeq(conv string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.markers[conv]
+}
+
+// noteRead raises the known marker of conv to seq, queueing it for OnRead
+// when it moved forward.
+func (c *Client) noteRead(conv string, seq int64) {
+	c.mu.Lock()
+	if conv == "" || seq <= c.markers[conv] {
+		c.mu.Unlock()
+		return
+	}
+	c.markers[conv] = seq
+	if c.opts.OnRead != nil {
+		c.queue = append(c.queue, notice{ev: Event{ConversationID: conv, Seq: seq}, marker: true})
+	}
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

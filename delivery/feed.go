@@ -51,6 +51,7 @@ type Feed struct {
 
 	last      atomic.Int64 // last outbox id processed
 	delivered atomic.Int64
+	markers   atomic.Int64
 	rowsRead  atomic.Int64
 	lost      atomic.Int64
 	latency   prometheus.Histogram
@@ -72,6 +73,8 @@ func (f *Feed) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_frames_total", Help: "Event frames queued to devices."},
 			func() float64 { return float64(f.delivered.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_read_markers_total", Help: "Read marker frames queued to devices."},
+			func() float64 { return float64(f.markers.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_rows_total", Help: "Delivery outbox rows processed."},
 			func() float64 { return float64(f.rowsRead.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_lost_total", Help: "Times outbox rows were trimmed before this gateway read them (devices told to resync)."},
@@ -139,6 +142,9 @@ type outboxRow struct {
 	id       int64
 	convs    []string
 	from, to []int64
+	// Read markers the row's batch moved forward.
+	readConvs, readUsers []string
+	readSeqs             []int64
 }
 
 // drain processes every outbox row after the last one processed.
@@ -148,7 +154,8 @@ func (f *Feed) drain(ctx context.Context) error {
 		// One statement, one snapshot: the counter and the rows agree, so
 		// a counter past the rows seen means rows were trimmed, not that
 		// one committed between two reads.
-		rows, err := f.DB.Query(ctx, `SELECT c.last_id, o.id, o.conversation_ids, o.from_seqs, o.to_seqs
+		rows, err := f.DB.Query(ctx, `SELECT c.last_id, o.id, o.conversation_ids, o.from_seqs, o.to_seqs,
+			o.read_conversation_ids, o.read_user_ids, o.read_seqs
 			FROM delivery_counter c LEFT JOIN LATERAL (
 				SELECT * FROM delivery_outbox WHERE id > $1 ORDER BY id LIMIT 200) o ON true
 			ORDER BY o.id`, last)
@@ -159,7 +166,7 @@ func (f *Feed) drain(ctx context.Context) error {
 		var counter int64
 		var id *int64
 		var r outboxRow
-		if _, err := pgx.ForEachRow(rows, []any{&counter, &id, &r.convs, &r.from, &r.to}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&counter, &id, &r.convs, &r.from, &r.to, &r.readConvs, &r.readUsers, &r.readSeqs}, func() error {
 			if id != nil {
 				r.id = *id
 				batch = append(batch, r)
@@ -196,8 +203,40 @@ func (f *Feed) lose(reason string) {
 	f.Sink.Lost(reason)
 }
 
-// deliver pushes the events of a run of outbox rows.
+// deliver pushes the events of a run of outbox rows, then the read
+// markers they moved forward.
 func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
+	byUser := map[string][][]byte{}
+	var users []string
+	if err := f.deliverEvents(ctx, batch, byUser, &users); err != nil {
+		return err
+	}
+	for _, row := range batch {
+		for i, user := range row.readUsers {
+			if i >= len(row.readConvs) || i >= len(row.readSeqs) || !f.Sink.Local(user) {
+				continue
+			}
+			frame, err := json.Marshal(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: row.readConvs[i], Seq: row.readSeqs[i]})
+			if err != nil {
+				return fmt.Errorf("encode read marker: %w", err)
+			}
+			if _, ok := byUser[user]; !ok {
+				users = append(users, user)
+			}
+			byUser[user] = append(byUser[user], frame)
+			f.markers.Add(1)
+		}
+	}
+	for _, user := range users {
+		f.Sink.Deliver(user, byUser[user])
+	}
+	return nil
+}
+
+// deliverEvents adds the event frames of a run of outbox rows to byUser,
+// for the users connected here who may see them (users lists byUser's keys
+// in the order they were added).
+func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[string][][]byte, users *[]string) error {
 	// One range per conversation across the rows.
 	idx := map[string]int{}
 	var ranges []Range
@@ -210,6 +249,9 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 			idx[c] = len(ranges)
 			ranges = append(ranges, Range{Conv: c, From: row.from[i], To: row.to[i]})
 		}
+	}
+	if len(ranges) == 0 {
+		return nil // read markers only
 	}
 	// Periods overlapping those ranges, kept only for users connected here.
 	c, fr, to := rangeArgs(ranges)
@@ -250,8 +292,6 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 		return fmt.Errorf("read events: %w", err)
 	}
 	now := time.Now()
-	byUser := map[string][][]byte{}
-	var users []string
 	for i, e := range events {
 		frame, err := json.Marshal(e) // once, for every device
 		if err != nil {
@@ -260,14 +300,11 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 		f.latency.Observe(now.Sub(created[i]).Seconds())
 		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
 			if _, ok := byUser[user]; !ok {
-				users = append(users, user)
+				*users = append(*users, user)
 			}
 			byUser[user] = append(byUser[user], frame)
 			f.delivered.Add(1)
 		}
-	}
-	for _, user := range users {
-		f.Sink.Deliver(user, byUser[user])
 	}
 	return nil
 }

@@ -66,6 +66,7 @@ type SyncResult struct {
 	Events  []*protocol.Event // ordered by conversation (byte order), then seq
 	Cursors map[string]int64  // every conversation of the user: last seq covered
 	More    bool              // capped at limit events: sync again with Cursors
+	Read    map[string]int64  // the user's read markers of the conversations in Cursors (nil: none)
 }
 
 // Sync returns the events of all the user's conversations after each
@@ -93,7 +94,10 @@ func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64,
 			}
 			return nil
 		})
-		if err != nil || len(ranges) == 0 {
+		if err != nil {
+			return err
+		}
+		if err := s.readMarkers(ctx, tx, user, res); err != nil || len(ranges) == 0 {
 			return err
 		}
 		sort.Slice(ranges, func(i, j int) bool {
@@ -192,20 +196,59 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 	return out, nil
 }
 
+// readMarkers fills res.Read with the user's markers of the conversations
+// in res.Cursors.
+func (s *Store) readMarkers(ctx context.Context, tx pgx.Tx, user string, res *SyncResult) error {
+	if len(res.Cursors) == 0 {
+		return nil
+	}
+	convs := make([]string, 0, len(res.Cursors))
+	for c := range res.Cursors {
+		convs = append(convs, c)
+	}
+	rows, err := tx.Query(ctx, `SELECT conversation_id, read_seq FROM read_markers
+		WHERE user_id = $1 AND conversation_id = ANY($2)`, user, convs)
+	if err != nil {
+		return err
+	}
+	var c string
+	var seq int64
+	_, err = pgx.ForEachRow(rows, []any{&c, &seq}, func() error {
+		if res.Read == nil {
+			res.Read = map[string]int64{}
+		}
+		res.Read[c] = seq
+		return nil
+	})
+	return err
+}
+
+// MaxUnread caps the unread count of one conversation in Conversations: a
+// larger count is reported as MaxUnread, so that listing costs at most
+// that many index entries per conversation.
+const MaxUnread = 10000
+
 // Conversations lists the conversations user is a member of now, most
-// recently active first, at most limit.
+// recently active first, at most limit, each with the user's read marker
+// and the number of messages from others after it (within the user's
+// current membership, up to the projected last seq; at most MaxUnread).
 func (s *Store) Conversations(ctx context.Context, user string, limit int) ([]*protocol.ConversationInfo, error) {
-	rows, err := s.DB.Query(ctx, `SELECT c.conversation_id, c.last_seq, c.last_activity_at
+	rows, err := s.DB.Query(ctx, `SELECT c.conversation_id, c.last_seq, c.last_activity_at, coalesce(r.read_seq, 0),
+		  (SELECT count(*) FROM (SELECT 1 FROM events e
+		     WHERE e.conversation_id = c.conversation_id AND e.kind = 'message' AND e.sender <> $1
+		       AND e.seq > GREATEST(coalesce(r.read_seq, 0), m.joined_seq) AND e.seq <= c.last_seq
+		     LIMIT $3) u)
 		FROM memberships m JOIN conversations c USING (conversation_id)
+		LEFT JOIN read_markers r ON r.user_id = $1 AND r.conversation_id = c.conversation_id
 		WHERE m.user_id = $1 AND m.left_seq IS NULL
-		ORDER BY c.last_activity_at DESC, c.conversation_id LIMIT $2`, user, limit)
+		ORDER BY c.last_activity_at DESC, c.conversation_id LIMIT $2`, user, limit, MaxUnread)
 	if err != nil {
 		return nil, fmt.Errorf("delivery: conversations of %s: %w", user, err)
 	}
 	out := []*protocol.ConversationInfo{}
 	var c protocol.ConversationInfo
 	var at time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&c.ConversationID, &c.LastSeq, &at}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&c.ConversationID, &c.LastSeq, &at, &c.ReadSeq, &c.Unread}, func() error {
 		info := c
 		info.LastActivityAt = protocol.FormatTime(at)
 		out = append(out, &info)

@@ -504,12 +504,17 @@ func TestClientCommandLine(t *testing.T) {
 			t.Errorf("alice's output lacks %q", want)
 		}
 	}
-	out = runCLI(t, dev, "bob", "wait 1s\nsend cli-1 hi alice\nwait 1s\nconvs\n")
+	out = runCLI(t, dev, "bob", "wait 1s\nconvs\nsend cli-1 hi alice\nwait 1s\nread cli-1\nwait 1s\nconvs\n")
 	t.Logf("bob:\n%s", out)
 	for _, want := range []string{
 		"[cli-1 #2] alice: hello   there\n", // from the sync at connect
+		"cli-1 last_seq 2 at ",
+		"read to 0, 1 unread\n",
 		"accepted send to cli-1 seq 3",
-		"cli-1 last_seq 3",
+		"read cli-1 up to 3\n",
+		"[cli-1] read up to #3\n",
+		"cli-1 last_seq 3 at ",
+		"read to 3, 0 unread\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("bob's output lacks %q", want)

@@ -174,7 +174,7 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 // naming the upgrade, halted gauge 1) and writes nothing after it.
 func TestNewerVersionHaltsPersist(t *testing.T) {
 	s := startSinkStack(t)
-	s.inject(t, "newer", []byte(`{"v":3,"kind":"message","conversation_id":"c","seq":3,"body":{"parts":["x"]}}`))
+	s.inject(t, "newer", []byte(`{"v":99,"kind":"message","conversation_id":"c","seq":3,"body":{"parts":["x"]}}`))
 	s.alice.must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})
 	waitFor(t, 30*time.Second, "persist to report itself stopped", func() bool {
 		code, body := s.readyz(t)

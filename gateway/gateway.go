@@ -241,7 +241,7 @@ type opMetrics struct {
 
 // ops are the op label's values (opLabel).
 var ops = []string{protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend,
-	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, "invalid"}
+	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, protocol.OpRead, "invalid"}
 
 // Results of chatpipe_gateway_commands_total.
 const (
@@ -593,7 +593,9 @@ func (s *session) run(parent context.Context) {
 				code, answered = s.conversations(ctx, req)
 			default:
 				rep := s.g.handle(ctx, s.user, req) // counts it
-				s.wrote(ctx, rep)                   // before the client can see it: its next read waits for it
+				if req.Op != protocol.OpRead {      // a marker names a seq already in the read model
+					s.wrote(ctx, rep) // before the client can see it: its next read waits for it
+				}
 				s.send(rep)
 				s.g.observe(op, start)
 				return
@@ -662,7 +664,7 @@ func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request
 			break
 		}
 		rep = g.route(ctx, user, req)
-	case protocol.OpKick, protocol.OpLeave, protocol.OpSend:
+	case protocol.OpKick, protocol.OpLeave, protocol.OpSend, protocol.OpRead:
 		rep = g.route(ctx, user, req)
 	default:
 		rep = protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not available in this version", req.Op))
@@ -697,7 +699,11 @@ func (g *Gateway) vshardOf(cid string) int {
 // effects. Those are sent again only when nothing was written (the worker
 // said retry, or the request never left), and otherwise answered
 // unavailable for the client to decide (docs/protocol.md).
-func retrySafe(req *protocol.Request) bool { return req.ClientMessageID != "" }
+// A read marker is safe without a key: recording it twice is recording it
+// once.
+func retrySafe(req *protocol.Request) bool {
+	return req.ClientMessageID != "" || req.Op == protocol.OpRead
+}
 
 // route sends a write command to the owner of its vshard, retrying while
 // ownership moves, for at most RouteTimeout since the last move it saw.

@@ -115,7 +115,7 @@ func (s *session) sync(ctx context.Context, req *protocol.Request) (protocol.Cod
 			return "", false
 		}
 	}
-	return "", s.queue(ctx, &protocol.Synced{Op: protocol.OpSynced, ID: req.ID, Cursors: res.Cursors, More: res.More})
+	return "", s.queue(ctx, &protocol.Synced{Op: protocol.OpSynced, ID: req.ID, Cursors: res.Cursors, More: res.More, Read: res.Read})
 }
 
 // reject sends rep, a rejection, and returns its code for sync, history

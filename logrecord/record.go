@@ -15,14 +15,18 @@ import (
 
 // Version is the newest schema version this build reads and writes. A
 // record carries the lowest version that can read it (VersionOf): version
-// 2 added the moved kind, so only moved records say 2 and a version-1
-// consumer reads every other record and stops at the first move.
-const Version = 2
+// 2 added the moved kind and version 3 the read kind, so only moved
+// records say 2 and read records 3, and an older consumer reads every
+// other record and stops at the first it cannot.
+const Version = 3
 
 // VersionOf is the schema version a record of kind is written with.
 func VersionOf(kind string) int {
-	if kind == KindMoved {
+	switch kind {
+	case KindMoved:
 		return 2
+	case KindRead:
+		return 3
 	}
 	return 1
 }
@@ -42,6 +46,11 @@ const (
 	// conversation's next seq, and the events after it are written by
 	// vshard to_vshard (version 2).
 	KindMoved = "moved"
+	// KindRead records a read marker: user_id has read the conversation up
+	// to read_seq (version 3). It takes no seq of the conversation: a
+	// marker is not an event of the conversation, and the highest one
+	// recorded stands.
+	KindRead = "read"
 )
 
 // Header names carried by every record.
@@ -69,6 +78,14 @@ type Event struct {
 	Worker          string    `json:"worker,omitempty"`
 	// ToVShard is where a moved conversation's next events are written.
 	ToVShard *int `json:"to_vshard,omitempty"`
+	// ReadSeq is a read record's marker.
+	ReadSeq int64 `json:"read_seq,omitempty"`
+}
+
+// HasSeq reports whether the record is an event of its conversation, with
+// a seq of its own: every kind but the takeover marker and the read marker.
+func (e *Event) HasSeq() bool {
+	return e.Kind != KindTakeover && e.Kind != KindRead
 }
 
 // Key is the record key: the conversation id, or vshard/<n> for a takeover marker.
@@ -167,6 +184,10 @@ func (e *Event) check() error {
 	case KindMoved:
 		if e.V < 2 || e.ConversationID == "" || e.Seq <= 0 || e.ToVShard == nil || *e.ToVShard < 0 {
 			return fmt.Errorf("%w: moved event without version 2, conversation_id, seq or to_vshard", ErrMalformed)
+		}
+	case KindRead:
+		if e.V < 3 || e.ConversationID == "" || e.Seq != 0 || e.UserID == "" || e.ReadSeq <= 0 {
+			return fmt.Errorf("%w: read record without version 3, conversation_id, user_id or read_seq, or with a seq", ErrMalformed)
 		}
 	case KindTakeover:
 	default:

@@ -14,9 +14,14 @@ func TestUnmarshalErrors(t *testing.T) {
 		value string
 		want  error
 	}{
-		{`{"v":3,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
-		{`{"v":3,"kind":"message","seq":"one","members":{"a":1}}`, ErrUnsupportedVersion},
-		{`{"v":3,"kind":"reaction"}`, ErrUnsupportedVersion},
+		{`{"v":4,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
+		{`{"v":4,"kind":"message","seq":"one","members":{"a":1}}`, ErrUnsupportedVersion},
+		{`{"v":4,"kind":"reaction"}`, ErrUnsupportedVersion},
+		{`{"v":3,"kind":"reaction","conversation_id":"c","seq":1}`, ErrMalformed},
+		{`{"v":2,"kind":"read","conversation_id":"c","user_id":"u","read_seq":3}`, ErrMalformed},
+		{`{"v":3,"kind":"read","conversation_id":"c","user_id":"u","read_seq":3,"seq":4}`, ErrMalformed},
+		{`{"v":3,"kind":"read","conversation_id":"c","read_seq":3}`, ErrMalformed},
+		{`{"v":3,"kind":"read","conversation_id":"c","user_id":"u"}`, ErrMalformed},
 		{`{"v":2,"kind":"reaction","conversation_id":"c","seq":1}`, ErrMalformed},
 		{`{"v":1,"kind":"moved","conversation_id":"c","seq":2,"to_vshard":3}`, ErrMalformed},
 		{`{"v":2,"kind":"moved","conversation_id":"c","seq":2}`, ErrMalformed},
@@ -62,6 +67,14 @@ func TestMovedRecordRoundTrip(t *testing.T) {
 	m := &Event{Kind: KindMessage, ConversationID: "c", Seq: 1, MessageID: "m", Body: "hi"}
 	if raw, _ := m.Marshal(); m.V != 1 || strings.Contains(string(raw), "to_vshard") {
 		t.Fatalf("message written as %s", raw)
+	}
+	r := &Event{Kind: KindRead, ConversationID: "c", UserID: "u", Sender: "u", ReadSeq: 7, VShard: 3}
+	raw, err = r.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Unmarshal(raw); err != nil || got.V != 3 || got.ReadSeq != 7 || got.Seq != 0 || got.HasSeq() || !m.HasSeq() {
+		t.Fatalf("read record %s = %+v, %v", raw, got, err)
 	}
 	l := Layout{VShards: 8, Partitions: 4, Dedicated: 2}
 	if l.Partition(5) != 1 || l.Partition(8) != 4 || l.Partition(9) != 5 || l.TopicPartitions() != 6 || !l.IsDedicated(9) || l.IsDedicated(7) || l.IsDedicated(10) {

@@ -656,7 +656,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, sqlstate string) {
 	var conv *string
 	var seq *int64
-	if e, err := logrecord.Unmarshal(r.Value); err == nil && e.Kind != logrecord.KindTakeover {
+	if e, err := logrecord.Unmarshal(r.Value); err == nil && e.HasSeq() {
 		conv, seq = &e.ConversationID, &e.Seq
 		if strings.ContainsRune(e.ConversationID, 0) || !utf8Valid(e.ConversationID) {
 			conv = nil // not storable as text either

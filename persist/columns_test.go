@@ -69,7 +69,7 @@ func TestDecodeStopsAtUnreadableRecord(t *testing.T) {
 	}{
 		{[]byte("not json"), logrecord.ErrMalformed},
 		{[]byte(`{"v":1,"kind":"message"}`), logrecord.ErrMalformed},
-		{[]byte(`{"v":3,"kind":"message","conversation_id":"c1","seq":2}`), logrecord.ErrUnsupportedVersion},
+		{[]byte(`{"v":99,"kind":"message","conversation_id":"c1","seq":2}`), logrecord.ErrUnsupportedVersion},
 	} {
 		recs := []*kgo.Record{record(t, message("c1", 1, "m1", "k1"), 0), {Partition: 2, Offset: 7, Value: c.value}}
 		var cols columns

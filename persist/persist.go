@@ -302,8 +302,8 @@ func (c *columns) decode(recs []*kgo.Record) error {
 			// upgraded, a malformed record becomes a dead letter (logsink).
 			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
 		}
-		if e.Kind == logrecord.KindTakeover {
-			continue
+		if !e.HasSeq() {
+			continue // a takeover or read marker: the projection keeps markers
 		}
 		c.conv = append(c.conv, e.ConversationID)
 		c.seq = append(c.seq, e.Seq)

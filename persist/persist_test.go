@@ -178,7 +178,7 @@ func TestNewerVersionStopsPersist(t *testing.T) {
 	p := newTestPersister(t, db)
 	recs := []*kgo.Record{
 		record(t, message("c1", 1, "m-1", "k-1"), 0),
-		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":3,"kind":"message","conversation_id":"c1","seq":2}`)},
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":99,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
 	if err := p.Settle(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
 		t.Fatalf("Settle = %v, want ErrUnsupportedVersion", err)

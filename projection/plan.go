@@ -21,10 +21,18 @@ type Touched struct {
 	LastAt   time.Time
 }
 
+// ReadOp is the highest read marker a batch records for one user and
+// conversation.
+type ReadOp struct {
+	Conv, User string
+	Seq        int64
+}
+
 // Plan is what one batch of committed records does to the read model.
 type Plan struct {
 	Members []MemberOp // in log order
 	Convs   []Touched  // sorted by conversation id
+	Reads   []ReadOp   // one per (conversation, user), sorted
 }
 
 // PlanBatch turns a batch of decoded events (in log order per partition)
@@ -34,12 +42,28 @@ type Plan struct {
 // create opens a period for every listed member and the sender; join opens
 // one for user_id; kick and leave close user_id's open period at their seq
 // (the removal event itself is still theirs). Takeover markers carry no seq
-// and are skipped.
+// and are skipped. Read markers take no seq either: each (conversation,
+// user) gets the highest marker of the batch, which the projection keeps
+// only if it is higher than the one stored.
 func PlanBatch(events []*logrecord.Event) Plan {
 	var p Plan
 	idx := map[string]int{}
+	var reads map[[2]string]int
 	for _, e := range events {
-		if e.Kind == logrecord.KindTakeover || e.ConversationID == "" {
+		if e.Kind == logrecord.KindRead && e.ConversationID != "" {
+			k := [2]string{e.ConversationID, e.UserID}
+			if reads == nil {
+				reads = map[[2]string]int{}
+			}
+			if i, ok := reads[k]; ok {
+				p.Reads[i].Seq = max(p.Reads[i].Seq, e.ReadSeq)
+			} else {
+				reads[k] = len(p.Reads)
+				p.Reads = append(p.Reads, ReadOp{Conv: e.ConversationID, User: e.UserID, Seq: e.ReadSeq})
+			}
+			continue
+		}
+		if !e.HasSeq() || e.ConversationID == "" {
 			continue
 		}
 		switch e.Kind {
@@ -70,5 +94,11 @@ func PlanBatch(events []*logrecord.Event) Plan {
 		}
 	}
 	sort.Slice(p.Convs, func(a, b int) bool { return p.Convs[a].Conv < p.Convs[b].Conv })
+	sort.Slice(p.Reads, func(a, b int) bool {
+		if p.Reads[a].Conv != p.Reads[b].Conv {
+			return p.Reads[a].Conv < p.Reads[b].Conv
+		}
+		return p.Reads[a].User < p.Reads[b].User
+	})
 	return p
 }

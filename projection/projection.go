@@ -82,12 +82,12 @@ func (c *Config) validate() error {
 type Projector struct {
 	cfg Config
 
-	batches, events, memberOps, waits atomic.Int64
-	batchSeconds                      prometheus.Histogram
-	waitSeconds                       prometheus.Histogram
-	consumer                          *logsink.Consumer
-	lastTrim                          time.Time
-	persisted                         chan struct{} // a persist commit was announced (cap 1)
+	batches, events, memberOps, waits, reads atomic.Int64
+	batchSeconds                             prometheus.Histogram
+	waitSeconds                              prometheus.Histogram
+	consumer                                 *logsink.Consumer
+	lastTrim                                 time.Time
+	persisted                                chan struct{} // a persist commit was announced (cap 1)
 }
 
 // New returns a Projector; Run starts it.
@@ -117,6 +117,7 @@ func (p *Projector) Collectors() []prometheus.Collector {
 		counter("chatpipe_projection_events_total", "Events applied.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
 		counter("chatpipe_projection_persist_waits_total", "Batches that had to wait for persist.", &p.waits),
+		counter("chatpipe_projection_read_markers_total", "Read markers applied (one per conversation and user per batch; a lower one than stored changes nothing).", &p.reads),
 		p.batchSeconds, p.waitSeconds,
 	}, p.consumer.Collectors()...)
 }
@@ -242,11 +243,27 @@ const (
 	// it and announces it on pglisten.Delivery ($4), in one statement. The
 	// counter row stays locked until commit: ids are gap-free and visible in
 	// id order.
-	deliverySQL = `WITH counter AS (
+	//
+	// It also keeps the batch's read markers ($5–$7, one per conversation
+	// and user) where they are higher than the stored ones, and names the
+	// markers it moved forward in the same row, so that gateways push them.
+	deliverySQL = `WITH moved AS (
+		  INSERT INTO read_markers (conversation_id, user_id, read_seq)
+		  SELECT * FROM unnest($5::text[], $6::text[], $7::bigint[])
+		  ON CONFLICT (user_id, conversation_id) DO UPDATE
+		  SET read_seq = EXCLUDED.read_seq, updated_at = now()
+		  WHERE read_markers.read_seq < EXCLUDED.read_seq
+		  RETURNING conversation_id, user_id, read_seq
+		), reads AS (
+		  SELECT coalesce(array_agg(conversation_id ORDER BY conversation_id, user_id), '{}') AS c,
+		         coalesce(array_agg(user_id ORDER BY conversation_id, user_id), '{}') AS u,
+		         coalesce(array_agg(read_seq ORDER BY conversation_id, user_id), '{}') AS s
+		  FROM moved
+		), counter AS (
 		  UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id
 		), outbox AS (
-		  INSERT INTO delivery_outbox (id, conversation_ids, from_seqs, to_seqs)
-		  SELECT last_id, $1::text[], $2::bigint[], $3::bigint[] FROM counter
+		  INSERT INTO delivery_outbox (id, conversation_ids, from_seqs, to_seqs, read_conversation_ids, read_user_ids, read_seqs)
+		  SELECT last_id, $1::text[], $2::bigint[], $3::bigint[], reads.c, reads.u, reads.s FROM counter, reads
 		  RETURNING id
 		)
 		SELECT pg_notify($4, id::text) FROM outbox`
@@ -266,13 +283,21 @@ func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 			b.Queue(leaveSQL, m.Conv, m.User, m.Seq)
 		}
 	}
-	if n := len(plan.Convs); n > 0 {
-		convs, from, to, at := make([]string, n), make([]int64, n), make([]int64, n), make([]time.Time, n)
-		for i, c := range plan.Convs {
-			convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
-		}
+	n := len(plan.Convs)
+	convs, from, to, at := make([]string, n), make([]int64, n), make([]int64, n), make([]time.Time, n)
+	for i, c := range plan.Convs {
+		convs[i], from[i], to[i], at[i] = c.Conv, c.From, c.To, c.LastAt
+	}
+	if n > 0 {
 		b.Queue(conversationsSQL, convs, to, at)
-		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery)
+	}
+	deliver := n > 0 || len(plan.Reads) > 0
+	if deliver {
+		rc, ru, rs := make([]string, len(plan.Reads)), make([]string, len(plan.Reads)), make([]int64, len(plan.Reads))
+		for i, r := range plan.Reads {
+			rc[i], ru[i], rs[i] = r.Conv, r.User, r.Seq
+		}
+		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery, rc, ru, rs)
 	}
 	read := func(br pgx.BatchResults) error {
 		for range plan.Members {
@@ -284,6 +309,8 @@ func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: conversations: %w", err)
 			}
+		}
+		if deliver {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: delivery row: %w", err)
 			}
@@ -293,6 +320,7 @@ func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 	committed := func() {
 		p.batches.Add(1)
 		p.events.Add(int64(len(events)))
+		p.reads.Add(int64(len(plan.Reads)))
 		p.memberOps.Add(int64(len(plan.Members)))
 		p.batchSeconds.Observe(time.Since(start).Seconds())
 	}

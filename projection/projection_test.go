@@ -77,7 +77,7 @@ func TestNewerVersionStopsProjection(t *testing.T) {
 	p := newTestProjector(t, db)
 	recs := []*kgo.Record{
 		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1"}}, 0),
-		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":3,"kind":"message","conversation_id":"c1","seq":2}`)},
+		{Topic: logrecord.DefaultTopic, Partition: 0, Offset: 1, Value: []byte(`{"v":99,"kind":"message","conversation_id":"c1","seq":2}`)},
 	}
 	if err := p.consumer.Write(ctx, recs); !errors.Is(err, logrecord.ErrUnsupportedVersion) {
 		t.Fatalf("Write = %v, want ErrUnsupportedVersion", err)
@@ -191,5 +191,54 @@ func TestBatchIsTwoRoundTrips(t *testing.T) {
 	}
 	if n := writes.Load(); n != 2 {
 		t.Errorf("%d round trips for a batch, want 2", n)
+	}
+}
+
+// TestReadMarkers: the read model keeps each user's highest marker; a
+// batch's delivery row names only the markers it moved forward, and a
+// batch of markers alone still gets one.
+func TestReadMarkers(t *testing.T) {
+	db := pgtest.DB(t, pgtest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
+		logrecord.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1, 0).UTC()
+	read := func(user string, seq, off int64) *kgo.Record {
+		return rec(t, &logrecord.Event{Kind: logrecord.KindRead, ConversationID: "c1", Sender: user, UserID: user, ReadSeq: seq, CreatedAt: at}, off)
+	}
+	p := newTestProjector(t, db)
+	if err := p.consumer.Write(ctx, []*kgo.Record{
+		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u2"}, CreatedAt: at}, 0),
+		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", Body: "a", CreatedAt: at}, 1),
+		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u1", Body: "b", CreatedAt: at}, 2),
+		read("u2", 3, 3), read("u2", 2, 4), read("u1", 1, 5),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.consumer.Write(ctx, []*kgo.Record{read("u2", 1, 6), read("u1", 3, 7)}); err != nil {
+		t.Fatal(err)
+	}
+	markers := map[string]int64{}
+	rows, _ := db.Query(ctx, `SELECT user_id, read_seq FROM read_markers WHERE conversation_id = 'c1'`)
+	var u string
+	var s int64
+	if _, err := pgx.ForEachRow(rows, []any{&u, &s}, func() error { markers[u] = s; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if markers["u1"] != 3 || markers["u2"] != 3 || len(markers) != 2 {
+		t.Fatalf("markers = %v, want u1 3, u2 3", markers)
+	}
+	rows, _ = db.Query(ctx, `SELECT read_user_ids, read_seqs FROM delivery_outbox ORDER BY id`)
+	var got []string
+	var users []string
+	var seqs []int64
+	if _, err := pgx.ForEachRow(rows, []any{&users, &seqs}, func() error { got = append(got, fmt.Sprint(users, seqs)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"[u1 u2] [1 3]", "[u1] [3]"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("delivery rows' markers = %v, want %v", got, want)
 	}
 }

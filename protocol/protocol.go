@@ -26,6 +26,11 @@ const (
 	// OpConversations lists the caller's conversations, most recently
 	// active first (an op added to the v1 contract).
 	OpConversations = "conversations"
+	// OpRead records that the caller has read a conversation up to seq
+	// (a read marker; an op added to the v1 contract). The server also
+	// pushes a frame of this op to the user's devices when their marker
+	// moves forward (ReadMarker).
+	OpRead = "read"
 )
 
 // SubprotocolBatch is the websocket subprotocol a client may ask for at the
@@ -101,6 +106,8 @@ type Request struct {
 	Cursors         map[string]int64 `json:"cursors,omitempty"`
 	BeforeSeq       int64            `json:"before_seq,omitempty"`
 	Limit           int              `json:"limit,omitempty"`
+	// Seq is read's marker: the caller has read the conversation up to it.
+	Seq int64 `json:"seq,omitempty"`
 }
 
 // Decode parses and validates one frame. On error it returns the request id
@@ -176,7 +183,7 @@ func decodeLenient(frame []byte, lim Limits) (*Request, string, *Error) {
 // fieldNames are the JSON names of Request's fields.
 var fieldNames = map[string]bool{
 	"op": true, "id": true, "conversation_id": true, "members": true, "user_id": true,
-	"client_message_id": true, "body": true, "cursors": true, "before_seq": true, "limit": true,
+	"client_message_id": true, "body": true, "cursors": true, "before_seq": true, "limit": true, "seq": true,
 }
 
 // hasLoneSurrogate reports whether a JSON text has a \uD800–\uDFFF escape
@@ -294,6 +301,13 @@ func (r *Request) Validate(lim Limits) *Error {
 		if bad != nil {
 			return bad
 		}
+	case OpRead:
+		if e := needConv(); e != nil {
+			return e
+		}
+		if r.Seq < 1 {
+			return Errorf(CodeBadRequest, "read needs a seq of at least 1")
+		}
 	case OpConversations:
 		if r.Limit < 0 {
 			return Errorf(CodeBadRequest, "limit must not be negative")
@@ -390,6 +404,9 @@ type Synced struct {
 	ID      string           `json:"id"`
 	Cursors map[string]int64 `json:"cursors"`
 	More    bool             `json:"more,omitempty"`
+	// Read holds the user's read markers of the conversations in Cursors
+	// that have one.
+	Read map[string]int64 `json:"read,omitempty"`
 }
 
 // HistoryPage answers history: events in ascending seq.
@@ -405,6 +422,20 @@ type ConversationInfo struct {
 	ConversationID string `json:"conversation_id"`
 	LastSeq        int64  `json:"last_seq"`
 	LastActivityAt string `json:"last_activity_at"`
+	// ReadSeq is the caller's read marker (0: none yet).
+	ReadSeq int64 `json:"read_seq"`
+	// Unread counts the messages of other senders after the marker, within
+	// the caller's current membership, up to LastSeq.
+	Unread int64 `json:"unread"`
+}
+
+// ReadMarker is pushed to a user's devices when their read marker of a
+// conversation moves forward (op read, no id). Keep the highest per
+// conversation: it may repeat or arrive out of order.
+type ReadMarker struct {
+	Op             string `json:"op"`
+	ConversationID string `json:"conversation_id"`
+	Seq            int64  `json:"seq"`
 }
 
 // ConversationList answers conversations: the caller's current

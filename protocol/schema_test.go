@@ -79,6 +79,7 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		{Op: protocol.OpHistory, ID: "r7", ConversationID: "c1", BeforeSeq: 100, Limit: 20},
 		{Op: protocol.OpHistory, ID: "r7", ConversationID: "c1"},
 		{Op: protocol.OpConversations, ID: "r8", Limit: 10},
+		{Op: protocol.OpRead, ID: "r9", ConversationID: "c1", Seq: 105},
 	}
 	for _, r := range reqs {
 		b := marshal(t, &r)
@@ -106,7 +107,10 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		&protocol.Synced{Op: protocol.OpSynced, ID: "r2", Cursors: map[string]int64{}, More: true},
 		&protocol.HistoryPage{Op: protocol.OpHistory, ID: "r3", ConversationID: "c1", Events: []*protocol.Event{create, &hmsg}},
 		&protocol.HistoryPage{Op: protocol.OpHistory, ID: "r3", ConversationID: "c1", Events: []*protocol.Event{}},
-		&protocol.ConversationList{Op: protocol.OpConversations, ID: "r4", Conversations: []*protocol.ConversationInfo{{ConversationID: "c1", LastSeq: 105, LastActivityAt: now}}},
+		&protocol.ConversationList{Op: protocol.OpConversations, ID: "r4", Conversations: []*protocol.ConversationInfo{{ConversationID: "c1", LastSeq: 105, LastActivityAt: now, ReadSeq: 100, Unread: 3}}},
+		&protocol.Reply{Op: protocol.OpAccepted, ID: "r9", ConversationID: "c1", Seq: 105},
+		&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: "c1", Seq: 105},
+		&protocol.Synced{Op: protocol.OpSynced, ID: "r2", Cursors: map[string]int64{"c1": 106}, Read: map[string]int64{"c1": 100}},
 	}
 	for _, r := range replies {
 		b := marshal(t, r)
@@ -126,6 +130,8 @@ func TestSchemaRejectsBadFrames(t *testing.T) {
 		`{"op":"join","id":"r1","conversation_id":"c1"}`,
 		`{"op":"sync","id":"r1","cursors":{"c1":-1}}`,
 		`{"op":"shout","id":"r1"}`,
+		`{"op":"read","id":"r1","conversation_id":"c1"}`,
+		`{"op":"read","id":"r1","conversation_id":"c1","seq":0}`,
 		`{"op":"create","id":"r1","conversation_id":"c1","extra":1}`,
 	}
 	for _, f := range badClient {

@@ -139,7 +139,7 @@ func readLog(ctx context.Context, cfg WorldConfig, want map[string]bool, w *Worl
 				bad = append(bad, fmt.Sprintf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err))
 				return
 			}
-			if e.Kind == logrecord.KindTakeover || !want[e.ConversationID] {
+			if !e.HasSeq() || !want[e.ConversationID] {
 				return
 			}
 			w.Log = append(w.Log, Event{Conv: e.ConversationID, Seq: e.Seq, Kind: e.Kind, MessageID: e.MessageID,

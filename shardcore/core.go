@@ -18,6 +18,8 @@ type Command struct {
 	ClientMessageID string
 	Body            string
 	Members         []string
+	// Seq is read's marker: the sender has read the conversation up to it.
+	Seq int64
 }
 
 // First is the first result of a command that carried a client_message_id
@@ -309,6 +311,20 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 			return reject(protocol.CodeNotFound, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
 		}
 		ev.Kind, ev.UserID, ev.ClientMessageID = logrecord.KindLeave, cmd.Sender, cmd.ClientMessageID
+	case protocol.OpRead:
+		// A read marker takes no seq and carries no key: recording it
+		// again changes nothing, and the highest one recorded stands.
+		if !isMember {
+			return reject(protocol.CodeForbidden, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
+		}
+		if cmd.Seq < 1 || cmd.Seq > c.LastSeq {
+			return reject(protocol.CodeBadRequest, "seq %d is not a seq of %s (its last is %d)", cmd.Seq, cmd.ConversationID, c.LastSeq)
+		}
+		return Decision{Event: &logrecord.Event{
+			V: logrecord.VersionOf(logrecord.KindRead), Kind: logrecord.KindRead, ConversationID: cmd.ConversationID,
+			Sender: cmd.Sender, UserID: cmd.Sender, ReadSeq: cmd.Seq, CreatedAt: st.Now.UTC(),
+			VShard: st.VShard, Epoch: st.Epoch,
+		}}
 	default:
 		return reject(protocol.CodeBadRequest, "op %q is not a write", cmd.Op)
 	}
@@ -319,7 +335,10 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 // at or below LastSeq change nothing but the dedupe map, so applying the
 // durable prefix and then an overlapping log tail is safe.
 func Apply(c *Conv, e *logrecord.Event) {
-	if e.ClientMessageID != "" && e.Kind != logrecord.KindTakeover {
+	if !e.HasSeq() {
+		return // a takeover or read marker: nothing of the conversation
+	}
+	if e.ClientMessageID != "" {
 		Remember(c, e.ClientMessageID, First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, Kind: e.Kind, At: e.CreatedAt})
 	}
 	if e.Seq <= c.LastSeq {

@@ -172,3 +172,37 @@ func TestKeyedMembershipRetries(t *testing.T) {
 		t.Fatalf("join without a key of a former member: %+v", d)
 	}
 }
+
+// A read marker is decided like a write of a member, takes no seq, and
+// changes nothing of the conversation's state.
+func TestReadMarker(t *testing.T) {
+	c := NewConv()
+	if d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "a", Seq: 1}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("read of a missing conversation: %+v", d)
+	}
+	step(t, c, Command{Op: "create", ConversationID: "c", Sender: "a", Members: []string{"b"}})
+	step(t, c, Command{Op: "send", ConversationID: "c", Sender: "b", ClientMessageID: "m1", Body: "hi"})
+	before := *c
+	d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "a", Seq: 2})
+	e := d.Event
+	if e == nil || e.Kind != logrecord.KindRead || e.Seq != 0 || e.ReadSeq != 2 || e.UserID != "a" || e.HasSeq() || e.V != 3 {
+		t.Fatalf("read: %+v", d)
+	}
+	if c.LastSeq != before.LastSeq || len(c.Dedupe) != len(before.Dedupe) {
+		t.Fatalf("a read marker changed the state: %+v", c)
+	}
+	if d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "a", Seq: 3}); code(d) != protocol.CodeBadRequest {
+		t.Fatalf("read past the last seq: %+v", d)
+	}
+	if d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "z", Seq: 1}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("read by a stranger: %+v", d)
+	}
+	// Lower than before: recorded again; the read model keeps the highest.
+	if d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "a", Seq: 1}); d.Event == nil || d.Event.ReadSeq != 1 {
+		t.Fatalf("lower read: %+v", d)
+	}
+	step(t, c, Command{Op: "leave", ConversationID: "c", Sender: "b"})
+	if d := step(t, c, Command{Op: protocol.OpRead, ConversationID: "c", Sender: "b", Seq: 2}); code(d) != protocol.CodeForbidden {
+		t.Fatalf("read by a former member: %+v", d)
+	}
+}

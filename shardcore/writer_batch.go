@@ -155,7 +155,11 @@ func (m *Writer) decide(now time.Time) {
 			Apply(conv, d.Event)
 			m.events = append(m.events, d.Event)
 			seqs++
-			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Event.Seq, d.Event.MessageID), Wrote: true}
+			seq := d.Event.Seq
+			if d.Event.Kind == logrecord.KindRead {
+				seq = d.Event.ReadSeq // the marker recorded
+			}
+			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, seq, d.Event.MessageID), Wrote: true}
 		default:
 			m.replies[i] = Answer{Call: c, Reply: acceptedReply(c, d.Seq, d.MessageID)}
 		}
@@ -238,7 +242,7 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 	}
 	m.answers = append(m.answers, m.replies...)
 	for i, e := range m.events {
-		if e.Kind != logrecord.KindTakeover && i < len(offsets) {
+		if e.HasSeq() && i < len(offsets) {
 			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
 		}
 		if e.Kind == logrecord.KindMoved {

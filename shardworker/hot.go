@@ -35,7 +35,7 @@ func (h *hotCounter) count(now time.Time, evs []*logrecord.Event) {
 		h.c = hotconv.New(hotconv.DefaultK, hotconv.DefaultWindow)
 	}
 	for _, ev := range evs {
-		if ev.Kind != logrecord.KindTakeover && ev.ConversationID != "" {
+		if ev.HasSeq() && ev.ConversationID != "" {
 			h.c.Add(now, ev.ConversationID)
 		}
 	}

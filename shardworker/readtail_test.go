@@ -30,7 +30,7 @@ func TestReplayStopsAtUnreadableRecord(t *testing.T) {
 		name, value string
 		want        error
 	}{
-		{"newer-version", `{"v":3,"kind":"message","conversation_id":"c1","seq":2}`, logrecord.ErrUnsupportedVersion},
+		{"newer-version", `{"v":99,"kind":"message","conversation_id":"c1","seq":2}`, logrecord.ErrUnsupportedVersion},
 		{"not-json", `{"v":1,"kind":"mess`, logrecord.ErrMalformed},
 		{"other-vshard", "", nil},
 	} {

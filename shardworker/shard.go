@@ -367,7 +367,7 @@ func (s *shard) commitEvents(e *shardcore.Effect) ([]int64, error) {
 		s.w.stats.Commits.Add(1)
 		n := 0
 		for _, ev := range e.Events {
-			if ev.Kind != logrecord.KindTakeover {
+			if ev.HasSeq() {
 				n++
 			}
 		}
@@ -502,8 +502,8 @@ func readTail(ctx context.Context, brokers []string, topic string, part int32, s
 				bad = fmt.Errorf("shardworker: replay of vshard %s: record at %d/%d: %w", want, r.Partition, r.Offset, err)
 				return
 			}
-			if e.Kind == logrecord.KindTakeover {
-				return
+			if !e.HasSeq() {
+				return // a takeover or read marker: no seq, no state
 			}
 			out = append(out, e)
 		})

@@ -501,10 +501,14 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 		return
 	}
 	switch r.Op {
-	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend:
+	case protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend, protocol.OpRead:
 	default:
 		done(protocol.Rejected(r.ID, protocol.Errorf(protocol.CodeBadRequest, "op %s is not served by workers", r.Op)), false)
 		return
+	}
+	cmid := r.ClientMessageID
+	if r.Op == protocol.OpRead {
+		cmid = "" // a read marker is idempotent and takes no key
 	}
 	v := w.vshardOf(r.ConversationID)
 	w.mu.Lock()
@@ -516,7 +520,7 @@ func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
 	}
 	c := &shardcore.Call{ReqID: r.ID, Tag: replyFunc(done), Deadline: req.Deadline, Cmd: shardcore.Command{
 		Op: r.Op, ConversationID: r.ConversationID, Sender: req.User, UserID: r.UserID,
-		ClientMessageID: r.ClientMessageID, Body: r.Body, Members: r.Members,
+		ClientMessageID: cmid, Body: r.Body, Members: r.Members, Seq: r.Seq,
 	}}
 	if !s.submit(c) {
 		done(shardcore.Unavailable(r.ID, "vshard %d is overloaded", v), true)

@@ -121,7 +121,7 @@ func (l *Log) Commit(txnID string, epoch int64, step int) error {
 	}
 	for _, r := range p.open {
 		r.state, r.CommittedStep = recordCommitted, step
-		if r.Event.Kind != logrecord.KindTakeover {
+		if r.Event.HasSeq() {
 			l.byConv[r.Event.ConversationID] = append(l.byConv[r.Event.ConversationID], r)
 		}
 	}

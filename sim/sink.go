@@ -53,7 +53,7 @@ func (s *Sink) Poll(l *Log, part int32, max int) {
 		upto = recs[max-1].Offset + 1
 	}
 	for _, r := range recs {
-		if r.Event.Kind != logrecord.KindTakeover {
+		if r.Event.HasSeq() {
 			s.insert(r)
 		}
 	}

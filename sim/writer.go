@@ -223,7 +223,7 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 		if e.FromStart || e.From < end {
 			recs, _ := w.log.ReadCommitted(wr.part, e.From, end)
 			for _, r := range recs {
-				if r.Event.VShard == wr.v && r.Event.Kind != logrecord.KindTakeover {
+				if r.Event.VShard == wr.v && r.Event.HasSeq() {
 					tail = append(tail, r.Event)
 				}
 			}

@@ -31,7 +31,8 @@ const clientHelp = `commands (one per line):
   send CONV BODY...         send the rest of the line as a message
   history CONV [N]          the last N events of CONV (default 20)
   sync                      catch up from the last sync's cursors
-  convs                     your conversations, most recently active first
+  convs                     your conversations, most recently active first, with unread counts
+  read CONV [SEQ]           mark CONV read up to SEQ (default: the last seq you have)
   wait DURATION             pause (e.g. 500ms), for scripts
   help                      this text
   quit                      exit (so does the end of the input)
@@ -93,6 +94,7 @@ func runClient(ctx context.Context, args []string) error {
 	c, err := client.Dial(ctx, url, ts, client.Options{
 		Batch:   *batch,
 		OnEvent: func(e client.Event) { printf("%s\n", formatEvent(&e)) },
+		OnRead:  func(conv string, seq int64) { printf("[%s] read up to #%d\n", conv, seq) },
 	})
 	if err != nil {
 		return err
@@ -259,9 +261,29 @@ func clientCommand(ctx context.Context, c *client.Client, line string, printf fu
 			return false, err
 		}
 		for _, x := range list {
-			printf("%s last_seq %d at %s\n", x.ConversationID, x.LastSeq, x.LastActivityAt)
+			printf("%s last_seq %d at %s, read to %d, %d unread\n", x.ConversationID, x.LastSeq, x.LastActivityAt, x.ReadSeq, x.Unread)
 		}
 		printf("%d conversations\n", len(list))
+	case "read":
+		if err := need(2, "read CONV [SEQ]"); err != nil {
+			return false, err
+		}
+		var seq int64
+		if len(fields) > 2 {
+			n, err := strconv.ParseInt(fields[2], 10, 64)
+			if err != nil || n < 1 {
+				return false, fmt.Errorf("read: bad SEQ %q", fields[2])
+			}
+			seq = n
+		} else if m := c.Messages(fields[1]); len(m) > 0 {
+			seq = m[len(m)-1].Seq
+		} else {
+			return false, fmt.Errorf("read: no events of %s here yet; give SEQ", fields[1])
+		}
+		if err := c.MarkRead(ctx, fields[1], seq); err != nil {
+			return false, err
+		}
+		printf("read %s up to %d\n", fields[1], c.ReadSeq(fields[1]))
 	default:
 		return false, fmt.Errorf("unknown command %q ('help' lists them)", fields[0])
 	}
