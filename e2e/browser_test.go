@@ -10,7 +10,9 @@ import (
 // two users chat in two tabs (one sends, the other sees the message with
 // the seq the sender was told; a tab that went offline catches up with
 // sync); a second tab of the same user shows unread counts that drop when
-// the first tab opens the conversation (read markers); then the /ops page
+// the first tab opens the conversation (read markers); join, kick, older
+// and leave go through the page, and its protocol log shows the frames;
+// then the /ops page
 // watches a worker die and its vshards move to the other one. Screenshots
 // go to the folder the test prints.
 func TestBrowserChatAndOps(t *testing.T) {
@@ -83,6 +85,38 @@ func TestBrowserChatAndOps(t *testing.T) {
 	pageUnread(bob, conv2, 0, last2)
 	pageUnread(bob2, conv2, 0, last2)
 	bob2.screenshot("5-bob2-read-in-the-other-tab")
+
+	// Membership from the page: alice adds carol to the second
+	// conversation and removes her; bob pages back with older (nothing is
+	// older than what sync gave him) and leaves it.
+	alice.setValue("#add-member-id", "carol")
+	alice.click("#add-member-btn")
+	waitJS(alice, 30*time.Second, "carol to be a member", `!!document.querySelector('#members [data-user="carol"]')`,
+		func(ok bool) bool { return ok })
+	waitJS(alice, 30*time.Second, "carol's kick button, then her removal", `(() => {
+		const x = document.querySelector('#members [data-user="carol"] button.kick');
+		if (x) x.click();
+		return !document.querySelector('#members [data-user="carol"]') && document.querySelector('#note').textContent.startsWith('kick carol accepted');
+	})()`, func(ok bool) bool { return ok })
+	bob.click("#older")
+	waitJS(bob, 30*time.Second, "older to find nothing older", `document.querySelector('#note').textContent`,
+		func(s string) bool { return s == "nothing older in "+conv2 })
+	waitJS(bob, 10*time.Second, "bob's leave", `(() => {
+		window.confirm = () => true;
+		document.querySelector('#leave').click();
+		return true;
+	})()`, func(ok bool) bool { return ok })
+	waitJS(bob, 30*time.Second, "bob to be out of "+conv2, `document.querySelector('#conv-title').textContent + '|' + document.querySelector('#composer').hidden`,
+		func(s string) bool { return s == conv2+" (you are no longer a member)|true" })
+	waitJS(bob2, 30*time.Second, "bob's other tab to see him out", fmt.Sprintf(`document.querySelector('#conv-list li[data-conv=%s]').classList.contains('removed')`, js(conv2)),
+		func(ok bool) bool { return ok })
+	// The protocol log shows the frames both ways.
+	waitJS(bob, 10*time.Second, "the protocol log", `(() => {
+		const t = document.querySelector('#log').textContent;
+		return ['→ {"op":"history"', '← {"op":"history"', '→ {"op":"leave"', '→ {"op":"read"', '← {"op":"read","conversation_id"', '·· closed 4000']
+			.filter((s) => !t.includes(s));
+	})()`, func(missing []string) bool { return len(missing) == 0 })
+	bob.screenshot("5b-bob-left")
 
 	// The pipeline page: two workers, about half of the vshards each (the
 	// grid shows the hashed vshards; the dedicated ones, in their own
