@@ -12,9 +12,8 @@ import (
 // sync); a second tab of the same user shows unread counts that drop when
 // the first tab opens the conversation (read markers); join, kick, older
 // and leave go through the page, and its protocol log shows the frames;
-// then the /ops page
-// watches a worker die and its vshards move to the other one. Screenshots
-// go to the folder the test prints.
+// then the /ops page watches a worker die and its vshards move to the
+// other one. Screenshots go to the folder the test prints.
 func TestBrowserChatAndOps(t *testing.T) {
 	exe := chromiumPath(t)
 	shots := artifactsDir(t)
