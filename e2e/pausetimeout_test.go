@@ -20,11 +20,19 @@ import (
 // before the new owner fences them. On waking, the writer must not commit
 // as if it still owned its shards: its commits are refused, no vshard's log
 // goes back to an older ownership epoch, and the world check holds.
+//
+// CHATPIPE_E2E_PLANT=recommit plants the bug this test is for: the woken
+// writer commits its refused batch again with a fresh producer, without
+// asking etcd who owns the vshard. The test must then fail.
 func TestPausedPastTxnTimeout(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	const txnTimeout = 2 * time.Second
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT="+txnTimeout.String())
+	env := []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK=" + mark, "CHATPIPE_TXN_TIMEOUT=" + txnTimeout.String()}
+	if os.Getenv("CHATPIPE_E2E_PLANT") == "recommit" {
+		env = append(env, "CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT=1")
+	}
+	wa := dev.startWorker(t, "wa", env...)
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	dev.startWorker(t, "wb")
 	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })

@@ -243,11 +243,20 @@ const (
 	// it and announces it on pglisten.Delivery ($4), in one statement. The
 	// counter row stays locked until commit: ids are gap-free and visible in
 	// id order.
-	//
-	// It also keeps the batch's read markers ($5–$7, one per conversation
-	// and user) where they are higher than the stored ones, and names the
-	// markers it moved forward in the same row, so that gateways push them.
-	deliverySQL = `WITH moved AS (
+	deliverySQL = `WITH counter AS (
+		  UPDATE delivery_counter SET last_id = last_id + 1 RETURNING last_id
+		), outbox AS (
+		  INSERT INTO delivery_outbox (id, conversation_ids, from_seqs, to_seqs)
+		  SELECT last_id, $1::text[], $2::bigint[], $3::bigint[] FROM counter
+		  RETURNING id
+		)
+		SELECT pg_notify($4, id::text) FROM outbox`
+	// deliveryReadsSQL is deliverySQL for a batch with read markers: it
+	// also keeps the batch's markers ($5–$7, one per conversation and
+	// user) where they are higher than the stored ones, and names the
+	// markers it moved forward in the same row, so that gateways push
+	// them. (A batch without markers, the common case, skips that work.)
+	deliveryReadsSQL = `WITH moved AS (
 		  INSERT INTO read_markers (conversation_id, user_id, read_seq)
 		  SELECT * FROM unnest($5::text[], $6::text[], $7::bigint[])
 		  ON CONFLICT (user_id, conversation_id) DO UPDATE
@@ -297,7 +306,11 @@ func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 		for i, r := range plan.Reads {
 			rc[i], ru[i], rs[i] = r.Conv, r.User, r.Seq
 		}
-		b.Queue(deliverySQL, convs, from, to, pglisten.Delivery, rc, ru, rs)
+		if len(plan.Reads) == 0 {
+			b.Queue(deliverySQL, convs, from, to, pglisten.Delivery)
+		} else {
+			b.Queue(deliveryReadsSQL, convs, from, to, pglisten.Delivery, rc, ru, rs)
+		}
 	}
 	read := func(br pgx.BatchResults) error {
 		for range plan.Members {

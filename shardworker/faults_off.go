@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Without the chatpipe_faults build tag every fault point is off and
@@ -14,11 +16,17 @@ const (
 	faultSleepBeforeCommit  time.Duration = 0
 	faultAcceptBeforeMarker               = false
 	faultAcceptDelay        time.Duration = 0
+	faultRecommitAfterAbort               = false
 )
 
 func markCommit() {}
 
-// partitionEnd and vshardConversations exist only in fault-test builds.
+// partitionEnd, vshardConversations and recommitAfterAbort exist only in
+// fault-test builds.
+func (s *shard) recommitAfterAbort([]*kgo.Record) error {
+	return errors.New("shardworker: fault points are not compiled in")
+}
+
 func (s *shard) partitionEnd(context.Context) (int64, error) {
 	return 0, errors.New("shardworker: fault points are not compiled in")
 }

@@ -27,7 +27,42 @@ var (
 	// invariant checks catch the duplicate seqs this causes.
 	faultAcceptBeforeMarker = os.Getenv("CHATPIPE_FAULT_ACCEPT_BEFORE_MARKER") != ""
 	faultAcceptDelay        = envDuration("CHATPIPE_FAULT_ACCEPT_DELAY")
+	// faultRecommitAfterAbort is a BROKEN recovery ON PURPOSE: a commit
+	// the broker refused (the transaction timed out while the process was
+	// paused, or a newer owner fenced it) is committed again with a fresh
+	// producer of the same transactional.id, without asking etcd who owns
+	// the vshard. Re-initialising fences the new owner, and the stale
+	// batch takes seqs the new owner has handed out. Tests use it to show
+	// the pause-past-the-transaction-timeout test catches it.
+	faultRecommitAfterAbort = os.Getenv("CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT") != ""
 )
+
+// recommitAfterAbort commits recs again with a new producer (see
+// faultRecommitAfterAbort), setting their offsets.
+func (s *shard) recommitAfterAbort(recs []*kgo.Record) error {
+	if err := s.openProducer(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.w.cfg.CommitTimeout)
+	defer cancel()
+	if err := s.cl.BeginTransaction(); err != nil {
+		return err
+	}
+	for _, r := range recs {
+		again := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers}
+		res := s.cl.ProduceSync(ctx, again)
+		if err := res.FirstErr(); err != nil {
+			_ = s.cl.EndTransaction(ctx, kgo.TryAbort)
+			return err
+		}
+		r.Offset = again.Offset
+	}
+	if err := s.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return err
+	}
+	s.log.Warn("PLANTED FAULT: committed a refused batch again with a fresh producer", "records", len(recs))
+	return nil
+}
 
 func markCommit() {
 	if faultCommitMark != "" {

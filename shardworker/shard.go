@@ -599,6 +599,9 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, 
 	if err := cl.EndTransaction(ectx, kgo.TryCommit); err != nil {
 		s.countFence(err)
 		s.w.stats.UnknownCommits.Add(1)
+		if faultRecommitAfterAbort && !marker && s.recommitAfterAbort(recs) == nil {
+			return nil
+		}
 		return fmt.Errorf("shardworker: commit: %w", err)
 	}
 	return nil
