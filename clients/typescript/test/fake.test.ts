@@ -568,3 +568,22 @@ test("pause stays disconnected with calls waiting; resume dials at once and send
   await waitUntil("d to reconnect", () => d.connects === 2);
   assert.ok(waits.length >= 1 && waits[0]! <= 20, `waits ${waits}`);
 });
+
+test("unread counts other senders' messages after the marker within the current membership", async () => {
+  fake.append("r-7", { kind: "create", members: ["u1", "me"] });
+  fake.append("r-7", { kind: "message", body: "a" });
+  fake.append("r-7", { kind: "message", body: "mine", sender: "me" });
+  fake.append("r-7", { kind: "kick", user_id: "me" });
+  const c = await connect();
+  await c.waitSynced();
+  assert.equal(c.unread("r-7", "me"), 0, "a removed user has nothing unread");
+  assert.equal(c.unread("r-7", "u1"), 1, "the other member has the message of me unread");
+  fake.append("r-7", { kind: "join", user_id: "me" });
+  for (const b of ["b", "c", "d"]) fake.append("r-7", { kind: "message", body: b });
+  fake.append("r-7", { kind: "message", body: "mine again", sender: "me" });
+  await c.sync();
+  assert.equal(c.unread("r-7", "me"), 3, "only what came after the join counts");
+  assert.equal(await c.markRead("r-7", 7), 7);
+  assert.equal(c.unread("r-7", "me"), 1);
+  assert.equal(c.unread("r-none", "me"), 0);
+});
