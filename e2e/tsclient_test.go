@@ -19,7 +19,9 @@ const tsClientDir = "../clients/typescript"
 // (clients/typescript/test/stack.test.ts) against a real stack with two
 // workers: a send through a forced disconnect, an offline device that
 // converges through sync with duplicates dropped, history right after
-// create, and sends while a worker is killed. For the last one the Node
+// create, read markers (two devices of one user see the same marker, a
+// lower one is ignored, unread counts after a burst of another member's
+// messages), and sends while a worker is killed. For the last one the Node
 // test writes kill-worker into a control directory; this test then kills
 // worker wa with kill -9 and writes worker-killed. It skips only when node
 // or the package's installed dev dependencies (npm ci in

@@ -58,10 +58,13 @@ func TestPages(t *testing.T) {
 		contains string
 	}{
 		{"/", 200, "text/html", "chatpipe · chat"},
-		{"/?user=alice", 200, "text/html", `src="/web/chat.js"`},
+		{"/?user=alice", 200, "text/html", `<script type="module" src="/web/chat.js">`},
 		{"/ops", 200, "text/html", `src="/web/ops.js"`},
 		{"/ops", 200, "text/html", `id="dedicated"`},
 		{"/web/chat.js", 200, "text/javascript", "'/dev/token'"},
+		{"/web/chat.js", 200, "text/javascript", "from './client/index.js'"},
+		{"/web/client/index.js", 200, "text/javascript", "Client"},
+		{"/web/client/client.js", 200, "text/javascript", "markRead"},
 		{"/web/ops.js", 200, "text/javascript", "/ops/state"},
 		{"/web/ops.js", 200, "text/javascript", "renderDedicated"},
 		{"/web/style.css", 200, "text/css", "#grid"},

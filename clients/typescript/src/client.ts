@@ -14,7 +14,12 @@
 //     open connection) makes the client dial again with a fresh token from
 //     its token provider and retry;
 //   - events are de-duplicated by (conversation_id, seq) and kept ordered by
-//     seq per conversation.
+//     seq per conversation;
+//   - read markers are coalesced: at most one `read` in flight per
+//     conversation, then the highest seq asked for meanwhile; the user's
+//     marker of a conversation is the maximum of what the server accepted,
+//     pushed (`read` frames, from any of the user's devices) and returned in
+//     `synced.read` and `conversations`, so it never moves back.
 //
 // It has no runtime dependency: it uses the WebSocket implementation it is
 // given (options.WebSocket) or the global one (browsers, Node 22+).
@@ -26,6 +31,7 @@ import {
   type ConversationInfo,
   type Cursors,
   eventFromWire,
+  type ReadMarker,
   SUBPROTOCOL_BATCH,
   type WireEvent,
   type WireFrame,
@@ -70,6 +76,11 @@ export interface ClientOptions {
    * arrived. The same events are dispatched as "event" (ClientEvent).
    */
   onEvent?: (e: ChatEvent) => void;
+  /**
+   * Called when the user's read marker of a conversation moves forward
+   * (the same as the "read" ClientEvent).
+   */
+  onRead?: (m: ReadMarker) => void;
   /** Called with every server frame received, before it is handled. For logging and tests. */
   onFrame?: (raw: string) => void;
   /** Cursors of a previous complete sync (kept by the app); the first sync starts from them. */
@@ -107,7 +118,11 @@ export interface CallOptions {
  *  - "event": detail is a ChatEvent new to the view;
  *  - "connect": detail is { connects } after each (re)connect;
  *  - "disconnect": detail is { code, reason } when a connection is lost;
- *  - "synced": detail is the cursors after a sync paged to its end.
+ *  - "reconnecting": detail is { attempt, waitMs } before each wait of the
+ *    reconnect backoff;
+ *  - "synced": detail is the cursors after a sync paged to its end;
+ *  - "read": detail is a ReadMarker when the user's marker of a
+ *    conversation moves forward (from this device's `read` or another's).
  */
 export class ClientEvent<T = unknown> extends Event {
   readonly detail: T;
@@ -156,6 +171,13 @@ interface Waiter {
   reject: (err: unknown) => void;
 }
 
+/** The `read` commands of one conversation: at most one in flight. */
+interface ReadOut {
+  want: number; // the highest seq asked for
+  inFlight: number; // the seq of the read in flight (0: none)
+  waiters: { seq: number; resolve: (marker: number) => void; reject: (err: unknown) => void }[];
+}
+
 function closedError(op: string): ChatpipeError {
   return new ChatpipeError("closed", op, "the client is closed");
 }
@@ -176,8 +198,8 @@ export class Client extends EventTarget {
   private readonly url: string;
   private readonly token: TokenProvider;
   private readonly WS: WebSocketConstructor;
-  private readonly opts: Required<Omit<ClientOptions, "WebSocket" | "onEvent" | "onFrame" | "cursors">> &
-    Pick<ClientOptions, "onEvent" | "onFrame">;
+  private readonly opts: Required<Omit<ClientOptions, "WebSocket" | "onEvent" | "onRead" | "onFrame" | "cursors">> &
+    Pick<ClientOptions, "onEvent" | "onRead" | "onFrame">;
 
   private closed = false;
   private readonly closing = new AbortController(); // aborted by close()
@@ -186,6 +208,9 @@ export class Client extends EventTarget {
   private gen = 0; // connection generation, bumped on each connect
   private connectedAt = 0;
   private attempt = 0; // reconnect attempt, reset after a stable connection
+  private pausedNow = false; // pause(): stay disconnected until resume()
+  private reconnecting = false; // the reconnect loop runs
+  private wake: AbortController | null = null; // ends the reconnect loop's wait
   private nextId = 0;
   private readonly pending = new Map<string, Call>();
   private readonly cursorsSynced: Cursors = {}; // of the last complete synced reply only
@@ -193,6 +218,8 @@ export class Client extends EventTarget {
   private syncedNow = false; // the current connection's sync paged to its end
   private readonly syncWaiters = new Set<Waiter>();
   private connectCount = 0;
+  private readonly markers = new Map<string, number>(); // the user's read marker per conversation
+  private readonly readOut = new Map<string, ReadOut>();
 
   private constructor(url: string, token: string | TokenProvider, options: ClientOptions) {
     super();
@@ -212,6 +239,7 @@ export class Client extends EventTarget {
       dialTimeoutMs: options.dialTimeoutMs ?? 10_000,
       newId: options.newId ?? randomId,
       onEvent: options.onEvent,
+      onRead: options.onRead,
       onFrame: options.onFrame,
     };
     for (const [k, v] of Object.entries(options.cursors ?? {})) this.cursorsSynced[k] = v;
@@ -239,6 +267,41 @@ export class Client extends EventTarget {
   /** Whether a connection is open now. */
   get connected(): boolean {
     return this.ws !== null;
+  }
+
+  /** Whether pause() holds the client disconnected. */
+  get paused(): boolean {
+    return this.pausedNow;
+  }
+
+  /**
+   * Closes the connection (code 4000) and stays disconnected until
+   * resume(): an app's "offline" switch. Calls made or left unanswered
+   * meanwhile wait, and go out again, with the same ids, once resumed.
+   */
+  pause(): void {
+    if (this.closed || this.pausedNow) return;
+    this.pausedNow = true;
+    this.wake?.abort();
+    const ws = this.ws;
+    if (ws) {
+      ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+      try {
+        ws.close(4000, "paused");
+      } catch {
+        // already closed
+      }
+      this.lost(ws, 4000, "paused");
+    }
+  }
+
+  /** Ends a pause(): dials at once, then as after any lost connection. */
+  resume(): void {
+    if (this.closed || !this.pausedNow) return;
+    this.pausedNow = false;
+    this.attempt = 0;
+    if (this.reconnecting) this.wake?.abort();
+    else if (!this.ws) void this.reconnect(true);
   }
 
   /** The cursors of the last complete sync: for each conversation, the last seq the client is sure to have seen. */
@@ -297,6 +360,7 @@ export class Client extends EventTarget {
     for (const cl of [...this.pending.values()]) cl.reject(closedError(cl.req.op));
     for (const w of [...this.syncWaiters]) w.reject(closedError("sync"));
     this.syncWaiters.clear();
+    for (const st of this.readOut.values()) for (const w of st.waiters.splice(0)) w.reject(closedError("read"));
   }
 
   // --- writes
@@ -351,6 +415,156 @@ export class Client extends EventTarget {
   /** Removes the caller from a conversation. */
   leave(conversationId: string, options: CallOptions = {}): Promise<Accepted> {
     return this.writeCmd({ op: "leave", conversation_id: conversationId, client_message_id: this.opts.newId() }, options.signal);
+  }
+
+  // --- read markers
+
+  /**
+   * Records that the user has read a conversation up to seq (at most its
+   * last seq). Calls are coalesced: at most one `read` is in flight per
+   * conversation; when it is answered the highest seq asked for meanwhile
+   * goes out, and a seq at or below the marker sends nothing. The read is
+   * sent again after a reconnect and retried on unavailable and
+   * rate_limited after retry_after_ms. Resolves with the marker once it is
+   * at least seq (a pushed `read` frame of another device may get there
+   * first); rejects with the ChatpipeError of a final rejection (forbidden:
+   * not a member; bad_request: seq past the conversation's last seq).
+   */
+  markRead(conversationId: string, seq: number, options: CallOptions = {}): Promise<number> {
+    if (this.closed) return Promise.reject(closedError("read"));
+    if (!Number.isSafeInteger(seq) || seq < 1) {
+      return Promise.reject(new ChatpipeError("bad_request", "read", `seq must be an integer of at least 1, not ${seq}`, conversationId));
+    }
+    const marker = this.readSeq(conversationId);
+    if (seq <= marker) return Promise.resolve(marker);
+    let st = this.readOut.get(conversationId);
+    if (!st) {
+      st = { want: 0, inFlight: 0, waiters: [] };
+      this.readOut.set(conversationId, st);
+    }
+    st.want = Math.max(st.want, seq);
+    const out = st;
+    const p = new Promise<number>((resolve, reject) => {
+      const signal = options.signal;
+      if (signal?.aborted) return reject(abortReason(signal));
+      const onAbort = () => {
+        const i = out.waiters.indexOf(w);
+        if (i >= 0) out.waiters.splice(i, 1);
+        reject(abortReason(signal!));
+      };
+      const w = {
+        seq,
+        resolve: (m: number) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(m);
+        },
+        reject: (err: unknown) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(err);
+        },
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      out.waiters.push(w);
+    });
+    if (!st.inFlight) void this.pumpRead(conversationId, st);
+    return p;
+  }
+
+  /**
+   * The user's read marker of a conversation as this client knows it: the
+   * maximum of the reads the server accepted, the `read` frames it pushed,
+   * `synced.read` and the `conversations` answer's read_seq (0: none).
+   */
+  readSeq(conversationId: string): number {
+    return this.markers.get(conversationId) ?? 0;
+  }
+
+  /** Every read marker the client knows, by conversation. */
+  readMarkers(): Record<string, number> {
+    return Object.fromEntries(this.markers);
+  }
+
+  /**
+   * The number of unread messages of a conversation in the client's view,
+   * counted as the server counts `unread`: `message` events of other
+   * senders than userId (the user of the token) after the read marker,
+   * within userId's current membership (0 once they were removed). It is
+   * exact when the view holds the conversation's events after the marker,
+   * as it does after a sync from empty cursors.
+   */
+  unread(conversationId: string, userId: string): number {
+    const m = this.view.get(conversationId);
+    if (!m) return 0;
+    const evs = [...m.values()].sort((a, b) => a.seq - b.seq);
+    let from = 0; // the user's membership starts after this seq
+    let member = true;
+    for (const e of evs) {
+      if (e.kind === "create" && (e.sender === userId || (e.members ?? []).includes(userId))) {
+        member = true;
+        from = e.seq;
+      } else if (e.kind === "join" && e.userId === userId) {
+        member = true;
+        from = e.seq;
+      } else if ((e.kind === "kick" || e.kind === "leave") && (e.userId || e.sender) === userId) {
+        member = false;
+      }
+    }
+    if (!member) return 0;
+    const after = Math.max(from, this.readSeq(conversationId));
+    let n = 0;
+    for (const e of evs) if (e.seq > after && e.kind === "message" && e.sender !== userId) n++;
+    return n;
+  }
+
+  /** Sends the conversation's reads, one at a time, until the marker is at the highest seq asked for. */
+  private async pumpRead(conversationId: string, st: ReadOut): Promise<void> {
+    while (!this.closed && st.want > this.readSeq(conversationId)) {
+      const seq = st.want;
+      st.inFlight = seq;
+      try {
+        const a = await this.writeCmd({ op: "read", conversation_id: conversationId, seq });
+        this.advance(conversationId, Math.max(seq, a.seq));
+      } catch (err) {
+        // A final rejection ends the reads asked for up to seq; a higher
+        // one asked for meanwhile still goes out.
+        const still: ReadOut["waiters"] = [];
+        for (const w of st.waiters) {
+          if (w.seq <= seq || this.closed) w.reject(err);
+          else still.push(w);
+        }
+        st.waiters = still;
+        if (st.want <= seq) st.want = this.readSeq(conversationId);
+      } finally {
+        st.inFlight = 0;
+      }
+    }
+    if (st.waiters.length === 0 && this.readOut.get(conversationId) === st) this.readOut.delete(conversationId);
+  }
+
+  /** Moves the user's marker of a conversation forward to seq (never back) and tells the app. */
+  private advance(conversationId: string | undefined, seq: number | undefined): void {
+    if (!conversationId || typeof seq !== "number" || !Number.isFinite(seq)) return;
+    const old = this.markers.get(conversationId) ?? 0;
+    if (seq <= old) return;
+    this.markers.set(conversationId, seq);
+    const st = this.readOut.get(conversationId);
+    if (st) {
+      const still: ReadOut["waiters"] = [];
+      for (const w of st.waiters) {
+        if (w.seq <= seq) w.resolve(seq);
+        else still.push(w);
+      }
+      st.waiters = still;
+    }
+    const m: ReadMarker = { conversationId, seq };
+    try {
+      this.opts.onRead?.({ ...m });
+      this.dispatchEvent(new ClientEvent("read", { ...m }));
+    } catch (err) {
+      queueMicrotask(() => {
+        throw err;
+      });
+    }
   }
 
   // --- reads
@@ -409,11 +623,15 @@ export class Client extends EventTarget {
     if (options.limit) req.limit = options.limit;
     const f = await this.read(req, options.signal);
     if (f.op !== "conversations") throw new ChatpipeError("protocol", "conversations", `answered with ${JSON.stringify(f.op)}`);
-    return (f.conversations ?? []).map((c) => ({
+    const list = (f.conversations ?? []).map((c) => ({
       conversationId: c.conversation_id,
       lastSeq: c.last_seq,
       lastActivityAt: c.last_activity_at,
+      readSeq: c.read_seq ?? 0,
+      unread: c.unread ?? 0,
     }));
+    for (const c of list) this.advance(c.conversationId, c.readSeq);
+    return list;
   }
 
   // --- connection
@@ -441,7 +659,10 @@ export class Client extends EventTarget {
         settled = true;
         clearTimeout(timer);
         this.closing.signal.removeEventListener("abort", onClose);
-        ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+        ws.onopen = ws.onclose = ws.onmessage = null;
+        // Closing a socket still connecting makes the `ws` package emit an
+        // error, which it throws when nothing listens.
+        ws.onerror = () => {};
         try {
           ws.close();
         } catch {
@@ -534,24 +755,46 @@ export class Client extends EventTarget {
     this.connAbort?.abort(new Error("connection lost"));
     this.connAbort = null;
     this.dispatchEvent(new ClientEvent("disconnect", { code: code ?? 1006, reason: reason ?? "" }));
-    if (this.closed) return;
+    if (this.closed || this.pausedNow) return;
     if (Date.now() - this.connectedAt >= this.opts.stableAfterMs) this.attempt = 0;
     void this.reconnect();
   }
 
-  private async reconnect(): Promise<void> {
-    while (!this.closed) {
-      const wait = backoff(this.attempt, this.opts.baseBackoffMs, this.opts.maxBackoffMs);
-      this.attempt++;
-      if (!(await this.sleep(wait))) return;
-      let ws: WebSocketLike;
-      try {
-        ws = await this.dial();
-      } catch {
-        continue;
+  /**
+   * Dials until a connection is served, waiting the full-jitter backoff
+   * before each attempt (but the first when now), unless closed or paused.
+   */
+  private async reconnect(now = false): Promise<void> {
+    if (this.reconnecting) return;
+    this.reconnecting = true;
+    try {
+      for (let first = true; !this.closed && !this.pausedNow; first = false) {
+        if (!(now && first)) {
+          const wait = backoff(this.attempt, this.opts.baseBackoffMs, this.opts.maxBackoffMs);
+          this.attempt++;
+          this.dispatchEvent(new ClientEvent("reconnecting", { attempt: this.attempt, waitMs: wait }));
+          const wake = new AbortController();
+          this.wake = wake;
+          await this.sleep(wait, wake.signal); // resume() ends it early
+          this.wake = null;
+          if (this.closed || this.pausedNow) return;
+        }
+        let ws: WebSocketLike;
+        try {
+          ws = await this.dial();
+        } catch {
+          continue;
+        }
+        if (this.pausedNow) {
+          ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
+          ws.close(4000, "paused");
+          return;
+        }
+        this.serve(ws);
+        return;
       }
-      this.serve(ws);
-      return;
+    } finally {
+      this.reconnecting = false;
     }
   }
 
@@ -596,6 +839,11 @@ export class Client extends EventTarget {
     if (f === null || typeof f !== "object") return;
     if (f.op === "event") {
       this.record([f as WireEvent], true);
+      return;
+    }
+    if (f.op === "read" && !f.id) {
+      // a marker pushed to every device of the user: keep the maximum
+      this.advance(f.conversation_id, f.seq);
       return;
     }
     if (!f.id) return;
@@ -765,6 +1013,7 @@ export class Client extends EventTarget {
       for (const [k, v] of Object.entries(f.cursors ?? {})) {
         if (v > (this.cursorsSynced[k] ?? 0)) this.cursorsSynced[k] = v;
       }
+      for (const [k, v] of Object.entries(f.read ?? {})) this.advance(k, v);
       if (!f.more) return;
     }
   }

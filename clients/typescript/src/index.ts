@@ -18,4 +18,5 @@ export {
   type ConversationInfo,
   type Cursors,
   type Kind,
+  type ReadMarker,
 } from "./protocol.js";

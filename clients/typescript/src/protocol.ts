@@ -54,6 +54,19 @@ export interface ConversationInfo {
   conversationId: string;
   lastSeq: number;
   lastActivityAt: string;
+  /** The user's read marker of the conversation (0: none yet, or a server without read markers). */
+  readSeq: number;
+  /**
+   * The server's count of `message` events of other senders after the
+   * marker, within the user's current membership, up to lastSeq.
+   */
+  unread: number;
+}
+
+/** A read marker: the user has read the conversation up to seq. */
+export interface ReadMarker {
+  conversationId: string;
+  seq: number;
 }
 
 /** Cursors: for each conversation, the last seq seen. */
@@ -71,6 +84,8 @@ export interface WireRequest {
   cursors?: Cursors;
   before_seq?: number;
   limit?: number;
+  /** read's marker. */
+  seq?: number;
 }
 
 /** An event as it is on the wire. */
@@ -98,7 +113,9 @@ export interface WireFrame extends Partial<WireEvent> {
   cursors?: Cursors;
   more?: boolean;
   events?: WireEvent[];
-  conversations?: { conversation_id: string; last_seq: number; last_activity_at: string }[];
+  conversations?: { conversation_id: string; last_seq: number; last_activity_at: string; read_seq?: number; unread?: number }[];
+  /** synced: the user's read markers of the conversations in cursors that have one. */
+  read?: Record<string, number>;
 }
 
 export function eventFromWire(w: WireEvent): ChatEvent {

@@ -1,13 +1,13 @@
 // Tests of the client against a small in-process fake of the gateway (no
 // chatpipe stack needed): retries, resends after a reconnect, the view's
-// de-duplication and order, sync paging and batched frames.
+// de-duplication and order, sync paging and batched frames, read markers.
 
 import assert from "node:assert/strict";
 import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 
-import { backoff, type ChatEvent, ChatpipeError, Client } from "../src/index.js";
+import { backoff, type ChatEvent, ChatpipeError, Client, type ReadMarker } from "../src/index.js";
 
 const WS = WebSocket; // the `ws` package fits the client's WebSocketConstructor as it is
 
@@ -15,9 +15,11 @@ type Req = Record<string, any>;
 
 /**
  * A fake gateway: one conversation store with dedupe by client_message_id,
- * sync paged by pageSize, history, and a hook that can answer a request
- * itself ("drop" closes the connection unanswered, "ignore" leaves it
- * unanswered, an object is sent as the answer).
+ * sync paged by pageSize, history, conversations, the read markers of its
+ * one user (pushed to every connection when they move, in synced.read),
+ * and a hook that can answer a request itself ("drop" closes the
+ * connection unanswered, "ignore" leaves it unanswered, an object is sent
+ * as the answer).
  */
 class Fake {
   readonly wss: WebSocketServer;
@@ -27,6 +29,7 @@ class Fake {
   hook: ((r: Req, ws: WebSocket) => "drop" | "ignore" | object | undefined) | undefined;
   batchPushes = false;
   syncPage = 500;
+  readonly markers = new Map<string, number>();
   private events = new Map<string, Req[]>();
   private accepted = new Map<string, Req>();
   private socks = new Set<WebSocket>();
@@ -72,12 +75,22 @@ class Fake {
     return this.events.get(conv) ?? [];
   }
 
+  /** Sends a pushed frame to every connection. */
+  pushFrame(f: Req): void {
+    for (const s of this.socks) s.send(JSON.stringify(f));
+  }
+
   private onRequest(ws: WebSocket, r: Req): void {
     this.requests.push(r);
     const h = this.hook?.(r, ws);
     if (h === "drop") return void ws.terminate();
     if (h === "ignore") return;
     if (h) return void ws.send(JSON.stringify({ id: r.id, ...h }));
+    this.answer(ws, r);
+  }
+
+  /** Answers r as the gateway would (a test that held a request with "ignore" releases it with this). */
+  answer(ws: WebSocket, r: Req): void {
     const reply = (f: Req) => ws.send(JSON.stringify({ id: r.id, ...f }));
     switch (r.op) {
       case "create":
@@ -114,7 +127,12 @@ class Fake {
           }
           cursors[conv] = cur;
         }
-        return reply(more ? { op: "synced", cursors, more: true } : { op: "synced", cursors });
+        const read: Record<string, number> = {};
+        for (const conv of Object.keys(cursors)) if (this.markers.has(conv)) read[conv] = this.markers.get(conv)!;
+        const synced: Req = { op: "synced", cursors };
+        if (more) synced.more = true;
+        if (Object.keys(read).length > 0) synced.read = read;
+        return reply(synced);
       }
       case "history": {
         const list = this.stored(r.conversation_id);
@@ -122,6 +140,24 @@ class Fake {
         const limit = r.limit || 50;
         const evs = list.filter((e) => e.seq < before).slice(-limit);
         return reply({ op: "history", conversation_id: r.conversation_id, events: evs });
+      }
+      case "read": {
+        const last = this.stored(r.conversation_id).length;
+        if (last === 0) return reply({ op: "rejected", code: "forbidden", message: "not a member" });
+        if (!(r.seq >= 1) || r.seq > last) return reply({ op: "rejected", code: "bad_request", message: `seq past ${last}` });
+        const moved = r.seq > (this.markers.get(r.conversation_id) ?? 0);
+        if (moved) this.markers.set(r.conversation_id, r.seq);
+        reply({ op: "accepted", conversation_id: r.conversation_id, seq: r.seq });
+        if (moved) this.pushFrame({ op: "read", conversation_id: r.conversation_id, seq: r.seq });
+        return;
+      }
+      case "conversations": {
+        const list = [...this.events].map(([conv, evs]) => {
+          const readSeq = this.markers.get(conv) ?? 0;
+          const unread = evs.filter((e) => e.seq > readSeq && e.kind === "message" && e.sender !== "me").length;
+          return { conversation_id: conv, last_seq: evs.length, last_activity_at: "2026-12-01T00:00:00Z", read_seq: readSeq, unread };
+        });
+        return reply({ op: "conversations", conversations: list });
       }
       default:
         return reply({ op: "rejected", code: "bad_request", message: "unknown op" });
@@ -340,4 +376,214 @@ test("an aborted signal ends a call's retries", async () => {
     fake.hook = undefined;
   }
   assert.ok(fake.requests.filter((r) => r.conversation_id === "f-8").length >= 2);
+});
+
+// --- read markers
+
+/** The seqs of the "read" events a client dispatches for conv. */
+function readEvents(c: Client, conv: string): number[] {
+  const seen: number[] = [];
+  c.addEventListener("read", (ev) => {
+    const m = (ev as unknown as { detail: ReadMarker }).detail;
+    if (m.conversationId === conv) seen.push(m.seq);
+  });
+  return seen;
+}
+
+function reads(conv: string): Req[] {
+  return fake.requests.filter((r) => r.op === "read" && r.conversation_id === conv);
+}
+
+test("markRead coalesces: one read in flight per conversation, then only the highest asked for", async () => {
+  for (let i = 0; i < 6; i++) fake.append("r-1", { kind: "message", body: `x${i}` });
+  const c = await connect();
+  await c.waitSynced();
+  const held: { ws: WebSocket; r: Req }[] = [];
+  fake.hook = (r, ws) => {
+    if (r.op !== "read" || r.conversation_id !== "r-1" || held.length > 0) return undefined;
+    held.push({ ws, r });
+    return "ignore";
+  };
+  const p1 = c.markRead("r-1", 1);
+  const p2 = c.markRead("r-1", 3);
+  const p3 = c.markRead("r-1", 5);
+  const p4 = c.markRead("r-1", 4);
+  await waitUntil("the first read", () => held.length === 1);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.deepEqual(reads("r-1").map((r) => r.seq), [1], "a second read went out while the first was in flight");
+  fake.hook = undefined;
+  fake.answer(held[0]!.ws, held[0]!.r);
+  assert.deepEqual(await Promise.all([p1, p2, p3, p4]), [1, 5, 5, 5]);
+  assert.deepEqual(reads("r-1").map((r) => r.seq), [1, 5]);
+  assert.equal(c.readSeq("r-1"), 5);
+  // At or below the marker nothing is sent.
+  assert.equal(await c.markRead("r-1", 2), 5);
+  assert.equal(reads("r-1").length, 2);
+  // Reads of another conversation do not wait for these.
+  fake.append("r-1b", { kind: "message", body: "y" });
+  assert.equal(await c.markRead("r-1b", 1), 1);
+});
+
+test("the marker is the maximum: a lower accepted read, a lower pushed frame and a lower synced.read change nothing", async () => {
+  for (let i = 0; i < 9; i++) fake.append("r-2", { kind: "message", body: `x${i}` });
+  const c = await connect();
+  await c.waitSynced();
+  const seen = readEvents(c, "r-2");
+  // The read of 5 is answered only after another device's 7 was pushed.
+  const held: { ws: WebSocket; r: Req }[] = [];
+  fake.hook = (r, ws) => {
+    if (r.op !== "read" || r.conversation_id !== "r-2") return undefined;
+    held.push({ ws, r });
+    return "ignore";
+  };
+  const p5 = c.markRead("r-2", 5);
+  await waitUntil("the read", () => held.length === 1);
+  fake.hook = undefined;
+  fake.markers.set("r-2", 7);
+  fake.pushFrame({ op: "read", conversation_id: "r-2", seq: 7 });
+  assert.equal(await p5, 7, "markRead resolves with the pushed marker that covers it");
+  fake.answer(held[0]!.ws, held[0]!.r);
+  // A lower pushed frame, and a stale read model in the next synced.
+  fake.pushFrame({ op: "read", conversation_id: "r-2", seq: 4 });
+  fake.markers.set("r-2", 3);
+  await c.sync();
+  fake.markers.set("r-2", 7);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(c.readSeq("r-2"), 7);
+  assert.deepEqual(seen, [7], "a read event for a marker that did not move forward");
+  assert.equal(await c.markRead("r-2", 6), 7, "below the marker: nothing to send");
+  assert.equal(reads("r-2").length, 1);
+  assert.equal(await c.markRead("r-2", 9), 9);
+  assert.deepEqual(seen, [7, 9]);
+  assert.equal(c.readMarkers()["r-2"], 9);
+});
+
+test("pushed read frames move the marker forward, out of order and repeated", async () => {
+  for (let i = 0; i < 9; i++) fake.append("r-3", { kind: "message", body: `x${i}`, sender: i < 2 ? "me" : "u1" });
+  const got: ReadMarker[] = [];
+  const c = await connect({ onRead: (m) => m.conversationId === "r-3" && got.push(m) });
+  await c.waitSynced();
+  const seen = readEvents(c, "r-3");
+  assert.equal(c.readSeq("r-3"), 0);
+  assert.equal(c.unread("r-3", "me"), 7, "the other sender's messages are unread");
+  fake.pushFrame({ op: "read", conversation_id: "r-3", seq: 6 });
+  fake.pushFrame({ op: "read", conversation_id: "r-3", seq: 8 });
+  fake.pushFrame({ op: "read", conversation_id: "r-3", seq: 5 });
+  fake.pushFrame({ op: "read", conversation_id: "r-3", seq: 8 });
+  await waitUntil("the pushed markers", () => c.readSeq("r-3") === 8);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(c.readSeq("r-3"), 8);
+  assert.deepEqual(seen, [6, 8]);
+  assert.deepEqual(got.map((m) => m.seq), [6, 8]);
+  assert.equal(c.unread("r-3", "me"), 1);
+  // A markRead the pushed frames already cover resolves without a read.
+  assert.equal(await c.markRead("r-3", 7), 8);
+  assert.equal(reads("r-3").length, 0);
+});
+
+test("synced.read and conversations give an offline device its markers", async () => {
+  for (let i = 0; i < 5; i++) fake.append("r-4", { kind: "message", body: `x${i}` });
+  fake.markers.set("r-4", 3);
+  const seen: ReadMarker[] = [];
+  const c = await connect({ onRead: (m) => m.conversationId === "r-4" && seen.push(m) });
+  await c.waitSynced();
+  assert.equal(c.readSeq("r-4"), 3);
+  assert.deepEqual(seen, [{ conversationId: "r-4", seq: 3 }]);
+  assert.equal(c.unread("r-4", "me"), 2);
+  // Moved while the device was away: the sync after the reconnect has it.
+  fake.markers.set("r-4", 4);
+  fake.cutAll();
+  await waitUntil("the marker from the next synced", () => c.readSeq("r-4") === 4);
+  const list = await c.listConversations();
+  const e = list.find((x) => x.conversationId === "r-4");
+  assert.deepEqual(e && [e.lastSeq, e.readSeq, e.unread], [5, 4, 1]);
+  fake.markers.set("r-4", 5); // the conversations answer moves it too
+  await c.listConversations();
+  assert.equal(c.readSeq("r-4"), 5);
+  assert.deepEqual(seen.map((m) => m.seq), [3, 4, 5]);
+});
+
+test("a read unanswered when its connection drops goes out again after the reconnect; rate_limited is retried after retry_after_ms", async () => {
+  for (let i = 0; i < 4; i++) fake.append("r-5", { kind: "message", body: `x${i}` });
+  const c = await connect();
+  await c.waitSynced();
+  let n = 0;
+  fake.hook = (r) => {
+    if (r.op !== "read" || r.conversation_id !== "r-5") return undefined;
+    n++;
+    if (n === 1) return "drop";
+    if (n === 2) return { op: "rejected", code: "rate_limited", message: "slow down", retry_after_ms: 120 };
+    return undefined;
+  };
+  const start = Date.now();
+  const connects = c.connects;
+  assert.equal(await c.markRead("r-5", 4), 4);
+  fake.hook = undefined;
+  assert.ok(Date.now() - start >= 120, `retried after ${Date.now() - start} ms`);
+  assert.ok(c.connects > connects, "no reconnect");
+  const rs = reads("r-5");
+  assert.deepEqual(rs.map((r) => r.seq), [4, 4, 4]);
+  assert.equal(rs[0]!.id, rs[1]!.id, "resent after the reconnect with the same request id");
+  assert.equal(c.readSeq("r-5"), 4);
+  assert.equal(fake.markers.get("r-5"), 4);
+});
+
+test("a final rejection of a read rejects its markRead; later reads still go out", async () => {
+  fake.append("r-6", { kind: "message", body: "x" });
+  const c = await connect();
+  await assert.rejects(c.markRead("r-6", 5), (err: unknown) => err instanceof ChatpipeError && err.code === "bad_request" && err.op === "read");
+  await assert.rejects(c.markRead("r-none", 1), (err: unknown) => err instanceof ChatpipeError && err.code === "forbidden");
+  await assert.rejects(c.markRead("r-6", 0), (err: unknown) => err instanceof ChatpipeError && err.code === "bad_request");
+  assert.equal(await c.markRead("r-6", 1), 1);
+  assert.equal(c.readSeq("r-6"), 1);
+});
+
+test("pause stays disconnected with calls waiting; resume dials at once and sends them, same ids", async () => {
+  const c = await connect({ baseBackoffMs: 5_000, maxBackoffMs: 5_000 });
+  await c.waitSynced();
+  const events: string[] = [];
+  for (const type of ["connect", "disconnect", "reconnecting"]) c.addEventListener(type, () => events.push(type));
+  c.pause();
+  assert.equal(c.paused, true);
+  assert.equal(c.connected, false);
+  const before = fake.requests.length;
+  const sending = c.send("p-1", "while paused");
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(fake.requests.length, before, "a request went out while paused");
+  assert.equal(c.connects, 1);
+  const start = Date.now();
+  c.resume();
+  const a = await sending;
+  assert.ok(Date.now() - start < 2_000, `resume waited ${Date.now() - start} ms: the backoff was not skipped`);
+  assert.equal(a.seq, 1);
+  assert.equal(c.connects, 2);
+  assert.deepEqual(events.slice(0, 2), ["disconnect", "connect"]);
+  assert.equal(fake.stored("p-1").length, 1);
+  // A lost connection after that waits the backoff and says so.
+  const d = await connect({ baseBackoffMs: 20 });
+  await d.waitSynced();
+  const waits: number[] = [];
+  d.addEventListener("reconnecting", (ev) => waits.push((ev as unknown as { detail: { waitMs: number } }).detail.waitMs));
+  fake.cutAll();
+  await waitUntil("d to reconnect", () => d.connects === 2);
+  assert.ok(waits.length >= 1 && waits[0]! <= 20, `waits ${waits}`);
+});
+
+test("unread counts other senders' messages after the marker within the current membership", async () => {
+  fake.append("r-7", { kind: "create", members: ["u1", "me"] });
+  fake.append("r-7", { kind: "message", body: "a" });
+  fake.append("r-7", { kind: "message", body: "mine", sender: "me" });
+  fake.append("r-7", { kind: "kick", user_id: "me" });
+  const c = await connect();
+  await c.waitSynced();
+  assert.equal(c.unread("r-7", "me"), 0, "a removed user has nothing unread");
+  assert.equal(c.unread("r-7", "u1"), 1, "the other member has the message of me unread");
+  fake.append("r-7", { kind: "join", user_id: "me" });
+  for (const b of ["b", "c", "d"]) fake.append("r-7", { kind: "message", body: b });
+  fake.append("r-7", { kind: "message", body: "mine again", sender: "me" });
+  await c.sync();
+  assert.equal(c.unread("r-7", "me"), 3, "only what came after the join counts");
+  assert.equal(await c.markRead("r-7", 7), 7);
+  assert.equal(c.unread("r-7", "me"), 1);
+  assert.equal(c.unread("r-none", "me"), 0);
 });

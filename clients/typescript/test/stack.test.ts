@@ -69,11 +69,11 @@ function id(name: string): string {
   return `ts-${name}-${run}`;
 }
 
-async function waitUntil(what: string, cond: () => boolean | Promise<boolean>, ms = 30_000): Promise<void> {
+async function waitUntil(what: string, cond: () => boolean | Promise<boolean>, ms = 30_000, everyMs = 50): Promise<void> {
   const deadline = Date.now() + ms;
   while (!(await cond())) {
     if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, everyMs));
   }
 }
 
@@ -277,4 +277,124 @@ test("sends survive a worker kill with exactly one message each", { skip: skip |
     assert.equal(hist.length, 1 + perConv);
     assertContiguous(c, hist);
   }
+});
+
+// --- read markers (the read op, pushed read frames, synced.read, conversations' read_seq and unread)
+
+/** Sends one raw frame on a connection of its own and returns the answer with its id (no coalescing, no retries). */
+async function rawRequest(user: string, frame: Record<string, unknown>): Promise<Record<string, any>> {
+  const u = new URL(wsURL);
+  u.searchParams.set("token", mint(user));
+  const ws = new WebSocket(u.toString());
+  try {
+    await new Promise<void>((resolve, reject) => {
+      ws.once("open", () => resolve());
+      ws.once("error", reject);
+    });
+    const id = `raw-${Date.now()}`;
+    const answer = new Promise<Record<string, any>>((resolve) => {
+      ws.on("message", (data) => {
+        for (const part of String(data).split("\n")) {
+          const f = JSON.parse(part) as Record<string, any>;
+          if (f.id === id) resolve(f);
+        }
+      });
+    });
+    ws.send(JSON.stringify({ ...frame, id }));
+    return await answer;
+  } finally {
+    ws.close();
+  }
+}
+
+test("two devices of one user see the same read marker; a lower marker is ignored", { skip }, async () => {
+  const [ua, ub] = [`ts-read-a-${run}`, `ts-read-b-${run}`];
+  const alice = await connect(ua);
+  const conv = id("read");
+  await alice.create(conv, [ub]);
+  let last = 0;
+  for (let i = 0; i < 5; i++) last = (await alice.send(conv, `r${i}`)).seq;
+  const phone = await connect(ub);
+  const laptop = await connect(ub, wsURL, { batch: true });
+  const laptopSaw: number[] = [];
+  laptop.addEventListener("read", (ev) => {
+    const m = (ev as unknown as { detail: { conversationId: string; seq: number } }).detail;
+    if (m.conversationId === conv) laptopSaw.push(m.seq);
+  });
+  await Promise.all([phone.waitSynced(), laptop.waitSynced()]);
+  await waitUntil("both devices to hold the messages", () => phone.messages(conv).length === last && laptop.messages(conv).length === last);
+  assert.equal(phone.unread(conv, ub), 5);
+
+  assert.equal(await phone.markRead(conv, last - 1), last - 1);
+  await waitUntil("the laptop to get the phone's marker", () => laptop.readSeq(conv) === last - 1);
+  assert.equal(phone.readSeq(conv), last - 1);
+  assert.equal(laptop.unread(conv, ub), 1);
+
+  // A lower marker, sent as it is (the client would not send it): accepted,
+  // and nothing moves back.
+  const low = await rawRequest(ub, { op: "read", conversation_id: conv, seq: 2 });
+  assert.equal(low.op, "accepted", JSON.stringify(low));
+  assert.equal(low.seq, 2);
+  await waitUntil("the read model to have the marker", async () => {
+    const list = await phone.listConversations();
+    return list.find((c) => c.conversationId === conv)?.readSeq === last - 1;
+  }, 30_000, 250);
+  const later = await connect(ub); // a device that was away learns it from synced.read
+  await later.waitSynced();
+  assert.equal(later.readSeq(conv), last - 1);
+  assert.equal(phone.readSeq(conv), last - 1);
+  assert.equal(laptop.readSeq(conv), last - 1);
+  assert.ok(laptopSaw.every((s, i) => i === 0 || s > laptopSaw[i - 1]!), `the laptop's marker went ${laptopSaw}`);
+
+  // The laptop reads to the end; the phone follows.
+  assert.equal(await laptop.markRead(conv, last), last);
+  await waitUntil("the phone to get the laptop's marker", () => phone.readSeq(conv) === last);
+  assert.equal(phone.unread(conv, ub), 0);
+
+  // Past the last seq, and not a member.
+  const past = await rawRequest(ub, { op: "read", conversation_id: conv, seq: last + 10 });
+  assert.deepEqual([past.op, past.code], ["rejected", "bad_request"], JSON.stringify(past));
+  const stranger = await rawRequest(`ts-read-c-${run}`, { op: "read", conversation_id: conv, seq: 1 });
+  assert.deepEqual([stranger.op, stranger.code], ["rejected", "forbidden"], JSON.stringify(stranger));
+});
+
+test("unread counts are right after a burst of messages from another member", { skip }, async () => {
+  const [ua, ub] = [`ts-unread-a-${run}`, `ts-unread-b-${run}`];
+  const alice = await connect(ua);
+  const bob = await connect(ub);
+  await bob.waitSynced();
+  const conv = id("unread");
+  await alice.create(conv, [ub]);
+  const burst = 30;
+  const sent = await Promise.all(Array.from({ length: burst }, (_, i) => alice.send(conv, `u${i}`)));
+  const seqs = sent.map((a) => a.seq).sort((a, b) => a - b);
+  const own = [(await bob.send(conv, "mine 1")).seq, (await bob.send(conv, "mine 2")).seq];
+  const last = Math.max(...own);
+  assert.equal(last, 1 + burst + 2);
+  await waitUntil("bob's view to hold everything", () => bob.messages(conv).length === last);
+  assert.equal(bob.unread(conv, ub), burst, "bob's own messages are not unread");
+
+  const entry = async () => (await bob.listConversations()).find((c) => c.conversationId === conv);
+  await waitUntil("the read model to count the burst", async () => (await entry())?.unread === burst, 30_000, 250);
+  let e = await entry();
+  assert.deepEqual(e && [e.lastSeq, e.readSeq, e.unread], [last, 0, burst]);
+
+  // Read up to the tenth message of the burst: twenty are left.
+  const mark = seqs[9]!;
+  assert.equal(await bob.markRead(conv, mark), mark);
+  assert.equal(bob.unread(conv, ub), burst - 10);
+  await waitUntil("the read model to count from the marker", async () => (await entry())?.readSeq === mark, 30_000, 250);
+  e = await entry();
+  assert.deepEqual(e && [e.lastSeq, e.readSeq, e.unread], [last, mark, burst - 10]);
+
+  // More from alice while bob is not looking.
+  for (let i = 0; i < 3; i++) await alice.send(conv, `v${i}`);
+  await waitUntil("the read model to count the new ones", async () => (await entry())?.unread === burst - 10 + 3, 30_000, 250);
+  await waitUntil("bob's view to hold them", () => bob.messages(conv).length === last + 3);
+  assert.equal(bob.unread(conv, ub), burst - 10 + 3);
+  // Alice's own list counts bob's two messages only.
+  await waitUntil("alice's count of bob's two messages", async () => {
+    const ae = (await alice.listConversations()).find((c) => c.conversationId === conv);
+    return ae?.readSeq === 0 && ae.unread === 2;
+  }, 30_000, 250);
 });

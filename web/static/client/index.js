@@ -1,0 +1,2 @@
+export { backoff, Client, ClientEvent, randomId, } from "./client.js";
+export { ChatpipeError, SUBPROTOCOL_BATCH, } from "./protocol.js";
