@@ -264,14 +264,19 @@ function messagesOf(id) {
 }
 
 // markShown records the open conversation as read up to the highest seq it
-// shows, while the page is visible. The client coalesces the reads.
+// shows of someone else's (one's own messages never count as unread, so
+// sending needs no read after it), while the page is visible. The client
+// coalesces the reads.
 function markShown() {
   const cl = S.client;
   const c = S.selected ? S.convs.get(S.selected) : null;
   if (!cl || !c || document.visibilityState !== 'visible') return;
   const evs = cl.messages(c.id);
   if (evs.length === 0 || membership(c, evs).removed) return;
-  const top = evs[evs.length - 1].seq;
+  let i = evs.length - 1;
+  while (i >= 0 && evs[i].sender === S.user) i--;
+  if (i < 0) return;
+  const top = evs[i].seq;
   if (top <= cl.readSeq(c.id) || top <= c.asked) return;
   c.asked = top;
   const run = S.run;
