@@ -138,7 +138,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, nil, log, mountHot(w.Hot))
+	admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, mountHot(w.Hot))
 	defer admin.Close()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
@@ -315,7 +315,7 @@ func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags
 		return nil, err
 	}
 	g := &gatewayRole{gw: gw, srv: srv, ln: ln, feed: dlv.feed(web.DB, gw, log)}
-	metrics := append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...)
+	metrics := append(append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...), lim.linkCollectors()...)
 	g.reg = newRegistry(metrics...)
 	mh := promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
@@ -373,6 +373,15 @@ func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg le
 	}
 	lim.worker(&wc)
 	return shardworker.New(wc)
+}
+
+// linkCollectors are the link certificate's expiry gauge when the
+// gateway↔worker link is mutual TLS, else none.
+func (l limitFlags) linkCollectors() []prometheus.Collector {
+	if c := l.wire.link.creds; c != nil {
+		return []prometheus.Collector{c.ExpiryGauge()}
+	}
+	return nil
 }
 
 // startGateway makes a gateway and its listener; with db it answers sync and
