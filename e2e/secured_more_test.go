@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/chatpipe/chatpipe/clientsec"
 )
@@ -51,11 +54,38 @@ func TestSecuredPausedWriterIsFenced(t *testing.T) {
 // TestSecuredDeliveryConverges is TestDeliveryConverges in the secured
 // mode: pushes to devices and sync over a gateway whose link to the worker
 // is mutual TLS, from a projection and persist reading with their own
-// users.
+// users. The gateway and the worker export the time left on their link
+// certificates (made valid for 24 h).
 func TestSecuredDeliveryConverges(t *testing.T) {
 	s := startSecuredForChecks(t)
 	s.startWorker("w1")
 	s.startRole(clientsec.RolePersist)
 	s.startRole(clientsec.RoleProjection)
+	waitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := etcdView(t, s.dev.ep).Workers["w1"]; return ok })
+	for role, url := range map[string]string{"gateway": s.dev.ep.Admin + "/metrics", "worker": adminURL(t, s.dev.ep, "w1")} {
+		left := time.Duration(metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))
+		if left < 23*time.Hour || left > 24*time.Hour {
+			t.Errorf("the %s's chatpipe_link_cert_expiry_seconds says %v left, want just under 24h", role, left)
+		}
+	}
 	deliveryConverges(t, s.dev)
+}
+
+// linkTLSGatewayMetrics returns the metric names of a `chatpipe gateway`
+// on dev's stack whose link is mutual TLS (certificates from `chatpipe
+// init --link-certs`): what a gateway exports only then, such as
+// chatpipe_link_cert_expiry_seconds.
+func linkTLSGatewayMetrics(t *testing.T, dev *devProc) map[string]bool {
+	t.Helper()
+	link := filepath.Join(t.TempDir(), "link")
+	if r := runChatpipe(t, "init", "--link-certs", link); r.err != nil {
+		t.Fatalf("init --link-certs: %v\n%s", r.err, r.out)
+	}
+	f := clientsec.LinkDir(link, clientsec.RoleGateway)
+	port, adminPort := freePort(t), freePort(t)
+	startProc(t, dev.dir, "gateway-link-tls", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--admin", "127.0.0.1:"+strconv.Itoa(adminPort), "--log-level", "warn",
+		"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key)
+	waitFor(t, 60*time.Second, "the link TLS gateway to listen", func() bool { return dialable(port) && dialable(adminPort) })
+	return exportedMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort))
 }
