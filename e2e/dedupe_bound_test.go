@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 // first result (from Postgres), never a second event.
 func TestDedupeBounded(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--dedupe-keep", "2", "--dedupe-memory", "1s", "--rate-user", "-1")
-	base := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
+	metrics := dev.ep.Admin + "/metrics"
 	alice := dev.dial(t, "alice")
 	alice.must(map[string]any{"op": "create", "conversation_id": "dd", "members": []string{"bob"}, "client_message_id": "k-create"})
 	// Keyed membership commands, each later retried once its result is
@@ -34,8 +33,8 @@ func TestDedupeBounded(t *testing.T) {
 	alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": "trigger", "body": "x"})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		held := metric(t, base+"/metrics", "chatpipe_worker_dedupe_entries")
-		trimmed := metric(t, base+"/metrics", "chatpipe_worker_dedupe_trimmed_total")
+		held := metric(t, metrics, "chatpipe_worker_dedupe_entries")
+		trimmed := metric(t, metrics, "chatpipe_worker_dedupe_trimmed_total")
 		if trimmed >= n && held <= 2 {
 			t.Logf("dedupe: %.0f held, %.0f trimmed", held, trimmed)
 			break

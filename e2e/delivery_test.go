@@ -56,8 +56,12 @@ func waitProjectedFor(t *testing.T, ep endpoints, n int, bound time.Duration) {
 // and history, equals the committed log and Postgres within the user's
 // membership periods (I6), and nobody holds an event from outside them.
 func TestDeliveryConverges(t *testing.T) {
-	dir := t.TempDir()
-	dev := startDev(t, dir)
+	deliveryConverges(t, startDev(t, t.TempDir()))
+}
+
+// deliveryConverges runs TestDeliveryConverges's scenario on dev's stack
+// (the secured one's: TestSecuredDeliveryConverges).
+func deliveryConverges(t *testing.T, dev *devProc) {
 	rng := rand.New(rand.NewPCG(4, 2))
 	// Device 0 of the first `steady` users stays connected from the start:
 	// what it holds comes from one sync before any event and then live

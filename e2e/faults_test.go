@@ -96,14 +96,22 @@ func (l *loadGen) finish() []acceptedMsg {
 // told and wa's fenced-write count.
 func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float64) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
+	accepted, fenced := pausedWriterOn(t, dev, func(id string, env ...string) *proc { return dev.startWorker(t, id, env...) }, wbEnv...)
+	return dev, accepted, fenced
+}
+
+// pausedWriterOn runs the paused-writer scenario on dev, a stack without
+// workers, with workers started by startWorker (the secured stack's have
+// its credentials: TestSecuredPausedWriterIsFenced).
+func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env ...string) *proc, wbEnv ...string) ([]acceptedMsg, float64) {
 	// wa holds each transaction open a little between produce and commit,
 	// so the pause lands in that window.
 	// Its transaction timeout outlasts the pause, so only the new owner's
 	// fencing — not Kafka's timeout — can stop its late commits.
 	mark := filepath.Join(dev.dir, "wa-in-commit")
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
+	wa := startWorker("wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
-	dev.startWorker(t, "wb", wbEnv...)
+	startWorker("wb", wbEnv...)
 	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
 	waMetrics := adminURL(t, dev.ep, "wa")
 
@@ -124,13 +132,20 @@ func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float
 	waitFor(t, 60*time.Second, "load to go on after the pause", func() bool { return load.count() > n+300 })
 	accepted := load.finish()
 	time.Sleep(500 * time.Millisecond)
-	return dev, accepted, metric(t, waMetrics, "chatpipe_worker_fenced_writes_total")
+	return accepted, metric(t, waMetrics, "chatpipe_worker_fenced_writes_total")
 }
 
 // TestPausedWriterIsFenced: a writer paused past its lease cannot make
 // anything visible when it wakes up; Kafka fences it (fault test 1).
 func TestPausedWriterIsFenced(t *testing.T) {
 	dev, accepted, fenced := pausedWriter(t)
+	checkPausedWriterFenced(t, dev, accepted, fenced)
+}
+
+// checkPausedWriterFenced: the paused writer had writes fenced, and the
+// world holds every accepted send once.
+func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg, fenced float64) {
+	t.Helper()
 	t.Logf("%d sends accepted; the paused writer had %v writes fenced", len(accepted), fenced)
 	if fenced == 0 {
 		t.Error("no write of the paused writer was fenced: fencing is not wired (or the pause missed every transaction)")

@@ -9,6 +9,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -62,6 +64,12 @@ type endpoints struct {
 	Dedicated  int      `json:"dedicated"`
 	PID        int      `json:"pid"`
 	Admin      string   `json:"admin"`
+
+	// Not in endpoints.json: what the test's own Kafka and etcd clients
+	// need against the secured stack (its reader's TLS and SASL, an etcd
+	// client certificate); nil against a plaintext one.
+	kafkaOpts []kgo.Opt
+	etcdTLS   *tls.Config
 }
 
 // all is the number of vshards with an owner row: the hashed ones and the

@@ -37,8 +37,10 @@ func TestInitAndConfig(t *testing.T) {
 		t.Errorf("version: %v %q", err, out)
 	}
 
-	// health, readiness and metrics on the gateway's address
+	// health and readiness on the gateway's address, metrics on the admin
+	// address
 	base0 := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
+	metrics0 := dev.ep.Admin + "/metrics"
 	for _, path := range []string{"/healthz", "/readyz"} {
 		resp, err := http.Get(base0 + path)
 		if err != nil || resp.StatusCode != http.StatusOK {
@@ -60,7 +62,7 @@ func TestInitAndConfig(t *testing.T) {
 		resp.Body.Close()
 	}
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
-		metric(t, base0+"/metrics", m) // fails the test if unreadable
+		metric(t, metrics0, m) // fails the test if unreadable
 	}
 	// after some traffic: commit and command latency, persist batches and lag, answers by op, result and code
 	cl0 := dev.dial(t, "metrics")
@@ -69,7 +71,7 @@ func TestInitAndConfig(t *testing.T) {
 	readEvents(t, dev.ep.Postgres, 1)
 	time.Sleep(500 * time.Millisecond)
 	body := func() string {
-		resp, err := http.Get(base0 + "/metrics")
+		resp, err := http.Get(metrics0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,10 +87,10 @@ func TestInitAndConfig(t *testing.T) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
-	if n := metric(t, base0+"/metrics", "chatpipe_worker_owned_shards"); n != float64(dev.ep.all()) {
+	if n := metric(t, metrics0, "chatpipe_worker_owned_shards"); n != float64(dev.ep.all()) {
 		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.all())
 	}
-	if n := metric(t, base0+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
+	if n := metric(t, metrics0, "chatpipe_gateway_unowned_vshards"); n != 0 {
 		t.Errorf("the gateway sees %v vshards without a live owner, want 0", n)
 	}
 
@@ -178,10 +180,11 @@ func TestInitAndConfig(t *testing.T) {
 }
 
 // TestOpsPageOnTheAdminAddress: `chatpipe gateway` serves the pipeline page
-// (/ops, /ops/state) on its --admin address and not on its public one,
-// which keeps the websocket, the chat page, /healthz and /readyz;
-// --ops-public puts the page back on the public address. `chatpipe dev`
-// serves it on both.
+// (/ops, /ops/state) and /metrics on its --admin address and not on its
+// public one, which keeps the websocket, the chat page, /healthz and
+// /readyz; --ops-public and --metrics-public put them back on the public
+// address. `chatpipe dev` serves the pipeline page on both, /metrics on
+// the admin address only (endpoints.json names it as metrics).
 func TestOpsPageOnTheAdminAddress(t *testing.T) {
 	dev := startDev(t, t.TempDir())
 	gateway := func(name string, args ...string) (public, admin string) {
@@ -192,7 +195,7 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 		return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	}
 	public, admin := gateway("gateway-ops")
-	onPublic, _ := gateway("gateway-ops-public", "--ops-public")
+	onPublic, _ := gateway("gateway-ops-public", "--ops-public", "--metrics-public")
 	for _, c := range []struct {
 		base, path string
 		want       int
@@ -202,6 +205,7 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 		{public, "/readyz", http.StatusOK},
 		{public, "/ops", http.StatusNotFound},
 		{public, "/ops/state", http.StatusNotFound},
+		{public, "/metrics", http.StatusNotFound},
 		{public, "/debug/pprof/", http.StatusNotFound},
 		{admin, "/ops", http.StatusOK},
 		{admin, "/ops/state", http.StatusOK},
@@ -209,8 +213,11 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 		{admin, "/metrics", http.StatusOK},
 		{onPublic, "/ops", http.StatusOK},
 		{onPublic, "/ops/state", http.StatusOK},
+		{onPublic, "/metrics", http.StatusOK},
 		{dev.ep.HTTP, "/ops/state", http.StatusOK},
+		{dev.ep.HTTP, "/metrics", http.StatusNotFound},
 		{dev.ep.Admin, "/ops/state", http.StatusOK},
+		{dev.ep.Admin, "/metrics", http.StatusOK},
 	} {
 		resp, err := http.Get(c.base + c.path)
 		if err != nil {
@@ -220,5 +227,16 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 		if resp.StatusCode != c.want {
 			t.Errorf("GET %s%s: %d, want %d", c.base, c.path, resp.StatusCode, c.want)
 		}
+	}
+	// The admin address serves the gateway's own metrics; endpoints.json's
+	// metrics is dev's admin address.
+	if n := metric(t, admin+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
+		t.Errorf("gateway-ops sees %v vshards without a live owner, want 0", n)
+	}
+	var ep struct {
+		Metrics string `json:"metrics"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(dev.dir, "endpoints.json"))), &ep); err != nil || ep.Metrics != dev.ep.Admin+"/metrics" {
+		t.Errorf("endpoints.json names metrics %q (%v), want %s/metrics", ep.Metrics, err, dev.ep.Admin)
 	}
 }

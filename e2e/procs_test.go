@@ -87,7 +87,7 @@ func (p *proc) stop() {
 // etcdView reads the owner rows and live workers.
 func etcdView(t *testing.T, ep endpoints) lease.View {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second, TLS: ep.etcdTLS})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -194,7 +194,7 @@ func TestReconnectStorm(t *testing.T) {
 	load, loadReconnects := startReconnectingLoad(t, dev, 4, 4)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 20 })
 	time.Sleep(2 * time.Second)
-	metrics := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws") + "/metrics"
+	metrics := dev.ep.Admin + "/metrics"
 	before := sampleGateway(t, pid, metrics)
 
 	gauges := func() (open, goroutines int) {

@@ -291,7 +291,7 @@ func slowReader(t *testing.T, dev *devProc) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(1 << 20)
-	metricsURL := strings.Replace(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws", "/metrics", 1)
+	metricsURL := dev.ep.Admin + "/metrics"
 	before := metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total")
 
 	body := strings.Repeat("x", 4000)

@@ -26,8 +26,8 @@ func eachLogEvent(t *testing.T, ep endpoints, fn func(r *kgo.Record, e *logrecor
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, ep.kafkaOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

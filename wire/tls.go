@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The identities of the two ends of an authenticated link: a URI SAN of
@@ -150,6 +152,34 @@ func (t *TLS) NotAfter() time.Time {
 		return leaf.NotAfter
 	}
 	return time.Time{}
+}
+
+// NotAfterInUse is when the certificate the next handshake presents
+// expires. Like a handshake, it first reads the files again if one of them
+// changed, so it follows a rotation; a set that cannot be loaded leaves the
+// previous certificate in use, and so its expiry.
+func (t *TLS) NotAfterInUse() time.Time {
+	_, cert, _ := t.current()
+	return (&TLS{Cert: *cert}).NotAfter()
+}
+
+// ExpiryGauge is the gauge chatpipe_link_cert_expiry_seconds{role}: the
+// seconds until the link certificate in use (NotAfterInUse) expires,
+// negative once it has; role is "gateway" or "worker", from the
+// certificate.
+func (t *TLS) ExpiryGauge() prometheus.Collector {
+	role := ""
+	switch t.Role() {
+	case GatewayID:
+		role = "gateway"
+	case WorkerID:
+		role = "worker"
+	}
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "chatpipe_link_cert_expiry_seconds",
+		Help:        "Seconds until the gateway-worker link certificate in use expires (negative: expired); follows a rotation of its files.",
+		ConstLabels: prometheus.Labels{"role": role},
+	}, func() float64 { return time.Until(t.NotAfterInUse()).Seconds() })
 }
 
 func (t *TLS) leaf() *x509.Certificate {

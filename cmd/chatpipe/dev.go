@@ -63,7 +63,7 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	wd := s.webDeps(key, log)
-	wd.OpsPublic = *f.opsPublic
+	wd.OpsPublic, wd.MetricsPublic = *f.opsPublic, *f.metricsPublic
 	g, err := newGatewayRole(roles.ctx, key, *f.httpAddr, f.lim, f.dlv, metrics, wd, log)
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func runDev(ctx context.Context, args []string) error {
 		s.onClose(admin.Close)
 	}
 	srvErr := g.serve()
-	ep := s.endpoints(g, admin)
+	ep := s.endpoints(g, admin, *f.metricsPublic)
 	epPath, err := writeEndpoints(dir, ep)
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func runDev(ctx context.Context, args []string) error {
 type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, secret, admin *string
 	workers, vshards, partitions, dedicated, cacheConvs  *int
-	persist, projection, opsPublic                       *bool
+	persist, projection, opsPublic, metricsPublic        *bool
 	linger                                               *time.Duration
 	lim                                                  limitFlags
 	dlv                                                  deliveryFlags
@@ -119,6 +119,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops of the whole process (empty: none; in endpoints.json as admin)")
 	f.opsPublic = fs.Bool("ops-public", true, "serve the pipeline page (/ops, with /ops/state) on the --http address too (chatpipe gateway: false)")
+	f.metricsPublic = fs.Bool("metrics-public", false, "serve /metrics on the --http address too (it is on --admin, which endpoints.json names as metrics)")
 	f.lim = addLimitFlags(fs)
 	f.dlv = addDeliveryFlags(fs)
 	f.sec = addSecFlags(fs)
@@ -304,17 +305,23 @@ func (s *devStack) webDeps(key []byte, log *slog.Logger) webDeps {
 	return webDeps{Etcd: s.cli, Config: s.cfg, DB: s.db, Brokers: s.brokers, KafkaOpts: s.kopts, Secret: key, Dev: true, Log: log.With("role", "web")}
 }
 
-// endpoints describes the running stack; admin may be nil.
-func (s *devStack) endpoints(g *gatewayRole, admin *adminServer) Endpoints {
+// endpoints describes the running stack; admin may be nil. Its metrics
+// URL is the admin listener's, or the public address's with
+// metricsPublic (empty if neither serves it).
+func (s *devStack) endpoints(g *gatewayRole, admin *adminServer, metricsPublic bool) Endpoints {
 	addr := g.ln.Addr().String()
 	httpURL := "http://" + addr
-	adminURL := ""
+	adminURL, metricsURL := "", ""
 	if admin != nil {
 		adminURL = "http://" + admin.Addr()
+		metricsURL = adminURL + "/metrics"
+	}
+	if metricsPublic {
+		metricsURL = httpURL + "/metrics"
 	}
 	return Endpoints{
 		WebSocket: "ws://" + addr + "/v1/ws", HTTP: httpURL,
-		Kafka: s.brokers, Topic: s.cfg.Topic, Postgres: s.pgURL, Etcd: s.etcd, Prefix: lease.DefaultPrefix, Metrics: httpURL + "/metrics", Admin: adminURL,
+		Kafka: s.brokers, Topic: s.cfg.Topic, Postgres: s.pgURL, Etcd: s.etcd, Prefix: lease.DefaultPrefix, Metrics: metricsURL, Admin: adminURL,
 		VShards: s.cfg.VShards, Partitions: s.cfg.Partitions, Dedicated: s.cfg.Dedicated, PID: os.Getpid(),
 	}
 }

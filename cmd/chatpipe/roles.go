@@ -138,7 +138,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(w.Collectors()...), w.Healthy, nil, log, mountHot(w.Hot))
+	admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, mountHot(w.Hot))
 	defer admin.Close()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
@@ -226,6 +226,7 @@ func runGateway(ctx context.Context, args []string) error {
 	dlv := addDeliveryFlags(fs)
 	pages := fs.Bool("pages", true, "serve the chat page (/) on the --http address")
 	opsPublic := fs.Bool("ops-public", false, "serve the pipeline page (/ops, with /ops/state) on the --http address too; it shows the deployment's workers and addresses, and is always on --admin")
+	metricsPublic := fs.Bool("metrics-public", false, "serve /metrics on the --http address too; it is always on --admin")
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops (empty: none)")
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
@@ -259,7 +260,7 @@ func runGateway(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	g, err := newGatewayRole(ctx, key, *httpAddr, lim, dlv, nil,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, Log: log.With("role", "web")}, log)
+		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, MetricsPublic: *metricsPublic, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
 	}
@@ -288,9 +289,10 @@ func runGateway(ctx context.Context, args []string) error {
 	return nil
 }
 
-// gatewayRole is a gateway with its HTTP server (websocket, chat page,
-// /metrics), its delivery feed, the registry its /metrics serves and the
-// pipeline page its admin listener serves.
+// gatewayRole is a gateway with its HTTP server (websocket, /healthz,
+// /readyz, the chat page; /metrics and /ops only if asked), its delivery
+// feed, the registry its /metrics serves and the pipeline page its admin
+// listener serves.
 type gatewayRole struct {
 	gw   *gateway.Gateway
 	srv  *http.Server
@@ -313,7 +315,7 @@ func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags
 		return nil, err
 	}
 	g := &gatewayRole{gw: gw, srv: srv, ln: ln, feed: dlv.feed(web.DB, gw, log)}
-	metrics := append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...)
+	metrics := append(append(append(append([]prometheus.Collector{}, more...), gw.Collectors()...), g.feed.Collectors()...), lim.linkCollectors()...)
 	g.reg = newRegistry(metrics...)
 	mh := promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
@@ -322,7 +324,9 @@ func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags
 		g.pages = newPages(web, mh)
 		g.pages(mux, !web.NoChat, web.OpsPublic)
 	}
-	mux.Handle("GET /metrics", mh)
+	if web.MetricsPublic {
+		mux.Handle("GET /metrics", mh)
+	}
 	srv.Handler = mux
 	return g, nil
 }
@@ -371,6 +375,15 @@ func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg le
 	return shardworker.New(wc)
 }
 
+// linkCollectors are the link certificate's expiry gauge when the
+// gateway↔worker link is mutual TLS, else none.
+func (l limitFlags) linkCollectors() []prometheus.Collector {
+	if c := l.wire.link.creds; c != nil {
+		return []prometheus.Collector{c.ExpiryGauge()}
+	}
+	return nil
+}
+
 // startGateway makes a gateway and its listener; with db it answers sync and
 // history (run a delivery.Feed beside it to push events).
 func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
@@ -409,7 +422,10 @@ type webDeps struct {
 	// OpsPublic serves the pipeline page (/ops, /ops/state) on the public
 	// address too; it is on the admin listener regardless.
 	OpsPublic bool
-	Log       *slog.Logger
+	// MetricsPublic serves /metrics on the public address too; it is on
+	// the admin listener regardless.
+	MetricsPublic bool
+	Log           *slog.Logger
 }
 
 // newPages, when set (from web.go), makes the browser pages and returns
