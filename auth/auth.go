@@ -109,3 +109,17 @@ func LoadSecret(explicit, dataDir string, create bool) ([]byte, error) {
 	}
 	return []byte(secret), nil
 }
+
+// ReadSecretFile returns the secret held in the file at path (surrounding
+// white space trimmed): a secret named by file does not show in `ps`.
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: JWT secret file: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return nil, fmt.Errorf("auth: JWT secret file %s is empty", path)
+	}
+	return []byte(s), nil
+}
