@@ -407,6 +407,7 @@ func (c *Client) serve(conn *websocket.Conn) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	lost := false // the reader saw the connection fail (guarded by c.mu)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -421,7 +422,9 @@ func (c *Client) serve(conn *websocket.Conn) error {
 		}
 		if err == nil {
 			c.mu.Lock()
-			if c.gen == gen {
+			// Not once the reader has seen the connection fail: it
+			// may have reset c.synced for the next connection already.
+			if c.gen == gen && !lost {
 				close(c.synced)
 			}
 			c.mu.Unlock()
@@ -431,6 +434,7 @@ func (c *Client) serve(conn *websocket.Conn) error {
 		_, b, err := conn.Read(cctx)
 		if err != nil {
 			c.mu.Lock()
+			lost = true
 			if c.gen == gen {
 				select {
 				case <-c.synced:
