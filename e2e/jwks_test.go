@@ -128,7 +128,9 @@ func TestJWKSTokens(t *testing.T) {
 	// send at 5 s is accepted on its first connection.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	src := func(context.Context) (string, error) { return rs.Sign(authtest.Claims{Subject: "bob", TTL: 3 * time.Second}) }
+	src := func(context.Context) (string, error) {
+		return rs.Sign(authtest.Claims{Subject: "bob", TTL: 3 * time.Second})
+	}
 	gc, err := chatclient.Dial(ctx, dev.ep.WebSocket, src, chatclient.Options{RefreshBefore: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
