@@ -1,9 +1,12 @@
-// Package auth mints and verifies the HS256 JWTs that authenticate websocket
-// clients: `sub` is the user id, `exp` is required and honoured, `nbf` and
-// `iat` are checked when present.
+// Package auth mints and verifies the JWTs that authenticate websocket
+// clients: HS256 with the deployment's shared secret, and RS256, ES256 and
+// EdDSA against a JWK Set fetched from a URL (Verifier). `sub` is the user
+// id, `exp` is required and honoured, `nbf` and `iat` are checked when
+// present, `iss` and `aud` when the Verifier is told to.
 package auth
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -21,15 +24,25 @@ import (
 // ErrInvalidToken is returned by Verify for any token that must not be let in.
 var ErrInvalidToken = errors.New("auth: invalid token")
 
-// Mint returns a token for user valid for ttl.
+// Mint returns an HS256 token for user valid for ttl.
 func Mint(secret []byte, user string, ttl time.Duration, now time.Time) (string, error) {
+	return MintFor(secret, user, ttl, now, "", "")
+}
+
+// MintFor is Mint with an iss and an aud claim (each left out when empty),
+// for a gateway started with --jwt-issuer or --jwt-audience.
+func MintFor(secret []byte, user string, ttl time.Duration, now time.Time, issuer, audience string) (string, error) {
 	if e := protocol.CheckID("user", user, protocol.DefaultLimits()); e != nil {
 		return "", fmt.Errorf("auth: %s", e.Message)
 	}
 	claims := jwt.RegisteredClaims{
 		Subject:   user,
+		Issuer:    issuer,
 		IssuedAt:  jwt.NewNumericDate(now),
 		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+	}
+	if audience != "" {
+		claims.Audience = jwt.ClaimStrings{audience}
 	}
 	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
 	if err != nil {
@@ -38,18 +51,16 @@ func Mint(secret []byte, user string, ttl time.Duration, now time.Time) (string,
 	return s, nil
 }
 
-// Verify checks token and returns its subject and expiry.
+// Verify checks an HS256 token against secret (no iss or aud check, the
+// default leeway) and returns its subject and expiry. See Verifier for
+// the other algorithms and checks.
 func Verify(secret []byte, token string) (string, time.Time, error) {
-	var claims jwt.RegisteredClaims
-	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return secret, nil },
-		jwt.WithValidMethods([]string{"HS256"}), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(5*time.Second))
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("%w: %v", ErrInvalidToken, err)
+	if len(secret) == 0 {
+		return "", time.Time{}, fmt.Errorf("%w: no secret", ErrInvalidToken)
 	}
-	if e := protocol.CheckID("sub", claims.Subject, protocol.DefaultLimits()); e != nil {
-		return "", time.Time{}, fmt.Errorf("%w: %s", ErrInvalidToken, e.Message)
-	}
-	return claims.Subject, claims.ExpiresAt.Time, nil
+	v := &Verifier{secret: secret, leeway: DefaultLeeway, stop: func() {}}
+	c, err := v.Verify(context.Background(), token)
+	return c.Subject, c.ExpiresAt, err
 }
 
 // SecretFile is the name of the generated secret inside a data dir.
@@ -97,4 +108,18 @@ func LoadSecret(explicit, dataDir string, create bool) ([]byte, error) {
 		return nil, fmt.Errorf("auth: write secret: %w", err)
 	}
 	return []byte(secret), nil
+}
+
+// ReadSecretFile returns the secret held in the file at path (surrounding
+// white space trimmed): a secret named by file does not show in `ps`.
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: JWT secret file: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return nil, fmt.Errorf("auth: JWT secret file %s is empty", path)
+	}
+	return []byte(s), nil
 }

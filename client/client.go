@@ -9,9 +9,13 @@
 //   - after each (re)connect the client syncs from the cursors of its last
 //     complete `synced` reply, paging while the server says `more`;
 //   - `unavailable`, `rate_limited` and unanswered commands are retried,
-//     honouring `retry_after_ms`; `unauthorized` (a token that expired on
-//     an open connection) makes the client dial again with a fresh token
-//     from its TokenSource and retry;
+//     honouring `retry_after_ms`;
+//   - some time before the connection's token expires (its `exp`, read
+//     without verifying it) the client sends `refresh` with a fresh token
+//     from its TokenSource, so a long-lived connection is never answered
+//     `unauthorized`; should that happen anyway (a token whose exp cannot
+//     be read, a refused refresh, a server without the op), the client
+//     dials again with a fresh token and retries;
 //   - events are de-duplicated by (conversation_id, seq) and kept ordered
 //     by seq per conversation.
 //
@@ -96,6 +100,12 @@ type Options struct {
 	// NewID returns a fresh client_message_id (default: 16 random bytes,
 	// hex). It must return ids of [A-Za-z0-9._:-] of at most 128 bytes.
 	NewID func() string
+	// RefreshBefore is how long before the connection's token expires the
+	// client replaces it with a fresh one from the TokenSource (the
+	// refresh op): at RefreshBefore before its exp, or halfway through
+	// its life when that is later (default 1 min; negative: never, and an
+	// expired token makes the client dial again instead).
+	RefreshBefore time.Duration
 }
 
 func (o *Options) fill() {
@@ -122,6 +132,9 @@ func (o *Options) fill() {
 	}
 	if o.NewID == nil {
 		o.NewID = randomID
+	}
+	if o.RefreshBefore == 0 {
+		o.RefreshBefore = time.Minute
 	}
 }
 
@@ -218,7 +231,7 @@ func Dial(ctx context.Context, url string, ts TokenSource, opts Options) (*Clien
 	for k, v := range opts.Cursors {
 		c.cursors[k] = v
 	}
-	conn, err := c.dial(ctx)
+	conn, tok, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +241,7 @@ func Dial(ctx context.Context, url string, ts TokenSource, opts Options) (*Clien
 	go func() { defer wg.Done(); c.deliver() }()
 	go func() {
 		defer close(c.done)
-		c.run(conn)
+		c.run(conn, tok)
 		wg.Wait()
 		close(c.events)
 	}()
@@ -309,10 +322,12 @@ func (c *Client) ConversationIDs() []string {
 	return out
 }
 
-func (c *Client) dial(ctx context.Context) (*websocket.Conn, error) {
+// dial opens a connection with a token from the TokenSource and returns
+// both.
+func (c *Client) dial(ctx context.Context) (*websocket.Conn, string, error) {
 	tok, err := c.ts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("client: token: %w", err)
+		return nil, "", fmt.Errorf("client: token: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
@@ -323,12 +338,12 @@ func (c *Client) dial(ctx context.Context) (*websocket.Conn, error) {
 	conn, resp, err := websocket.Dial(dctx, c.url, do)
 	if err != nil {
 		if resp != nil {
-			return nil, fmt.Errorf("client: dial %s: HTTP %d: %w", c.url, resp.StatusCode, err)
+			return nil, "", fmt.Errorf("client: dial %s: HTTP %d: %w", c.url, resp.StatusCode, err)
 		}
-		return nil, fmt.Errorf("client: dial %s: %w", c.url, err)
+		return nil, "", fmt.Errorf("client: dial %s: %w", c.url, err)
 	}
 	conn.SetReadLimit(c.opts.ReadLimit)
-	return conn, nil
+	return conn, tok, nil
 }
 
 // Backoff is the full-jitter wait before reconnect attempt n:
@@ -347,11 +362,11 @@ func Backoff(n int, base, max time.Duration) time.Duration {
 
 // run owns the connection: it serves conn until it is lost, then dials
 // again with backoff, until Close.
-func (c *Client) run(conn *websocket.Conn) {
+func (c *Client) run(conn *websocket.Conn, tok string) {
 	attempt := 0
 	for {
 		start := time.Now()
-		err := c.serve(conn)
+		err := c.serve(conn, tok)
 		if c.ctx.Err() != nil {
 			return
 		}
@@ -363,7 +378,7 @@ func (c *Client) run(conn *websocket.Conn) {
 			if !sleep(c.ctx, Backoff(attempt, c.opts.BaseBackoff, c.opts.MaxBackoff)) {
 				return
 			}
-			conn, err = c.dial(c.ctx)
+			conn, tok, err = c.dial(c.ctx)
 			if err != nil {
 				if c.ctx.Err() != nil {
 					return
@@ -376,8 +391,8 @@ func (c *Client) run(conn *websocket.Conn) {
 
 // serve reads conn until it fails or the client closes. On entry it sends
 // again every command that had no answer on an earlier connection and
-// starts the sync.
-func (c *Client) serve(conn *websocket.Conn) error {
+// starts the sync and the refresher of tok, the connection's token.
+func (c *Client) serve(conn *websocket.Conn, tok string) error {
 	defer conn.CloseNow()
 	cctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
@@ -407,6 +422,11 @@ func (c *Client) serve(conn *websocket.Conn) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	lost := false // the reader saw the connection fail (guarded by c.mu)
+	if c.opts.RefreshBefore > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.keepToken(cctx, tok) }()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -421,7 +441,9 @@ func (c *Client) serve(conn *websocket.Conn) error {
 		}
 		if err == nil {
 			c.mu.Lock()
-			if c.gen == gen {
+			// Not once the reader has seen the connection fail: it
+			// may have reset c.synced for the next connection already.
+			if c.gen == gen && !lost {
 				close(c.synced)
 			}
 			c.mu.Unlock()
@@ -431,6 +453,7 @@ func (c *Client) serve(conn *websocket.Conn) error {
 		_, b, err := conn.Read(cctx)
 		if err != nil {
 			c.mu.Lock()
+			lost = true
 			if c.gen == gen {
 				select {
 				case <-c.synced:

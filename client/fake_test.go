@@ -32,13 +32,20 @@ type fakeServer struct {
 	// the connection instead of answering, "ignore" neither handle nor
 	// answer, or a frame to answer with instead.
 	hook func(conn int, req *protocol.Request) string
+	// tokens, when set, plays the gateway's token rules instead of the
+	// fixed "tok-u1": a token whose exp (read without verifying) is past
+	// is refused at the upgrade, commands on a connection whose token
+	// expired answer unauthorized, and refresh replaces the connection's
+	// token.
+	tokens bool
 
-	mu    sync.Mutex
-	conns []*websocket.Conn
-	reqs  []seenReq
-	convs map[string][]*protocol.Event
-	done  map[string]*protocol.Reply // conv/cmid → first reply
-	nmsg  int
+	mu      sync.Mutex
+	connTok map[int]string // with tokens: each connection's current token
+	conns   []*websocket.Conn
+	reqs    []seenReq
+	convs   map[string][]*protocol.Event
+	done    map[string]*protocol.Reply // conv/cmid → first reply
+	nmsg    int
 }
 
 type seenReq struct {
@@ -64,7 +71,13 @@ func newFake(t *testing.T) *fakeServer {
 func (f *fakeServer) url() string { return "ws" + strings.TrimPrefix(f.ts.URL, "http") + "/v1/ws" }
 
 func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer tok-u1" {
+	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if f.tokens {
+		if exp, ok := tokenExpiry(tok); !ok || time.Now().After(exp) {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+	} else if tok != "tok-u1" {
 		http.Error(w, "no", http.StatusUnauthorized)
 		return
 	}
@@ -76,6 +89,10 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	n := len(f.conns)
 	f.conns = append(f.conns, c)
+	if f.connTok == nil {
+		f.connTok = map[int]string{}
+	}
+	f.connTok[n] = tok
 	f.mu.Unlock()
 	ctx := r.Context()
 	for {
@@ -95,6 +112,9 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 		action := ""
 		if hook != nil {
 			action = hook(n, &req)
+		}
+		if action == "" && f.tokens {
+			action = f.checkToken(n, &req)
 		}
 		switch {
 		case action == "ignore":
@@ -264,4 +284,23 @@ func (f *fakeServer) add(conv, body string) *protocol.Event {
 	e := &protocol.Event{ConversationID: conv, Seq: int64(len(evs) + 1), Kind: "message", MessageID: fmt.Sprintf("M%d", f.nmsg), Sender: "u2", Body: body, CreatedAt: protocol.FormatTime(time.Now())}
 	f.convs[conv] = append(evs, e)
 	return e
+}
+
+// checkToken applies the gateway's token rules (fakeServer.tokens) to a
+// request of connection conn: "" to handle it, or the answer.
+func (f *fakeServer) checkToken(conn int, req *protocol.Request) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if req.Op == protocol.OpRefresh {
+		exp, ok := tokenExpiry(req.Token)
+		if !ok || time.Now().After(exp) {
+			return `{"op":"rejected","id":"` + req.ID + `","code":"unauthorized","message":"bad token"}`
+		}
+		f.connTok[conn] = req.Token
+		return `{"op":"accepted","id":"` + req.ID + `","expires_at":"` + protocol.FormatTime(exp) + `"}`
+	}
+	if exp, _ := tokenExpiry(f.connTok[conn]); time.Now().After(exp) {
+		return `{"op":"rejected","id":"` + req.ID + `","code":"unauthorized","message":"the token expired"}`
+	}
+	return ""
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -90,9 +91,12 @@ type ReadModel interface {
 
 // Config configures a Gateway.
 type Config struct {
-	Owners         Owners
-	VShards        int
-	Dedicated      int // dedicated vshards after the hashed ones (counted by Unowned)
+	Owners    Owners
+	VShards   int
+	Dedicated int // dedicated vshards after the hashed ones (counted by Unowned)
+	// Tokens verifies the bearer tokens of upgrades and refreshes; when
+	// nil, HS256 tokens are checked against Secret (auth.Verify).
+	Tokens         *auth.Verifier
 	Secret         []byte
 	Limits         protocol.Limits
 	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
@@ -129,8 +133,15 @@ type Config struct {
 }
 
 func (c *Config) validate() error {
-	if c.Owners == nil || c.VShards <= 0 || len(c.Secret) == 0 {
-		return errors.New("gateway: Owners, VShards and Secret are required")
+	if c.Owners == nil || c.VShards <= 0 || (len(c.Secret) == 0 && c.Tokens == nil) {
+		return errors.New("gateway: Owners, VShards and Tokens or Secret are required")
+	}
+	if c.Tokens == nil {
+		v, err := auth.NewVerifier(context.Background(), auth.Options{Secret: c.Secret})
+		if err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+		c.Tokens = v
 	}
 	if c.Limits.MaxFrameBytes == 0 {
 		c.Limits = protocol.DefaultLimits()
@@ -241,7 +252,7 @@ type opMetrics struct {
 
 // ops are the op label's values (opLabel).
 var ops = []string{protocol.OpCreate, protocol.OpJoin, protocol.OpKick, protocol.OpLeave, protocol.OpSend,
-	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, protocol.OpRead, "invalid"}
+	protocol.OpSync, protocol.OpHistory, protocol.OpConversations, protocol.OpRead, protocol.OpRefresh, "invalid"}
 
 // Results of chatpipe_gateway_commands_total.
 const (
@@ -384,7 +395,8 @@ func bearer(r *http.Request) string {
 }
 
 func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
-	user, exp, err := auth.Verify(g.cfg.Secret, bearer(r))
+	claims, err := g.cfg.Tokens.Verify(r.Context(), bearer(r))
+	user := claims.Subject
 	if err != nil {
 		g.stats.Unauthorized.Add(1)
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
@@ -424,7 +436,7 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 		c.CloseNow()
 	}()
 	sess := newSession(g, c, user)
-	sess.exp, sess.limits = exp, st
+	sess.exp, sess.limits = g.deadline(claims), st
 	g.users.attach(st, sess)
 	defer g.users.detach(st, sess)
 	sess.run(r.Context())
@@ -435,7 +447,7 @@ type session struct {
 	g      *Gateway
 	c      *websocket.Conn
 	user   string
-	exp    time.Time  // the token's expiry: later commands get unauthorized
+	exp    time.Time  // the token's expiry and leeway: later commands get unauthorized (refresh moves it)
 	limits *userState // the user's rate limiter, shared by their connections
 	out    chan []byte
 	sem    chan struct{}
@@ -559,7 +571,12 @@ func (s *session) run(parent context.Context) {
 		)
 		if typ != websocket.MessageText {
 			perr = protocol.Errorf(protocol.CodeBadRequest, "frames must be text")
-		} else if req, id, perr = protocol.Decode(frame, s.g.cfg.Limits); perr == nil {
+		} else if req, id, perr = protocol.Decode(frame, s.g.cfg.Limits); perr == nil && req.Op == protocol.OpRefresh {
+			// Handled here, before the next frame is read: the commands
+			// that follow a refresh run on the token it installed.
+			s.refresh(ctx, req, start)
+			continue
+		} else if perr == nil {
 			perr = s.admit(start)
 		}
 		if perr != nil {
@@ -608,12 +625,51 @@ func (s *session) run(parent context.Context) {
 	}
 }
 
+// deadline is when a connection authenticated by claims stops taking
+// commands: the token's exp plus the leeway its verification allowed.
+func (g *Gateway) deadline(claims auth.Claims) time.Time {
+	return claims.ExpiresAt.Add(g.cfg.Tokens.Leeway())
+}
+
+// refresh answers a refresh: a valid token of the connection's user
+// replaces the connection's token (its expiry); any other answer changes
+// nothing. It costs a command of the user's rate limit, and works on a
+// connection whose token has already expired (the new token proves the
+// user as an upgrade would).
+func (s *session) refresh(ctx context.Context, req *protocol.Request, start time.Time) {
+	var (
+		perr   *protocol.Error
+		claims auth.Claims
+		err    error
+	)
+	if wait, ok := s.limits.allow(start); !ok {
+		perr = protocol.Errorf(protocol.CodeRateLimited, "more than %g commands/s from %s", s.g.cfg.UserRate, s.user)
+		perr.RetryAfterMS = max(wait.Milliseconds(), 1)
+	} else if claims, err = s.g.cfg.Tokens.Verify(ctx, req.Token); err != nil {
+		perr = protocol.Errorf(protocol.CodeUnauthorized, "the new token is not valid; the connection keeps its token")
+	} else if claims.Subject != s.user {
+		perr = protocol.Errorf(protocol.CodeForbidden, "the new token is for another user; the connection keeps its token")
+	}
+	if perr != nil {
+		s.g.stats.Rejected.Add(1)
+		s.g.count(protocol.OpRefresh, perr.Code)
+		s.send(protocol.Rejected(req.ID, perr))
+		s.g.observe(protocol.OpRefresh, start)
+		return
+	}
+	s.exp = s.g.deadline(claims)
+	s.g.stats.Accepted.Add(1)
+	s.g.count(protocol.OpRefresh, "")
+	s.send(&protocol.Reply{Op: protocol.OpAccepted, ID: req.ID, ExpiresAt: protocol.FormatTime(claims.ExpiresAt)})
+	s.g.observe(protocol.OpRefresh, start)
+}
+
 // admit checks the token is still valid and takes a token from the user's
 // bucket: over the limit, the command is answered rate_limited before it
 // reaches any writer.
 func (s *session) admit(now time.Time) *protocol.Error {
 	if now.After(s.exp) {
-		return protocol.Errorf(protocol.CodeUnauthorized, "the token expired; reconnect with a new one")
+		return protocol.Errorf(protocol.CodeUnauthorized, "the token expired; refresh it or reconnect with a new one")
 	}
 	if wait, ok := s.limits.allow(now); !ok {
 		e := protocol.Errorf(protocol.CodeRateLimited, "more than %g commands/s from %s", s.g.cfg.UserRate, s.user)

@@ -31,6 +31,9 @@ const (
 	// pushes a frame of this op to the user's devices when their marker
 	// moves forward (ReadMarker).
 	OpRead = "read"
+	// OpRefresh replaces the token of an open connection (an op added to
+	// the v1 contract): the new token's sub must be the connection's user.
+	OpRefresh = "refresh"
 )
 
 // SubprotocolBatch is the websocket subprotocol a client may ask for at the
@@ -108,6 +111,8 @@ type Request struct {
 	Limit           int              `json:"limit,omitempty"`
 	// Seq is read's marker: the caller has read the conversation up to it.
 	Seq int64 `json:"seq,omitempty"`
+	// Token is refresh's new bearer token.
+	Token string `json:"token,omitempty"`
 }
 
 // Decode parses and validates one frame. On error it returns the request id
@@ -184,6 +189,7 @@ func decodeLenient(frame []byte, lim Limits) (*Request, string, *Error) {
 var fieldNames = map[string]bool{
 	"op": true, "id": true, "conversation_id": true, "members": true, "user_id": true,
 	"client_message_id": true, "body": true, "cursors": true, "before_seq": true, "limit": true, "seq": true,
+	"token": true,
 }
 
 // hasLoneSurrogate reports whether a JSON text has a \uD800–\uDFFF escape
@@ -308,6 +314,10 @@ func (r *Request) Validate(lim Limits) *Error {
 		if r.Seq < 1 {
 			return Errorf(CodeBadRequest, "read needs a seq of at least 1")
 		}
+	case OpRefresh:
+		if r.Token == "" {
+			return Errorf(CodeBadRequest, "missing token")
+		}
 	case OpConversations:
 		if r.Limit < 0 {
 			return Errorf(CodeBadRequest, "limit must not be negative")
@@ -371,6 +381,9 @@ type Reply struct {
 	Code            Code   `json:"code,omitempty"`
 	Message         string `json:"message,omitempty"`
 	RetryAfterMS    int64  `json:"retry_after_ms,omitempty"`
+	// ExpiresAt is set in the answer to refresh: the new token's exp
+	// (FormatTime).
+	ExpiresAt string `json:"expires_at,omitempty"`
 }
 
 // Event is an event as clients see it: pushed as an `event` frame (Op set)

@@ -592,6 +592,8 @@ func TestValidate(t *testing.T) {
 		{"read without seq", protocol.Request{Op: protocol.OpRead, ConversationID: "c1"}, protocol.CodeBadRequest},
 		{"read negative seq", protocol.Request{Op: protocol.OpRead, ConversationID: "c1", Seq: -2}, protocol.CodeBadRequest},
 		{"read without conversation", protocol.Request{Op: protocol.OpRead, Seq: 3}, protocol.CodeBadRequest},
+		{"refresh ok", protocol.Request{Op: protocol.OpRefresh, Token: "a.b.c"}, ""},
+		{"refresh without token", protocol.Request{Op: protocol.OpRefresh}, protocol.CodeBadRequest},
 		{"conversations ok", protocol.Request{Op: protocol.OpConversations}, ""},
 		{"conversations negative limit", protocol.Request{Op: protocol.OpConversations, Limit: -1}, protocol.CodeBadRequest},
 		{"history negative limit", protocol.Request{Op: protocol.OpHistory, ConversationID: "c1", Limit: -1}, protocol.CodeBadRequest},

@@ -80,6 +80,7 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		{Op: protocol.OpHistory, ID: "r7", ConversationID: "c1"},
 		{Op: protocol.OpConversations, ID: "r8", Limit: 10},
 		{Op: protocol.OpRead, ID: "r9", ConversationID: "c1", Seq: 105},
+		{Op: protocol.OpRefresh, ID: "r10", Token: "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ1MSJ9.c2ln"},
 	}
 	for _, r := range reqs {
 		b := marshal(t, &r)
@@ -109,6 +110,8 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		&protocol.HistoryPage{Op: protocol.OpHistory, ID: "r3", ConversationID: "c1", Events: []*protocol.Event{}},
 		&protocol.ConversationList{Op: protocol.OpConversations, ID: "r4", Conversations: []*protocol.ConversationInfo{{ConversationID: "c1", LastSeq: 105, LastActivityAt: now, ReadSeq: 100, Unread: 3}}},
 		&protocol.Reply{Op: protocol.OpAccepted, ID: "r9", ConversationID: "c1", Seq: 105},
+		&protocol.Reply{Op: protocol.OpAccepted, ID: "r10", ExpiresAt: protocol.FormatTime(time.Date(2026, 12, 1, 23, 0, 0, 0, time.UTC))},
+		protocol.Rejected("r10", protocol.Errorf(protocol.CodeForbidden, "the token is for u2, not u1")),
 		&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: "c1", Seq: 105},
 		&protocol.Synced{Op: protocol.OpSynced, ID: "r2", Cursors: map[string]int64{"c1": 106}, Read: map[string]int64{"c1": 100}},
 	}
@@ -133,6 +136,8 @@ func TestSchemaRejectsBadFrames(t *testing.T) {
 		`{"op":"read","id":"r1","conversation_id":"c1"}`,
 		`{"op":"read","id":"r1","conversation_id":"c1","seq":0}`,
 		`{"op":"create","id":"r1","conversation_id":"c1","extra":1}`,
+		`{"op":"refresh","id":"r1"}`,
+		`{"op":"refresh","id":"r1","token":""}`,
 	}
 	for _, f := range badClient {
 		if validate(clientSch, []byte(f)) == nil {
@@ -149,6 +154,8 @@ func TestSchemaRejectsBadFrames(t *testing.T) {
 		`{"op":"event","conversation_id":"c1","seq":2,"kind":"join","message_id":"x","sender":"u1","created_at":"2026-11-29T07:00:00Z"}`,    // join without user_id
 		`{"op":"event","conversation_id":"c1","seq":2,"kind":"message","message_id":"x","sender":"u1","body":"b","created_at":"yesterday"}`,
 		`{"op":"synced","id":"r1"}`,
+		`{"op":"accepted","id":"r1"}`, // neither a write's answer nor refresh's
+		`{"op":"accepted","id":"r1","conversation_id":"c1","seq":1,"expires_at":"2026-11-29T07:00:00Z"}`,
 		`{"op":"synced","id":"r1","cursors":{},"more":false}`,
 		`{"op":"history","id":"r1","conversation_id":"c1","events":[{"op":"event","conversation_id":"c1","seq":1,"kind":"leave","message_id":"x","sender":"u1","user_id":"u1","created_at":"2026-11-29T07:00:00Z"}]}`,
 	}

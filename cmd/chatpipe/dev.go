@@ -19,7 +19,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/atomicfile"
-	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -47,12 +46,17 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	key, err := auth.LoadSecret(*f.secret, dir, true)
+	key, err := f.tokens.loadSecret(dir, true)
 	if err != nil {
 		return err
 	}
 	s := &devStack{}
 	defer s.close()
+	verifier, err := f.tokens.verifier(ctx, key, log)
+	if err != nil {
+		return err
+	}
+	s.onClose(verifier.Close)
 	if err := s.start(ctx, f, dir, log); err != nil {
 		return err
 	}
@@ -64,7 +68,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	wd := s.webDeps(key, log)
 	wd.OpsPublic, wd.MetricsPublic = *f.opsPublic, *f.metricsPublic
-	g, err := newGatewayRole(roles.ctx, key, *f.httpAddr, f.lim, f.dlv, metrics, wd, log)
+	g, err := newGatewayRole(roles.ctx, verifier, *f.httpAddr, f.lim, f.dlv, metrics, wd, log)
 	if err != nil {
 		return err
 	}
@@ -91,14 +95,15 @@ func runDev(ctx context.Context, args []string) error {
 
 // devFlags are the flags of chatpipe dev.
 type devFlags struct {
-	dataDir, httpAddr, dbURL, kafka, etcd, secret, admin *string
-	workers, vshards, partitions, dedicated, cacheConvs  *int
-	persist, projection, opsPublic, metricsPublic        *bool
-	linger                                               *time.Duration
-	lim                                                  limitFlags
-	dlv                                                  deliveryFlags
-	sec                                                  *secFlags
-	level, format                                        *string
+	dataDir, httpAddr, dbURL, kafka, etcd, admin        *string
+	workers, vshards, partitions, dedicated, cacheConvs *int
+	persist, projection, opsPublic, metricsPublic       *bool
+	linger                                              *time.Duration
+	lim                                                 limitFlags
+	dlv                                                 deliveryFlags
+	sec                                                 *secFlags
+	tokens                                              tokenFlags
+	level, format                                       *string
 }
 
 func addDevFlags(fs *flag.FlagSet) devFlags {
@@ -114,7 +119,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
 	f.persist = fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
 	f.projection = fs.Bool("projection", true, "run projection in this process (false: run 'chatpipe projection' yourself)")
-	f.secret = fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else generated once into the data dir)")
+	f.tokens = addTokenFlags(fs, "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	f.linger = fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops of the whole process (empty: none; in endpoints.json as admin)")

@@ -220,7 +220,7 @@ func runGateway(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
 	httpAddr := fs.String("http", "127.0.0.1:8080", "listen address (websocket at /v1/ws)")
-	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	tokens := addTokenFlags(fs, "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else the file in --data-dir; none with --jwks-url: HS256 off)")
 	dataDir := fs.String("data-dir", "", "data dir holding a generated JWT secret")
 	lim := addLimitFlags(fs)
 	dlv := addDeliveryFlags(fs)
@@ -242,13 +242,18 @@ func runGateway(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	key, err := auth.LoadSecret(*secret, *dataDir, false)
+	key, err := tokens.loadSecret(*dataDir, false)
 	if err != nil {
 		return err
 	}
-	if len(key) < auth.MinSecretBytes {
+	if key != nil && len(key) < auth.MinSecretBytes {
 		return fmt.Errorf("the JWT secret is %d bytes; HS256 needs at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes)
 	}
+	verifier, err := tokens.verifier(ctx, key, log)
+	if err != nil {
+		return err
+	}
+	defer verifier.Close()
 	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 	if err != nil {
 		return err
@@ -259,7 +264,7 @@ func runGateway(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	g, err := newGatewayRole(ctx, key, *httpAddr, lim, dlv, nil,
+	g, err := newGatewayRole(ctx, verifier, *httpAddr, lim, dlv, nil,
 		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, MetricsPublic: *metricsPublic, Log: log.With("role", "web")}, log)
 	if err != nil {
 		return err
@@ -308,9 +313,9 @@ type gatewayRole struct {
 // follows owners in web.Etcd until ctx ends, and its feed; the registry
 // holds the gateway's and the feed's metrics and more (other roles of the
 // process). Run the feed and call serve to start it.
-func newGatewayRole(ctx context.Context, key []byte, addr string, lim limitFlags, dlv deliveryFlags,
+func newGatewayRole(ctx context.Context, tokens *auth.Verifier, addr string, lim limitFlags, dlv deliveryFlags,
 	more []prometheus.Collector, web webDeps, log *slog.Logger) (*gatewayRole, error) {
-	gw, srv, ln, err := startGateway(ctx, web.Etcd, web.Config, key, addr, web.DB, lim, log)
+	gw, srv, ln, err := startGateway(ctx, web.Etcd, web.Config, tokens, addr, web.DB, lim, log)
 	if err != nil {
 		return nil, err
 	}
@@ -386,12 +391,12 @@ func (l limitFlags) linkCollectors() []prometheus.Collector {
 
 // startGateway makes a gateway and its listener; with db it answers sync and
 // history (run a delivery.Feed beside it to push events).
-func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, secret []byte, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
+func startGateway(ctx context.Context, cli *clientv3.Client, cfg lease.Config, tokens *auth.Verifier, addr string, db *pgxpool.Pool, lim limitFlags, log *slog.Logger) (*gateway.Gateway, *http.Server, net.Listener, error) {
 	watcher, err := lease.Watch(ctx, cli, lease.DefaultPrefix, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Dedicated: cfg.Dedicated, Secret: secret, Log: log.With("role", "gateway")}
+	gcfg := gateway.Config{Owners: watcher, VShards: cfg.VShards, Dedicated: cfg.Dedicated, Tokens: tokens, Log: log.With("role", "gateway")}
 	if db != nil {
 		gcfg.Reads = &delivery.Store{DB: db}
 	}
@@ -477,7 +482,10 @@ func runToken(_ context.Context, args []string) error {
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	user := fs.String("user", "", "user id (the token's sub)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "validity")
-	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else the file in --data-dir)")
+	secretFile := fs.String("jwt-secret-file", "", "file holding the JWT HS256 secret")
+	issuer := fs.String("jwt-issuer", "", "iss of the token (for a gateway with --jwt-issuer)")
+	audience := fs.String("jwt-audience", "", "aud of the token (for a gateway with --jwt-audience)")
 	dataDir := fs.String("data-dir", "chatpipe-data", "data dir of 'chatpipe dev' holding the generated secret")
 	checkFlags(fs, positive("ttl"))
 	if err := parse(fs, args); err != nil {
@@ -487,11 +495,11 @@ func runToken(_ context.Context, args []string) error {
 		return errors.New("--user is required")
 	}
 	dir, _ := filepath.Abs(*dataDir)
-	key, err := auth.LoadSecret(*secret, dir, false)
+	key, err := tokenFlags{secret: secret, secretFile: secretFile, jwksURL: new(string)}.loadSecret(dir, false)
 	if err != nil {
 		return err
 	}
-	tok, err := auth.Mint(key, *user, *ttl, time.Now())
+	tok, err := auth.MintFor(key, *user, *ttl, time.Now(), *issuer, *audience)
 	if err != nil {
 		return err
 	}
