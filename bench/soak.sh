@@ -117,7 +117,9 @@ start_role persist 's/.*persist starting.* admin=\([0-9.:]*\).*/\1/p' persist
 start_role projection 's/.*projection starting.* admin=\([0-9.:]*\).*/\1/p' projection
 start_role w1 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w1
 start_role w2 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w2
-start_role gateway 's/.*gateway listening.* addr=\([0-9.:]*\).*/\1/p' gateway --http 127.0.0.1:0 --data-dir "$W/dev"
+# --metrics-public: the soak samples the gateway's /metrics on the address
+# it also serves the websocket on (the gateway's default keeps it on --admin).
+start_role gateway 's/.*gateway listening.* addr=\([0-9.:]*\).*/\1/p' gateway --http 127.0.0.1:0 --data-dir "$W/dev" --metrics-public
 GW=${URLS[${#URLS[@]} - 1]%/metrics}
 GW=${GW#http://}
 for _ in $(seq 1 300); do curl -sf "http://$GW/readyz" > /dev/null && break; sleep 0.2; done
