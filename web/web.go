@@ -28,6 +28,9 @@ type Config struct {
 	Secret []byte
 	// TokenTTL is the validity of minted tokens (default DefaultTokenTTL).
 	TokenTTL time.Duration
+	// Issuer and Audience, when set, are the iss and aud of minted tokens
+	// (a gateway that checks them: --jwt-issuer, --jwt-audience).
+	Issuer, Audience string
 	// Ops is the source of /ops/state; nil serves the pages without it
 	// (/ops/state answers 503).
 	Ops *Ops
@@ -136,7 +139,7 @@ func (c *Config) devToken(w http.ResponseWriter, r *http.Request) {
 		user = r.FormValue("user")
 	}
 	now := c.Now()
-	tok, err := auth.Mint(c.Secret, user, c.TokenTTL, now)
+	tok, err := auth.MintFor(c.Secret, user, c.TokenTTL, now, c.Issuer, c.Audience)
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return

@@ -1,7 +1,9 @@
 package web
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -173,5 +175,38 @@ func TestMountChatAndOpsApart(t *testing.T) {
 		if status, _, _ := get(t, c.srv.URL+c.path); status != c.status {
 			t.Errorf("%s: %d, want %d", c.path, status, c.status)
 		}
+	}
+}
+
+// A dev token carries the issuer and audience the gateway checks.
+func TestDevTokenIssuerAudience(t *testing.T) {
+	srv := server(t, Config{Dev: true, Secret: []byte("test-secret"), Issuer: "iss-1", Audience: "aud-1"})
+	resp, err := http.PostForm(srv.URL+"/dev/token", url.Values{"user": {"alice"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct{ Token string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(out.Token, ".")
+	if len(parts) != 3 {
+		t.Fatalf("token %q", out.Token)
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims struct {
+		Iss string `json:"iss"`
+		Aud any    `json:"aud"`
+		Sub string `json:"sub"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		t.Fatal(err)
+	}
+	if claims.Iss != "iss-1" || fmt.Sprint(claims.Aud) != "aud-1" && fmt.Sprint(claims.Aud) != "[aud-1]" || claims.Sub != "alice" {
+		t.Fatalf("claims %+v", claims)
 	}
 }

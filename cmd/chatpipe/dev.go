@@ -68,6 +68,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	wd := s.webDeps(key, log)
 	wd.OpsPublic, wd.MetricsPublic = *f.opsPublic, *f.metricsPublic
+	wd.Issuer, wd.Audience = *f.tokens.issuer, *f.tokens.audience // the page's tokens pass the gateway's checks
 	g, err := newGatewayRole(roles.ctx, verifier, *f.httpAddr, f.lim, f.dlv, metrics, wd, log)
 	if err != nil {
 		return err

@@ -423,7 +423,10 @@ type webDeps struct {
 	KafkaOpts []kgo.Opt
 	Secret    []byte // JWT secret; used only when Dev is set
 	Dev       bool   // chatpipe dev: dev-only endpoints (minting tokens) are on
-	NoChat    bool   // no chat page on the public address (chatpipe gateway --pages=false)
+	// Issuer and Audience go into the tokens Dev mints (the gateway's
+	// --jwt-issuer and --jwt-audience).
+	Issuer, Audience string
+	NoChat           bool // no chat page on the public address (chatpipe gateway --pages=false)
 	// OpsPublic serves the pipeline page (/ops, /ops/state) on the public
 	// address too; it is on the admin listener regardless.
 	OpsPublic bool

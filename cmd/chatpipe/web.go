@@ -25,7 +25,7 @@ func init() {
 		}
 		cfg := web.Config{Dev: d.Dev, Ops: src, Log: d.Log}
 		if d.Dev {
-			cfg.Secret = d.Secret
+			cfg.Secret, cfg.Issuer, cfg.Audience = d.Secret, d.Issuer, d.Audience
 		}
 		return func(mux *http.ServeMux, chat, ops bool) {
 			mount := web.Mount // both share the scripts: mount them once per mux
