@@ -21,8 +21,10 @@ import (
 // per user and per conversation, not_found, and 429 for too many
 // connections of one user.
 func TestRejectedCodes(t *testing.T) {
+	// --jwt-leeway 0: an open connection's token expires at its exp, not 5 s
+	// later.
 	dev := startDev(t, t.TempDir(), "--rate-user", "5", "--rate-user-burst", "5", "--rate-conv", "1", "--rate-conv-burst", "3",
-		"--max-conns-per-user", "3")
+		"--max-conns-per-user", "3", "--jwt-leeway", "0")
 	// unauthorized: the token expires while the connection is open
 	tok, _ := auth.Mint(dev.secret, "shortlived", 1500*time.Millisecond, time.Now())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
