@@ -10,9 +10,10 @@
 //   - after each (re)connect the client syncs from the cursors of its last
 //     complete `synced` reply, paging while the server says `more`;
 //   - `unavailable`, `rate_limited` and unanswered commands are retried,
-//     honouring `retry_after_ms`; `unauthorized` (a token that expired on an
-//     open connection) makes the client dial again with a fresh token from
-//     its token provider and retry;
+//     honouring `retry_after_ms`; before the connection's token expires the
+//     client sends `refresh` with a fresh token from its provider, and
+//     `unauthorized` (a token that expired on an open connection anyway)
+//     makes it dial again with a fresh token and retry;
 //   - events are de-duplicated by (conversation_id, seq) and kept ordered by
 //     seq per conversation;
 //   - read markers are coalesced: at most one `read` in flight per
@@ -100,6 +101,15 @@ export interface ClientOptions {
   stableAfterMs?: number;
   /** Bounds one websocket dial (default 10 s). */
   dialTimeoutMs?: number;
+  /**
+   * How long before the connection's token expires the client sends
+   * `refresh` with a fresh token from its provider (default 1 min; for a
+   * short-lived token, halfway through its life if that is later). The
+   * token's `exp` is read without verifying it; a token without one, or a
+   * refused refresh, leaves the fallback: dialling again on
+   * `unauthorized`.
+   */
+  refreshBeforeMs?: number;
   /**
    * Returns a fresh client_message_id (default: "m-" and 16 random bytes in
    * hex). Ids must be of [A-Za-z0-9._:-], at most 128 bytes.
@@ -207,6 +217,9 @@ export class Client extends EventTarget {
   private connAbort: AbortController | null = null; // aborted when the connection is lost
   private gen = 0; // connection generation, bumped on each connect
   private connectedAt = 0;
+  private dialToken = ""; // the token the connection being dialled or served presented
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  private refreshCount = 0;
   private attempt = 0; // reconnect attempt, reset after a stable connection
   private pausedNow = false; // pause(): stay disconnected until resume()
   private reconnecting = false; // the reconnect loop runs
@@ -237,6 +250,7 @@ export class Client extends EventTarget {
       maxBackoffMs: options.maxBackoffMs ?? 30_000,
       stableAfterMs: options.stableAfterMs ?? 60_000,
       dialTimeoutMs: options.dialTimeoutMs ?? 10_000,
+      refreshBeforeMs: options.refreshBeforeMs ?? 60_000,
       newId: options.newId ?? randomId,
       onEvent: options.onEvent,
       onRead: options.onRead,
@@ -354,6 +368,7 @@ export class Client extends EventTarget {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.refreshTimer);
     this.closing.abort(closedError("close"));
     const ws = this.ws;
     if (ws) this.drop(ws, 1000);
@@ -643,6 +658,7 @@ export class Client extends EventTarget {
     } catch (err) {
       throw new Error(`chatpipe: token: ${String(err)}`, { cause: err });
     }
+    this.dialToken = tok;
     const u = new URL(this.url);
     u.searchParams.set("token", tok);
     return new Promise<WebSocketLike>((resolve, reject) => {
@@ -705,6 +721,7 @@ export class Client extends EventTarget {
     this.connAbort = abort;
     ws.onmessage = (ev: any) => this.onMessage(ev.data);
     ws.onclose = (ev: any) => this.lost(ws, ev?.code, ev?.reason);
+    this.scheduleRefresh(gen, this.dialToken);
     ws.onerror = () => {
       // a close event follows
     };
@@ -746,9 +763,48 @@ export class Client extends EventTarget {
     this.lost(ws, code, "");
   }
 
+  /** How many times the connection's token was replaced by `refresh`. */
+  get refreshes(): number {
+    return this.refreshCount;
+  }
+
+  /**
+   * Arms the refresh of connection gen's token tok: refreshBeforeMs before
+   * its exp, or halfway through its life if that is later.
+   */
+  private scheduleRefresh(gen: number, tok: string): void {
+    clearTimeout(this.refreshTimer);
+    const exp = tokenExpiry(tok);
+    const now = Date.now();
+    if (exp === undefined || exp <= now || this.closed) return;
+    const at = Math.max(exp - this.opts.refreshBeforeMs, now + (exp - now) / 2);
+    this.refreshTimer = setTimeout(() => void this.refreshNow(gen), at - now);
+  }
+
+  /** Replaces connection gen's token with a fresh one from the provider. */
+  private async refreshNow(gen: number): Promise<void> {
+    if (this.closed || gen !== this.gen || !this.ws) return;
+    let tok: string;
+    try {
+      tok = await this.token();
+    } catch {
+      return; // the provider failed: the fallback (dialling again) remains
+    }
+    try {
+      const f = await this.roundTrip({ op: "refresh", token: tok }, false, this.connAbort?.signal);
+      if (f.op === "accepted" && gen === this.gen) {
+        this.refreshCount++;
+        this.scheduleRefresh(gen, tok);
+      }
+    } catch {
+      // the connection went away, or no answer: a new connection dials with a fresh token
+    }
+  }
+
   /** Handles the loss of ws: reconnects in the background unless closed. */
   private lost(ws: WebSocketLike, code?: number, reason?: string): void {
     if (this.ws !== ws) return;
+    clearTimeout(this.refreshTimer);
     ws.onopen = ws.onclose = ws.onerror = ws.onmessage = null;
     this.ws = null;
     this.syncedNow = false;
@@ -1030,4 +1086,20 @@ function rejection(req: WireRequest, f: WireFrame): ChatpipeError {
     req.conversation_id,
     f.retry_after_ms,
   );
+}
+
+/**
+ * The exp of a JWT in milliseconds since the epoch, read without verifying
+ * the token (undefined when it has none or is not a JWT).
+ */
+function tokenExpiry(tok: string): number | undefined {
+  const part = tok.split(".")[1];
+  if (!part) return undefined;
+  try {
+    const json = atob(part.replace(/-/g, "+").replace(/_/g, "/").padEnd(Math.ceil(part.length / 4) * 4, "="));
+    const exp = (JSON.parse(json) as { exp?: unknown }).exp;
+    return typeof exp === "number" && Number.isFinite(exp) ? exp * 1000 : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -86,6 +86,8 @@ export interface WireRequest {
   limit?: number;
   /** read's marker. */
   seq?: number;
+  /** refresh's new token. */
+  token?: string;
 }
 
 /** An event as it is on the wire. */

@@ -151,6 +151,11 @@ class Fake {
         if (moved) this.pushFrame({ op: "read", conversation_id: r.conversation_id, seq: r.seq });
         return;
       }
+      case "refresh": {
+        this.tokens.push(r.token);
+        reply({ op: "accepted", expires_at: "2026-12-01T00:00:00Z" });
+        return;
+      }
       case "conversations": {
         const list = [...this.events].map(([conv, evs]) => {
           const readSeq = this.markers.get(conv) ?? 0;
@@ -587,3 +592,33 @@ test("unread counts other senders' messages after the marker within the current 
   assert.equal(c.unread("r-7", "me"), 1);
   assert.equal(c.unread("r-none", "me"), 0);
 });
+
+/** An unsigned JWT-shaped token for user that expires in ms (the fake does not verify). */
+function jwtLike(user: string, ms: number): string {
+  const b64 = (o: object) => Buffer.from(JSON.stringify(o)).toString("base64url");
+  return `${b64({ alg: "HS256", typ: "JWT" })}.${b64({ sub: user, exp: (Date.now() + ms) / 1000 })}.sig`;
+}
+
+test("the connection's token is refreshed before it expires, on the same connection", async () => {
+  let n = 0;
+  const c = await Client.connect(fake.url, () => jwtLike(`u-${++n}`, 1200), { WebSocket: WS, baseBackoffMs: 20 });
+  clients.push(c);
+  await c.waitSynced();
+  // Halfway through each token's 1.2 s life: a refresh with the next token.
+  await waitUntil("two refreshes", () => c.refreshes >= 2, 5000);
+  const refreshed = fake.requests.filter((r) => r.op === "refresh").map((r) => r.token as string);
+  assert.ok(refreshed.length >= 2, `refreshes sent: ${refreshed.length}`);
+  assert.equal(refreshed[0], fake.tokens.find((t) => t === refreshed[0]));
+  assert.notEqual(refreshed[0], refreshed[1]);
+  assert.equal(c.connects, 1, "a refresh needs no new connection");
+});
+
+test("a token without exp is never refreshed", async () => {
+  const before = fake.requests.filter((r) => r.op === "refresh").length;
+  const c = await connect();
+  await c.waitSynced();
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(fake.requests.filter((r) => r.op === "refresh").length, before);
+  await c.close();
+});
+

@@ -398,3 +398,20 @@ test("unread counts are right after a burst of messages from another member", { 
     return ae?.readSeq === 0 && ae.unread === 2;
   }, 30_000, 250);
 });
+
+test("refresh keeps a connection past its first token's expiry", { skip }, async () => {
+  const user = `ts-refresh-${run}`;
+  // Tokens of 2 s: refreshed halfway through their life, on the same
+  // connection. Without it the connection's token would have expired (at
+  // exp plus the gateway's leeway of a few seconds) before the send below.
+  const c = await Client.connect(wsURL, () => mint(user, 2), { WebSocket: WS, baseBackoffMs: 50 });
+  clients.push(c);
+  await c.waitSynced();
+  const conv = id("refresh");
+  await c.create(conv, []);
+  await new Promise((r) => setTimeout(r, 9000));
+  const sent = await c.send(conv, "still here");
+  assert.equal(sent.seq, 2);
+  assert.equal(c.connects, 1, "the connection was dialled again instead of refreshed");
+  assert.ok(c.refreshes >= 3, `refreshes: ${c.refreshes}`);
+});
