@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -102,13 +103,45 @@ func probeEtcd(ctx context.Context, tc *tls.Config, endpoints []string) error {
 	return fmt.Errorf("etcd refused this client's TLS (check --etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key): %w", errors.Join(errs...))
 }
 
-func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+// defaultPoolConns is the least a role's Postgres pool may grow to when its
+// database URL does not set pool_max_conns (pgx's own default, the number
+// of CPUs but at least 4, starves a worker's state loads on a small
+// machine).
+const defaultPoolConns = 16
+
+// poolConfig parses a database URL (or keyword/value DSN). A
+// pool_max_conns it names is kept as it is, so a deployment can size its
+// roles' pools under Postgres' max_connections; without one the pool may
+// grow to pgx's default or defaultPoolConns, whichever is larger.
+func poolConfig(dbURL string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
 	}
-	if cfg.MaxConns < 16 {
-		cfg.MaxConns = 16
+	if !setsPoolMaxConns(dbURL) {
+		cfg.MaxConns = max(cfg.MaxConns, defaultPoolConns)
+	}
+	return cfg, nil
+}
+
+// setsPoolMaxConns tells whether a database URL or keyword/value DSN names
+// pool_max_conns.
+func setsPoolMaxConns(dbURL string) bool {
+	if strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://") {
+		u, err := url.Parse(dbURL)
+		return err == nil && u.Query().Has("pool_max_conns")
+	}
+	return dsnPoolMaxConns.MatchString(dbURL)
+}
+
+// dsnPoolMaxConns finds the pool_max_conns key of a keyword/value DSN
+// (libpq allows spaces around the =).
+var dsnPoolMaxConns = regexp.MustCompile(`(^|\s)pool_max_conns\s*=`)
+
+func openDB(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(dbURL)
+	if err != nil {
+		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
