@@ -204,6 +204,17 @@ func TestComposeSmoke(t *testing.T) {
 		return int(owned) == want
 	})
 	t.Logf("stack ready: %d vshards owned by %d workers, gateway %s", int(owned), len(workerMetrics), gatewayWS)
+	// The replicas run without --id: each is named for its container's
+	// host name and listen port, one id each, which a restart in place
+	// keeps (so the worker label of their metrics does).
+	ids := map[string]bool{}
+	for _, u := range workerMetrics {
+		id := workerLabel(t, u)
+		if ids[id] || !strings.HasPrefix(id, "worker-") || !strings.HasSuffix(id, "-7070") {
+			t.Errorf("%s: worker id %q (ids so far %v): want a distinct <hostname>…-<port>", u, id, ids)
+		}
+		ids[id] = true
+	}
 
 	// Each role's Docker healthcheck, run as the container would: the
 	// image's binary with the service's environment, 127.0.0.1 being the
@@ -618,7 +629,9 @@ func (s *smokeStack) rewriteAll(inst string, args []string, volumes []string) []
 // env is the environment of a chatpipe instance: the compose file's, mapped,
 // and nothing of the test's own (no CHATPIPE_ variable leaks in).
 func (s *smokeStack) env(inst string, compose map[string]any) []string {
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.root, "TMPDIR=" + os.TempDir()}
+	// HOSTNAME: Docker sets it to each container's own name, and a worker
+	// without --id is named for it.
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.root, "TMPDIR=" + os.TempDir(), "HOSTNAME=" + inst}
 	for _, k := range sortedKeys(compose) {
 		env = append(env, k+"="+s.rewrite(inst, fmt.Sprint(compose[k])))
 	}
@@ -933,4 +946,24 @@ func contains(list []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// workerLabel is the worker label of chatpipe_worker_owned_shards on a
+// worker's /metrics.
+func workerLabel(t *testing.T, metricsURL string) string {
+	t.Helper()
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^chatpipe_worker_owned_shards\{[^}]*worker="([^"]*)"`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s: no chatpipe_worker_owned_shards with a worker label", metricsURL)
+	}
+	return string(m[1])
 }

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -92,7 +94,7 @@ func joinList(l []string) string {
 func runWorker(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
-	id := fs.String("id", "", "worker id, unique in the deployment (default: worker-<random>)")
+	id := fs.String("id", "", "worker id, unique in the deployment: its owner rows and the worker label of its metrics (default: <hostname>-<port> with a fixed --listen port, so a restarted worker keeps it; worker-<random> with port 0)")
 	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
 	advertise := fs.String("advertise", "", "address gateways dial (default: the listener's)")
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/ (advertised in etcd)")
@@ -110,9 +112,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return errors.New("need --endpoints, or --etcd, --kafka and --database-url")
 	}
 	if *id == "" {
-		b := make([]byte, 4)
-		rand.Read(b)
-		*id = "worker-" + hex.EncodeToString(b)
+		*id = defaultWorkerID(*listen)
 	}
 	kopts, err := inf.kafkaOpts(ctx)
 	if err != nil {
@@ -514,4 +514,39 @@ func runToken(_ context.Context, args []string) error {
 // --kafka-sasl-* flags, checked against --kafka once (see secFlags).
 func (f infraFlags) kafkaOpts(ctx context.Context) ([]kgo.Opt, error) {
 	return f.sec.kafkaOpts(ctx, splitList(*f.kafka))
+}
+
+// defaultWorkerID is a worker's id when --id is not given. With a fixed
+// listen port it is the host's name and that port — and the listen IP
+// when it is not a wildcard —, which no other worker on the host can have
+// at the same time and which a restarted worker (a container restarted in
+// place, a unit restarted by systemd) has again, so its owner rows and the
+// worker label of its metrics stay the same across restarts. The host's
+// name is $HOSTNAME when set (a container's own, which Docker sets), else
+// the kernel's. With port 0 (a free port each start) it is
+// worker-<random>.
+func defaultWorkerID(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || port == "" || port == "0" {
+		b := make([]byte, 4)
+		rand.Read(b)
+		return "worker-" + hex.EncodeToString(b)
+	}
+	name := os.Getenv("HOSTNAME")
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	if name == "" {
+		name = "worker"
+	}
+	id := name
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		id += "-" + host
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == ' ' {
+			return '_'
+		}
+		return r
+	}, id+"-"+port)
 }
