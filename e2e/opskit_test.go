@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"sigs.k8s.io/yaml"
 )
 
@@ -375,5 +377,149 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 	sort.Strings(missing)
 	if len(missing) > 0 {
 		t.Errorf("compose services without a healthcheck: %v", missing)
+	}
+}
+
+const dashboardSchemaPath = "../deploy/grafana/dashboard.schema.json"
+
+// dashboardSchema compiles deploy/grafana/dashboard.schema.json.
+func dashboardSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	b, err := os.ReadFile(dashboardSchemaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", dashboardSchemaPath, err)
+	}
+	const url = "https://chatpipe.dev/schemas/grafana-dashboard.json"
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource(url, doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		t.Fatalf("%s: %v", dashboardSchemaPath, err)
+	}
+	return sch
+}
+
+// gridOverlaps names the panels of ps (nested rows' panels included) that
+// do not fit the 24-column grid or cover a cell another panel covers.
+func gridOverlaps(ps []any) []string {
+	type cell struct{ x, y int }
+	taken := map[cell]string{}
+	var bad []string
+	var walk func([]any)
+	walk = func(ps []any) {
+		for _, p := range ps {
+			pm, _ := p.(map[string]any)
+			g, _ := pm["gridPos"].(map[string]any)
+			title, _ := pm["title"].(string)
+			num := func(k string) int { // json.Number as decoded, float64 as a test sets it
+				switch v := g[k].(type) {
+				case json.Number:
+					n, _ := v.Int64()
+					return int(n)
+				case float64:
+					return int(v)
+				}
+				return 0
+			}
+			x, y, w, h := num("x"), num("y"), num("w"), num("h")
+			if x+w > 24 {
+				bad = append(bad, fmt.Sprintf("%q ends at column %d of 24", title, x+w))
+			}
+			for i := x; i < x+w; i++ {
+				for j := y; j < y+h; j++ {
+					if other, ok := taken[cell{i, j}]; ok {
+						bad = append(bad, fmt.Sprintf("%q overlaps %q at column %d, row %d", title, other, i, j))
+						return
+					}
+					taken[cell{i, j}] = title
+				}
+			}
+			if sub, ok := pm["panels"].([]any); ok {
+				walk(sub)
+			}
+		}
+	}
+	walk(ps)
+	return bad
+}
+
+// TestDashboardMatchesSchema validates the shipped Grafana dashboard
+// against the schema of what Grafana's dashboard model requires of it
+// (deploy/grafana/dashboard.schema.json) and checks that its panels tile
+// the 24-column grid without overlapping; dashboards that break each rule
+// are refused, so the check can fail.
+func TestDashboardMatchesSchema(t *testing.T) {
+	sch := dashboardSchema(t)
+	b, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() map[string]any {
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", dashboardPath, err)
+		}
+		return v.(map[string]any)
+	}
+	d := load()
+	if err := sch.Validate(d); err != nil {
+		t.Fatalf("%s does not match %s: %v", dashboardPath, dashboardSchemaPath, err)
+	}
+	if bad := gridOverlaps(d["panels"].([]any)); len(bad) > 0 {
+		t.Fatalf("%s: panels off the grid: %s", dashboardPath, strings.Join(bad, "; "))
+	}
+
+	panel := func(d map[string]any, i int) map[string]any { return d["panels"].([]any)[i].(map[string]any) }
+	firstQuery := func(d map[string]any) (map[string]any, map[string]any) {
+		for i := range d["panels"].([]any) {
+			if p := panel(d, i); p["type"] != "row" {
+				return p, p["targets"].([]any)[0].(map[string]any)
+			}
+		}
+		t.Fatal("the dashboard has no query panel")
+		return nil, nil
+	}
+	for name, breakIt := range map[string]func(map[string]any){
+		"no uid":               func(d map[string]any) { delete(d, "uid") },
+		"a 41-character uid":   func(d map[string]any) { d["uid"] = strings.Repeat("u", 41) },
+		"an old schemaVersion": func(d map[string]any) { d["schemaVersion"] = 16.0 },
+		"a misspelt field":     func(d map[string]any) { d["pannels"] = d["panels"] },
+		"a panel 25 wide":      func(d map[string]any) { p, _ := firstQuery(d); p["gridPos"].(map[string]any)["w"] = 25.0 },
+		"a query without refId": func(d map[string]any) {
+			_, q := firstQuery(d)
+			delete(q, "refId")
+		},
+		"a query without expr": func(d map[string]any) {
+			_, q := firstQuery(d)
+			delete(q, "expr")
+		},
+		"a panel without data source": func(d map[string]any) { p, _ := firstQuery(d); delete(p, "datasource") },
+		"a Loki data source": func(d map[string]any) {
+			p, _ := firstQuery(d)
+			p["datasource"] = map[string]any{"type": "loki", "uid": "x"}
+		},
+		"an unknown panel type": func(d map[string]any) { p, _ := firstQuery(d); p["type"] = "graphh" },
+		"a row with queries": func(d map[string]any) {
+			panel(d, 0)["targets"] = []any{map[string]any{"refId": "A", "expr": "up"}}
+		},
+	} {
+		d := load()
+		breakIt(d)
+		if err := sch.Validate(d); err == nil {
+			t.Errorf("a dashboard with %s passes the schema", name)
+		}
+	}
+
+	d = load()
+	p, _ := firstQuery(d)
+	p["gridPos"].(map[string]any)["x"] = 20.0 // still within the schema's 0–23, but past column 24 with its width
+	if bad := gridOverlaps(d["panels"].([]any)); len(bad) == 0 {
+		t.Error("a panel moved past the grid's right edge is not found")
 	}
 }
