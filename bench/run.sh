@@ -152,8 +152,10 @@ start_roles() {
   local d=$W/stack
   rm -rf "$d"; mkdir -p "$d"
   log "broker"
-  echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 8 --admin 127.0.0.1:0" >> "$R/commands.txt"
-  "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 8 --admin 127.0.0.1:0 --log-level info > "$L/kafka.out" 2> "$L/kafka.log" &
+  # 10 partitions: dev's 8 for the hashed vshards and one for each of its 2
+  # dedicated vshards (dev refuses a topic of another shape).
+  echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 10 --admin 127.0.0.1:0" >> "$R/commands.txt"
+  "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 10 --admin 127.0.0.1:0 --log-level info > "$L/kafka.out" 2> "$L/kafka.log" &
   PIDS+=($!)
   local kpid=$!
   KAFKA=$(wait_for "$L/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')
@@ -344,8 +346,8 @@ if [ "$SWEEP" = 1 ]; then
       d=$W/$name
       rm -rf "$d"; mkdir -p "$d"
       NAMES=() PPIDS=() ADMINS=() PM=
-      echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 8 --admin 127.0.0.1:0" >> "$R/commands.txt"
-      "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 8 --admin 127.0.0.1:0 --log-level info > "$d/kafka.out" 2> "$d/kafka.log" &
+      echo "$BIN kafka --data-dir $d/kafka --port 0 --partitions 10 --admin 127.0.0.1:0" >> "$R/commands.txt"
+      "$BIN" kafka --data-dir "$d/kafka" --port 0 --partitions 10 --admin 127.0.0.1:0 --log-level info > "$d/kafka.out" 2> "$d/kafka.log" &
       PIDS+=($!); kpid=$!
       KAFKA=$(wait_for "$d/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')
       add_proc broker "$kpid" ""

@@ -88,7 +88,9 @@ NAMES=() PPIDS=() URLS=()
 add_proc() { NAMES+=("$1"); PPIDS+=("$2"); URLS+=("$3"); }
 
 log "broker"
-"$BIN" kafka --data-dir "$W/kafka" --port 0 --partitions 8 --admin 127.0.0.1:0 --log-level info > "$L/kafka.out" 2> "$L/kafka.log" &
+# 10 partitions: dev's 8 for the hashed vshards and one for each of its 2
+# dedicated vshards (dev refuses a topic of another shape).
+"$BIN" kafka --data-dir "$W/kafka" --port 0 --partitions 10 --admin 127.0.0.1:0 --log-level info > "$L/kafka.out" 2> "$L/kafka.log" &
 PIDS+=($!); KAFKA_PID=$!
 KAFKA=$(wait_for "$L/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')
 KAFKA_ADMIN=$(wait_for "$L/kafka.log" 's/.*kafka admin listening.* admin=\([0-9.:]*\).*/\1/p')
