@@ -13,7 +13,14 @@ import (
 
 // ciSchedules is how many seeded schedules TestSchedules runs by default;
 // CHATPIPE_SIM_SCHEDULES sets another count, and a soak runs 1,000,000.
-const ciSchedules = 10_000
+// Under the race detector it runs raceSchedules: the simulation is one
+// goroutine, so the detector has nothing to find in it and only makes it
+// about ten times slower, beside the e2e suite in the same `go test -race
+// ./...`. .ci/run runs the package again without -race, all ciSchedules.
+const (
+	ciSchedules   = 10_000
+	raceSchedules = 1_000
+)
 
 // corpusFile holds the seeds of schedules that once failed (or that reach
 // a path worth keeping): TestScheduleCorpus runs every one of them, and
@@ -64,6 +71,9 @@ func TestSchedules(t *testing.T) {
 		return
 	}
 	n := ciSchedules
+	if raceDetector {
+		n = raceSchedules
+	}
 	if v := os.Getenv("CHATPIPE_SIM_SCHEDULES"); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 1 {
