@@ -170,6 +170,7 @@ func TestComposeSmoke(t *testing.T) {
 	}
 	var gatewayWS string
 	var workerMetrics []string
+	wantIDs := map[string]string{} // a worker's /metrics → the id it must have
 	for _, name := range chatpipes {
 		svc := c.Services[name]
 		admin, ok := flagValue(svc.Command, "admin")
@@ -181,7 +182,15 @@ func TestComposeSmoke(t *testing.T) {
 			a := s.rewrite(inst, admin)
 			s.waitHealthy(inst, func() error { return httpOK("http://" + a + "/readyz") })
 			if svc.Command[0] == "worker" {
-				workerMetrics = append(workerMetrics, "http://"+a+"/metrics")
+				u := "http://" + a + "/metrics"
+				workerMetrics = append(workerMetrics, u)
+				// Its HOSTNAME, listen IP and port (the instance's own
+				// address replaces the wildcard here; in Docker the id is
+				// <container>-7070).
+				if l, ok := flagValue(svc.Command, "listen"); ok {
+					host, port, _ := net.SplitHostPort(s.rewrite(inst, l))
+					wantIDs[u] = inst + "-" + host + "-" + port
+				}
 			}
 		}
 		if svc.Command[0] == "gateway" {
@@ -207,13 +216,10 @@ func TestComposeSmoke(t *testing.T) {
 	// The replicas run without --id: each is named for its container's
 	// host name and listen port, one id each, which a restart in place
 	// keeps (so the worker label of their metrics does).
-	ids := map[string]bool{}
 	for _, u := range workerMetrics {
-		id := workerLabel(t, u)
-		if ids[id] || !strings.HasPrefix(id, "worker-") || !strings.HasSuffix(id, "-7070") {
-			t.Errorf("%s: worker id %q (ids so far %v): want a distinct <hostname>…-<port>", u, id, ids)
+		if id, want := workerLabel(t, u), wantIDs[u]; id != want {
+			t.Errorf("%s: worker id %q, want %q (<HOSTNAME>-<listen IP>-<port>)", u, id, want)
 		}
-		ids[id] = true
 	}
 
 	// Each role's Docker healthcheck, run as the container would: the

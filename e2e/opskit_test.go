@@ -417,16 +417,7 @@ func gridOverlaps(ps []any) []string {
 			pm, _ := p.(map[string]any)
 			g, _ := pm["gridPos"].(map[string]any)
 			title, _ := pm["title"].(string)
-			num := func(k string) int { // json.Number as decoded, float64 as a test sets it
-				switch v := g[k].(type) {
-				case json.Number:
-					n, _ := v.Int64()
-					return int(n)
-				case float64:
-					return int(v)
-				}
-				return 0
-			}
+			num := func(k string) int { n, _ := g[k].(json.Number).Int64(); return int(n) }
 			x, y, w, h := num("x"), num("y"), num("w"), num("h")
 			if x+w > 24 {
 				bad = append(bad, fmt.Sprintf("%q ends at column %d of 24", title, x+w))
@@ -518,7 +509,7 @@ func TestDashboardMatchesSchema(t *testing.T) {
 
 	d = load()
 	p, _ := firstQuery(d)
-	p["gridPos"].(map[string]any)["x"] = 20.0 // still within the schema's 0–23, but past column 24 with its width
+	p["gridPos"].(map[string]any)["x"] = json.Number("20") // still within the schema's 0–23, but past column 24 with its width
 	if bad := gridOverlaps(d["panels"].([]any)); len(bad) == 0 {
 		t.Error("a panel moved past the grid's right edge is not found")
 	}

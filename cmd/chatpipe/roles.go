@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -539,14 +538,8 @@ func defaultWorkerID(listen string) string {
 	if name == "" {
 		name = "worker"
 	}
-	id := name
 	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
-		id += "-" + host
+		name += "-" + host
 	}
-	return strings.Map(func(r rune) rune {
-		if r == '/' || r == ' ' {
-			return '_'
-		}
-		return r
-	}, id+"-"+port)
+	return name + "-" + port
 }
