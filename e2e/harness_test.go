@@ -151,11 +151,14 @@ func (p *devProc) stop() {
 	p.logf.Close()
 }
 
-func tail(path string) string {
+func tail(path string) string { return tailN(path, 60) }
+
+// tailN returns the last n lines of the file at path.
+func tailN(path string, n int) string {
 	b, _ := os.ReadFile(path)
 	lines := strings.Split(string(b), "\n")
-	if len(lines) > 60 {
-		lines = lines[len(lines)-60:]
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
 }

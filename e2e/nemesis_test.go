@@ -104,6 +104,13 @@ func TestNemesis(t *testing.T) {
 	for _, r := range []string{"w1", "w2", "w3", "persist", "projection"} {
 		procs[r] = start(r)
 	}
+	t.Cleanup(func() { // (runs before the processes are stopped)
+		if t.Failed() {
+			for _, r := range []string{"persist", "projection"} {
+				t.Logf("%s's log:\n%s", procs[r].name, tail(procs[r].log))
+			}
+		}
+	})
 	waitFor(t, 120*time.Second, "the workers to own every vshard", func() bool {
 		v := etcdView(t, dev.ep)
 		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()

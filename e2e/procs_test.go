@@ -78,9 +78,16 @@ func (p *proc) stop() {
 	select {
 	case <-p.done:
 	case <-time.After(30 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-		p.t.Errorf("%s did not stop within 30 s of SIGTERM; log:\n%s", p.name, tail(p.log))
+		// SIGQUIT makes a Go process print every goroutine's stack and
+		// exit: the log then shows what the shutdown waits on.
+		p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		p.t.Errorf("%s did not stop within 30 s of SIGTERM; its goroutines at SIGQUIT and log:\n%s", p.name, tailN(p.log, 600))
 	}
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,7 +103,7 @@ func readDB(t *testing.T, ep endpoints, n int) []row {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("Postgres holds %d events, the log %d", have, n)
+			t.Fatalf("Postgres holds %d events, the log %d; stored offsets (consumer partition next updated):\n%s", have, n, storedOffsets(ep))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -129,6 +130,33 @@ func readDB(t *testing.T, ep endpoints, n int) []row {
 		t.Errorf("persist recorded %d seq conflicts", conflicts)
 	}
 	return out
+}
+
+// storedOffsets lists the consumers' stored offsets, for a failure message.
+func storedOffsets(ep endpoints) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, ep.Postgres)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT consumer, log_partition, next_offset, updated_at FROM consumer_offsets ORDER BY consumer, log_partition`)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	var consumer string
+	var part int32
+	var next int64
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&consumer, &part, &next, &at}, func() error {
+		fmt.Fprintf(&b, "  %s %d %d %s\n", consumer, part, next, at.UTC().Format("15:04:05.000"))
+		return nil
+	}); err != nil {
+		return err.Error()
+	}
+	return b.String()
 }
 
 // acceptedMsg is what a client was told.

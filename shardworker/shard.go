@@ -563,10 +563,26 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, 
 			wg.Done()
 		})
 	}
-	if err := cl.Flush(ctx); err != nil && firstErr == nil {
-		firstErr = err
+	if err := cl.Flush(ctx); err != nil {
+		// Flush gave up at ctx's deadline. A record still buffered then
+		// (waiting, say, for partition metadata that a restarting broker
+		// does not give yet) fails only once the client gives up on it,
+		// which can take longer than any stop may wait: close the client,
+		// which fails every buffered record at once, and let the next
+		// session open a new one. The open transaction is the broker's to
+		// abort (its timeout, or that next producer's InitProducerID).
+		cl.Close()
+		if s.cl == cl {
+			s.cl = nil
+		}
+		wg.Wait()
+		if firstErr != nil && !errors.Is(firstErr, kgo.ErrClientClosed) {
+			err = firstErr // (a record's own error, from before the close)
+		}
+		s.countFence(err)
+		return fmt.Errorf("shardworker: produce: %w", err)
 	}
-	wg.Wait()
+	wg.Wait() // (every promise has run once Flush returns nil)
 	if firstErr != nil {
 		s.countFence(firstErr)
 		_ = cl.AbortBufferedRecords(ctx)
