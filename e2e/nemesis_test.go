@@ -136,11 +136,11 @@ func TestNemesis(t *testing.T) {
 	const pastLease = 12 * time.Second
 	// A consumer is killed again only once the one started after its last
 	// kill has been in the group for a while. The stand-in broker (kfake)
-	// never expires a member that joined and died before it was answered
-	// (it arms a member's session timer only when an answer reaches it), so
-	// a second kill during the rebalance the first one began leaves that
-	// member holding its partitions for good; Kafka expires it after the
-	// session timeout.
+	// may never expire a member that joined and died before it was
+	// answered, unless it was the leader (docs/reliability.md,
+	// Assumptions), so a second kill during the rebalance the first one
+	// began can leave that member holding its partitions for good; Kafka
+	// expires it after the session timeout.
 	consumerStarted := map[string]time.Time{}
 	const consumerSettle = 20 * time.Second
 	killConsumer := func(role string) bool {

@@ -452,16 +452,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.ConsumerGroup(c.cfg.Group),
 		// A crashed member's partitions move after 10 s, not the default 45 s.
 		kgo.SessionTimeout(10*time.Second),
-		// A member that dies between joining and syncing (a crash, or a
-		// kill -9, during a rebalance) leaves the group waiting this long,
-		// not the default 60 s: the broker drops members that have not
-		// synced only at the rebalance timeout. A live member rejoins as
-		// soon as its batch in hand is written; one whose batch takes
-		// longer (Postgres down) is dropped and joins again, and its batch,
-		// if it commits, writes what the partition's new member writes
-		// too: every statement of a batch is idempotent, and stored
-		// offsets only move forward.
-		kgo.RebalanceTimeout(20*time.Second),
 		kgo.ConsumeTopics(c.cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
