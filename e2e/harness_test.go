@@ -137,13 +137,9 @@ func (p *devProc) stop() {
 		return
 	default:
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(60 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-		p.t.Errorf("chatpipe dev did not stop within 60 s of SIGTERM")
+	if !terminate(p.cmd.Process, p.done, 60*time.Second) {
+		p.t.Errorf("chatpipe dev did not stop within 60 s of SIGTERM; its goroutines at SIGQUIT and log:\n%s", tailN(filepath.Join(p.dir, "dev.log"), 600))
+		return
 	}
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 		p.t.Errorf("chatpipe dev exited with %d; log:\n%s", code, tail(filepath.Join(p.dir, "dev.log")))

@@ -74,21 +74,30 @@ func (p *proc) stop() {
 	default:
 	}
 	p.cmd.Process.Signal(syscall.SIGCONT)
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		// SIGQUIT makes a Go process print every goroutine's stack and
-		// exit: the log then shows what the shutdown waits on.
-		p.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			p.cmd.Process.Kill()
-			<-p.done
-		}
+	if !terminate(p.cmd.Process, p.done, 30*time.Second) {
 		p.t.Errorf("%s did not stop within 30 s of SIGTERM; its goroutines at SIGQUIT and log:\n%s", p.name, tailN(p.log, 600))
 	}
+}
+
+// terminate sends SIGTERM and waits until done closes; false if it did not
+// within: the process then gets SIGQUIT, which makes a Go process print
+// every goroutine's stack to its log and exit (what its shutdown waits on),
+// and SIGKILL 10 s later.
+func terminate(proc *os.Process, done <-chan struct{}, within time.Duration) bool {
+	proc.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		return true
+	case <-time.After(within):
+	}
+	proc.Signal(syscall.SIGQUIT)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		proc.Kill()
+		<-done
+	}
+	return false
 }
 
 // etcdView reads the owner rows and live workers.

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // row is one event as the world holds it: the committed log or Postgres.
@@ -141,20 +142,13 @@ func storedOffsets(ep endpoints) string {
 		return err.Error()
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT consumer, log_partition, next_offset, updated_at FROM consumer_offsets ORDER BY consumer, log_partition`)
+	offs, err := logsink.AllOffsets(ctx, conn, ep.Topic)
 	if err != nil {
 		return err.Error()
 	}
 	var b strings.Builder
-	var consumer string
-	var part int32
-	var next int64
-	var at time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&consumer, &part, &next, &at}, func() error {
-		fmt.Fprintf(&b, "  %s %d %d %s\n", consumer, part, next, at.UTC().Format("15:04:05.000"))
-		return nil
-	}); err != nil {
-		return err.Error()
+	for _, o := range offs {
+		fmt.Fprintf(&b, "  %s %d %d %s\n", o.Consumer, o.Partition, o.NextOffset, o.UpdatedAt.UTC().Format("15:04:05.000"))
 	}
 	return b.String()
 }

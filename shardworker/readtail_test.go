@@ -13,6 +13,18 @@ import (
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
+// testKafka starts a kfake broker for one test; it is closed after it
+// (Close may also be called before).
+func testKafka(t *testing.T) *devstack.Kafka {
+	t.Helper()
+	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
 // TestReplayStopsAtUnreadableRecord: a record of the vshard that does not
 // decode fails the replay (the takeover is retried) instead of being
 // skipped, which would let the new owner hand its seq out again. Records of
@@ -20,12 +32,7 @@ import (
 func TestReplayStopsAtUnreadableRecord(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	brokers := []string{k.Addr()}
+	brokers := []string{testKafka(t).Addr()}
 	for _, c := range []struct {
 		name, value string
 		want        error
