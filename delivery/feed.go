@@ -20,14 +20,23 @@ import (
 type Sink interface {
 	// Local reports whether the user has a device connected here.
 	Local(user string) bool
-	// Deliver queues event frames (already encoded, in seq order per
+	// Deliver queues pushes (frames already encoded, in seq order per
 	// conversation) to every connected device of the user, without
-	// blocking. One call carries all of a batch's frames for the user, so
+	// blocking. One call carries all of a batch's pushes for the user, so
 	// a device that takes several frames per message gets them together.
-	Deliver(user string, frames [][]byte)
+	Deliver(user string, pushes []Push)
 	// Lost is called when delivery rows were trimmed before this gateway
 	// read them: every device here must reconnect and sync.
 	Lost(reason string)
+}
+
+// Push is one frame for a user's devices: an event, or a read marker the
+// user's other device moved forward.
+type Push struct {
+	Conv  string
+	Seq   int64  // the event's seq, or the marker's
+	Read  bool   // a read marker
+	Frame []byte // the encoded frame
 }
 
 // Feed follows the delivery outbox the projection writes and pushes each
@@ -206,7 +215,7 @@ func (f *Feed) lose(reason string) {
 // deliver pushes the events of a run of outbox rows, then the read
 // markers they moved forward.
 func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
-	byUser := map[string][][]byte{}
+	byUser := map[string][]Push{}
 	var users []string
 	if err := f.deliverEvents(ctx, batch, byUser, &users); err != nil {
 		return err
@@ -223,7 +232,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 			if _, ok := byUser[user]; !ok {
 				users = append(users, user)
 			}
-			byUser[user] = append(byUser[user], frame)
+			byUser[user] = append(byUser[user], Push{Conv: row.readConvs[i], Seq: row.readSeqs[i], Read: true, Frame: frame})
 			f.markers.Add(1)
 		}
 	}
@@ -236,7 +245,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 // deliverEvents adds the event frames of a run of outbox rows to byUser,
 // for the users connected here who may see them (users lists byUser's keys
 // in the order they were added).
-func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[string][][]byte, users *[]string) error {
+func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[string][]Push, users *[]string) error {
 	// One range per conversation across the rows.
 	idx := map[string]int{}
 	var ranges []Range
@@ -302,7 +311,7 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 			if _, ok := byUser[user]; !ok {
 				*users = append(*users, user)
 			}
-			byUser[user] = append(byUser[user], frame)
+			byUser[user] = append(byUser[user], Push{Conv: e.ConversationID, Seq: e.Seq, Frame: frame})
 			f.delivered.Add(1)
 		}
 	}

@@ -73,10 +73,28 @@ type SyncResult struct {
 // cursor (0 if absent), within the user's membership periods and no
 // further than the projection has applied, at most limit of them.
 func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*SyncResult, error) {
+	return s.sync(ctx, user, cursors, nil, limit)
+}
+
+// Since is Sync for the conversations in cursors only: the gateway reads
+// back with it the events a device's full send buffer did not take. The
+// result's Cursors and Read name only those conversations (of them, the
+// ones the user was ever a member of).
+func (s *Store) Since(ctx context.Context, user string, cursors map[string]int64, limit int) (*SyncResult, error) {
+	only := make([]string, 0, len(cursors))
+	for c := range cursors {
+		only = append(only, c)
+	}
+	return s.sync(ctx, user, cursors, only, limit)
+}
+
+// sync is Sync, or Since when only is not nil.
+func (s *Store) sync(ctx context.Context, user string, cursors map[string]int64, only []string, limit int) (*SyncResult, error) {
 	res := &SyncResult{Cursors: map[string]int64{}}
 	err := pgx.BeginTxFunc(ctx, s.DB, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT m.conversation_id, m.joined_seq, m.left_seq, c.last_seq
-			FROM memberships m JOIN conversations c USING (conversation_id) WHERE m.user_id = $1`, user)
+			FROM memberships m JOIN conversations c USING (conversation_id)
+			WHERE m.user_id = $1 AND ($2::text[] IS NULL OR m.conversation_id = ANY($2))`, user, only)
 		if err != nil {
 			return err
 		}

@@ -300,3 +300,22 @@ func readRaw(ctx context.Context, c *websocket.Conn) (map[string]any, error) {
 	err = json.NewDecoder(bufio.NewReader(strings.NewReader(string(b)))).Decode(&m)
 	return m, err
 }
+
+// grepLines returns the lines of the file at path that contain any of
+// words (at most the last 40).
+func grepLines(path string, words ...string) string {
+	b, _ := os.ReadFile(path)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	if len(out) > 40 {
+		out = out[len(out)-40:]
+	}
+	return strings.Join(out, "\n")
+}

@@ -271,7 +271,8 @@ func conversationListAndCap(t *testing.T, dev *devProc) {
 }
 
 // slowReader: a device that stops reading while thousands of events are
-// pushed to it is closed with 1008 (its buffer is bounded: --send-buffer, 1024 frames)
+// pushed to it is closed with 1008 once a frame has waited --slow-reader
+// (10 s) for room in its send buffer (1024 frames)
 // and gets everything back with sync.
 func slowReader(t *testing.T, dev *devProc) {
 	fast := newDevice(t, dev, "fast", "fast")

@@ -175,6 +175,51 @@ type fakeReads struct {
 	openArgs  []any // users, except of the last OpenMemberships
 	covered   map[string]int64
 	coverAsks int
+	// stored: the events Since reads back (every user may see them);
+	// sinceCalls counts its calls.
+	stored     []*protocol.Event
+	sinceCalls int
+	marks      map[string]int64 // the user's read markers Since reports
+	gate       chan struct{}    // when set, Since waits for it to close
+}
+
+func (f *fakeReads) Since(_ context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error) {
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sinceCalls++
+	res := &delivery.SyncResult{Cursors: map[string]int64{}}
+	for c := range cursors {
+		if seq, ok := f.marks[c]; ok {
+			if res.Read == nil {
+				res.Read = map[string]int64{}
+			}
+			res.Read[c] = seq
+		}
+	}
+	for _, e := range f.stored {
+		cur, ok := cursors[e.ConversationID]
+		if !ok {
+			continue
+		}
+		res.Cursors[e.ConversationID] = max(res.Cursors[e.ConversationID], cur)
+		if e.Seq <= cur {
+			continue
+		}
+		if len(res.Events) == limit {
+			res.More = true
+			continue
+		}
+		c := *e
+		res.Events = append(res.Events, &c)
+		res.Cursors[e.ConversationID] = e.Seq
+	}
+	return res, nil
 }
 
 func (f *fakeReads) Sync(_ context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error) {

@@ -74,6 +74,9 @@ type ReadModel interface {
 	// Sync returns the events of all the user's conversations after the
 	// cursors, at most limit of them.
 	Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error)
+	// Since is Sync for the conversations in cursors only (reading back
+	// what a full send buffer did not take).
+	Since(ctx context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error)
 	// History returns up to limit events of conv before beforeSeq (0: the
 	// newest), in ascending seq, within the user's membership periods;
 	// delivery.ErrForbidden if the user never was a member.
@@ -96,14 +99,19 @@ type Config struct {
 	Dedicated int // dedicated vshards after the hashed ones (counted by Unowned)
 	// Tokens verifies the bearer tokens of upgrades and refreshes; when
 	// nil, HS256 tokens are checked against Secret (auth.Verify).
-	Tokens         *auth.Verifier
-	Secret         []byte
-	Limits         protocol.Limits
-	RouteTimeout   time.Duration // internal retries while ownership moves (default 5 s)
-	CallTimeout    time.Duration // one attempt at a worker (default 15 s); the request carries it and the worker drops a command still undecided then
-	SendBuffer     int           // frames queued per connection before it is closed with 1008 (default 1024)
-	MaxInFlight    int           // commands in flight per connection (default 256)
-	OriginPatterns []string      // allowed browser origins besides the gateway's own host
+	Tokens       *auth.Verifier
+	Secret       []byte
+	Limits       protocol.Limits
+	RouteTimeout time.Duration // internal retries while ownership moves (default 5 s)
+	CallTimeout  time.Duration // one attempt at a worker (default 15 s); the request carries it and the worker drops a command still undecided then
+	// SendBuffer is the frames queued per connection (default 1024). A
+	// push that finds it full is read back from the read model later (see
+	// backlog.go); a frame that waits SlowReader for room closes the
+	// connection with 1008 (default 10 s).
+	SendBuffer     int
+	SlowReader     time.Duration
+	MaxInFlight    int      // commands in flight per connection (default 256)
+	OriginPatterns []string // allowed browser origins besides the gateway's own host
 	// UserRate and UserBurst are the per-user command token bucket on this
 	// gateway (default 20/s, bursts of 40; a negative rate turns it off).
 	UserRate        float64
@@ -154,6 +162,9 @@ func (c *Config) validate() error {
 	}
 	if c.SendBuffer <= 0 {
 		c.SendBuffer = 1024
+	}
+	if c.SlowReader <= 0 {
+		c.SlowReader = 10 * time.Second
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 256
@@ -207,6 +218,7 @@ type Gateway struct {
 	latency  *prometheus.HistogramVec // chatpipe_gateway_command_seconds{op}
 
 	slowClosed  atomic.Int64 // connections closed with 1008 for a full send buffer
+	backlogged  atomic.Int64 // pushes that found a send buffer full and were read back later
 	rywTimeouts atomic.Int64 // reads answered unavailable: the read model lacked the session's write
 
 	pmu  sync.Mutex
@@ -326,7 +338,8 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_gateway_unowned_vshards", Help: "Vshards without a live owner in this gateway's view of etcd."},
 			func() float64 { return float64(g.Unowned()) }),
 		counter("chatpipe_gateway_unauthorized_total", "Upgrades refused with 401.", &g.stats.Unauthorized),
-		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer was full.", &g.slowClosed),
+		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer stayed full.", &g.slowClosed),
+		counter("chatpipe_gateway_backlogs_total", "Times pushes found a connection's send buffer full and the session read them back from the read model instead.", &g.backlogged),
 		counter("chatpipe_gateway_read_your_writes_timeouts_total", "Reads answered unavailable because the read model did not include the session's own write in time.", &g.rywTimeouts),
 		g.commands,
 		g.latency,
@@ -450,7 +463,15 @@ type session struct {
 	exp    time.Time  // the token's expiry and leeway: later commands get unauthorized (refresh moves it)
 	limits *userState // the user's rate limiter, shared by their connections
 	out    chan []byte
-	sem    chan struct{}
+	// backfill hands the frames read back from a backlog to the writer one
+	// at a time (unbuffered): they never take the send buffer's room, and
+	// the last one is in the writer's hands before pushes go to the buffer
+	// again, so per conversation the order holds.
+	backfill chan []byte
+	// pushRoom is how full pushes may fill the send buffer: the rest is
+	// kept for replies (up to MaxInFlight of them, at most half the buffer).
+	pushRoom int
+	sem      chan struct{}
 	// batch: the client asked for protocol.SubprotocolBatch, so the writer
 	// sends everything queued when it wakes as one message of
 	// newline-separated frames.
@@ -458,13 +479,15 @@ type session struct {
 	wbuf  []byte // the writer's reused batch buffer
 
 	pending pendingWrites // accepted writes the read model may lack (ryw.go)
+	backlog backlog       // pushes the send buffer had no room for (backlog.go)
 
 	closing atomic.Bool
 }
 
 func newSession(g *Gateway, c *websocket.Conn, user string) *session {
 	return &session{g: g, c: c, user: user, out: make(chan []byte, g.cfg.SendBuffer), sem: make(chan struct{}, g.cfg.MaxInFlight),
-		batch: c.Subprotocol() == protocol.SubprotocolBatch}
+		backfill: make(chan []byte), pushRoom: g.cfg.SendBuffer - min(g.cfg.MaxInFlight, g.cfg.SendBuffer/2),
+		batch: c.Subprotocol() == protocol.SubprotocolBatch, backlog: newBacklog()}
 }
 
 // writeTimeout bounds the writes of one wake-up of a connection's writer:
@@ -513,27 +536,39 @@ func (s *session) run(parent context.Context) {
 		deadline.Stop()
 		defer deadline.Stop()
 		for {
+			var b []byte
 			select {
-			case b := <-s.out:
-				deadline.Reset(writeTimeout)
-				var err error
-				if s.batch {
-					err = s.writeBatch(wctx, b)
-				} else {
-					err = s.c.Write(wctx, websocket.MessageText, b)
-					for n := len(s.out); err == nil && n > 0; n-- {
-						err = s.c.Write(wctx, websocket.MessageText, <-s.out)
-					}
-				}
-				deadline.Stop()
-				if err != nil {
-					cancel()
-					return
-				}
+			case b = <-s.out:
+			case b = <-s.backfill:
 			case <-ctx.Done():
 				return
 			}
+			deadline.Reset(writeTimeout)
+			var err error
+			if s.batch {
+				err = s.writeBatch(wctx, b)
+			} else {
+				err = s.c.Write(wctx, websocket.MessageText, b)
+				for n := len(s.out); err == nil && n > 0; n-- {
+					err = s.c.Write(wctx, websocket.MessageText, <-s.out)
+				}
+			}
+			deadline.Stop()
+			if err != nil {
+				if wctx.Err() != nil && ctx.Err() == nil && !s.closing.Swap(true) {
+					// The deadline fired: the peer stopped reading (the
+					// close frame could not be written either).
+					s.countSlow()
+				}
+				cancel()
+				return
+			}
 		}
+	}()
+	wg.Add(1)
+	go func() { // reads back the pushes the send buffer had no room for
+		defer wg.Done()
+		s.catchUp(ctx)
 	}()
 	wg.Add(1)
 	go func() { // liveness: a peer that stops answering pings is closed
@@ -705,10 +740,15 @@ func (s *session) closeOnce(code websocket.StatusCode, reason string) {
 		return
 	}
 	if code == websocket.StatusPolicyViolation {
-		s.g.slowClosed.Add(1)
-		s.g.cfg.Log.Warn("closing a slow websocket reader", "user", s.user)
+		s.countSlow()
 	}
 	go s.c.Close(code, reason)
+}
+
+// countSlow counts and logs a connection closed for not reading.
+func (s *session) countSlow() {
+	s.g.slowClosed.Add(1)
+	s.g.cfg.Log.Warn("closing a slow websocket reader", "user", s.user)
 }
 
 func (g *Gateway) handle(ctx context.Context, user string, req *protocol.Request) *protocol.Reply {

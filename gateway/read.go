@@ -18,28 +18,35 @@ var _ delivery.Sink = (*Gateway)(nil)
 // Local reports whether user has a device connected to this gateway.
 func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 
-// Deliver queues event frames to every device of user on this gateway. A
-// device whose send buffer is full is closed with 1008; it catches up with
-// sync. A batching device gets up to batchFrames frames per queued message.
-func (g *Gateway) Deliver(user string, frames [][]byte) {
-	var chunks [][]byte // the batched messages, made once for all the user's batching devices
+// Deliver queues pushes to every device of user on this gateway without
+// blocking. A device whose send buffer is full takes the rest later from
+// the read model (backlog.go). A batching device gets up to batchFrames
+// frames per queued message.
+func (g *Gateway) Deliver(user string, pushes []delivery.Push) {
+	var single, chunks []pushMsg // made once for all the user's devices
 	g.users.each(user, func(s *session) {
 		if !s.batch {
-			for _, f := range frames {
-				s.sendRaw(f)
+			if single == nil {
+				single = make([]pushMsg, len(pushes))
+				for i := range pushes {
+					single[i] = pushMsg{frame: pushes[i].Frame, pushes: pushes[i : i+1]}
+				}
 			}
+			s.push(single)
 			return
 		}
 		if chunks == nil {
-			for rest := frames; len(rest) > 0; {
+			for rest := pushes; len(rest) > 0; {
 				n := min(len(rest), batchFrames)
-				chunks = append(chunks, joinFrames(rest[:n]))
+				frames := make([][]byte, n)
+				for i := range frames {
+					frames[i] = rest[i].Frame
+				}
+				chunks = append(chunks, pushMsg{frame: joinFrames(frames), pushes: rest[:n]})
 				rest = rest[n:]
 			}
 		}
-		for _, c := range chunks {
-			s.sendRaw(c)
-		}
+		s.push(chunks)
 	})
 }
 

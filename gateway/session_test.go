@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -90,6 +91,23 @@ func (w *wsClient) read() serverFrame {
 		w.t.Fatalf("frame %q: %v", s, err)
 	}
 	return f
+}
+
+// readFrame reads and decodes one frame (within d).
+func (w *wsClient) readFrame(d time.Duration) (serverFrame, error) {
+	var f serverFrame
+	s, err := w.readRaw(d)
+	if err != nil {
+		return f, err
+	}
+	return f, json.Unmarshal([]byte(s), &f)
+}
+
+// onlySession returns user's one session here.
+func onlySession(g *Gateway, user string) *session {
+	var out *session
+	g.users.each(user, func(s *session) { out = s })
+	return out
 }
 
 // devices counts the sessions of user attached for delivery.
@@ -362,7 +380,7 @@ func TestDeliverReachesTheUsersDevices(t *testing.T) {
 		t.Fatalf("Local(u1) = %v, Local(u3) = %v", g.Local("u1"), g.Local("u3"))
 	}
 	frames := [][]byte{[]byte(`{"op":"event","seq":1}`), []byte(`{"op":"event","seq":2}`), []byte(`{"op":"event","seq":3}`)}
-	g.Deliver("u1", frames)
+	g.Deliver("u1", asPushes("c1", frames))
 	for i, f := range frames {
 		if got, err := plain.readRaw(5 * time.Second); err != nil || got != string(f) {
 			t.Fatalf("plain device, message %d: %q %v, want %s", i, got, err, f)
@@ -376,19 +394,137 @@ func TestDeliverReachesTheUsersDevices(t *testing.T) {
 	}
 }
 
-// A device that does not read while its send buffer fills is closed with
-// 1008.
-func TestSlowReaderIsClosed(t *testing.T) {
-	g, srv := readGateway(t, nil, func(c *Config) { c.SendBuffer = 1 })
+// asPushes makes frames pushes of conv at seqs 1, 2, ...
+func asPushes(conv string, frames [][]byte) []delivery.Push {
+	out := make([]delivery.Push, len(frames))
+	for i, f := range frames {
+		out[i] = delivery.Push{Conv: conv, Seq: int64(i + 1), Frame: f}
+	}
+	return out
+}
+
+// storedEvents makes n events of conv (seqs 1..n) and their pushes; pad
+// lengthens each body.
+func storedEvents(t *testing.T, conv string, n int, pad string) ([]*protocol.Event, []delivery.Push) {
+	t.Helper()
+	var events []*protocol.Event
+	var pushes []delivery.Push
+	for seq := int64(1); seq <= int64(n); seq++ {
+		e := &protocol.Event{Op: protocol.OpEvent, ConversationID: conv, Seq: seq, Kind: "message", Sender: "u2", Body: fmt.Sprint("m", seq, pad)}
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events = append(events, e)
+		pushes = append(pushes, delivery.Push{Conv: conv, Seq: seq, Frame: b})
+	}
+	return events, pushes
+}
+
+// A burst of pushes larger than a device's send buffer does not close a
+// device that reads: what did not fit is read back from the read model
+// and arrives in seq order, each event once; afterwards pushes go straight
+// to the buffer again.
+func TestBurstLargerThanTheSendBufferIsReadBack(t *testing.T) {
+	events, pushes := storedEvents(t, "c1", 3000, "")
+	reads := &fakeReads{stored: events[:2000]}
+	g, srv := readGateway(t, reads, func(c *Config) { c.SendBuffer, c.SyncMax = 16, 100 })
 	w := dialWS(t, srv, "u1")
 	if !waitFor(5*time.Second, func() bool { return g.Local("u1") }) {
 		t.Fatal("the device was not attached")
 	}
-	frames := make([][]byte, 10000)
-	for i := range frames {
-		frames[i] = []byte(`{"op":"event","seq":1}`)
+	g.Deliver("u1", pushes[:2000])
+	for want := int64(1); want <= 2000; want++ {
+		f, err := w.readFrame(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after seq %d: %v", want-1, err)
+		}
+		if f.Op != protocol.OpEvent || f.Seq != want {
+			t.Fatalf("got %s seq %d, want event %d", f.Op, f.Seq, want)
+		}
 	}
-	g.Deliver("u1", frames)
+	if n := g.backlogged.Load(); n != 1 {
+		t.Fatalf("backlogs %d, want 1", n)
+	}
+	if !waitFor(5*time.Second, func() bool {
+		s := onlySession(g, "u1")
+		s.backlog.mu.Lock()
+		defer s.backlog.mu.Unlock()
+		return !s.backlog.active
+	}) {
+		t.Fatal("the session is still reading back")
+	}
+	reads.mu.Lock()
+	calls := reads.sinceCalls
+	reads.stored = events
+	reads.mu.Unlock()
+	g.Deliver("u1", pushes[2000:2005]) // within the 8 frames pushes may fill (16, less room for replies)
+	for want := int64(2001); want <= 2005; want++ {
+		if f, err := w.readFrame(5 * time.Second); err != nil || f.Seq != want {
+			t.Fatalf("after the backlog: %+v %v, want seq %d", f, err, want)
+		}
+	}
+	reads.mu.Lock()
+	defer reads.mu.Unlock()
+	if reads.sinceCalls != calls {
+		t.Fatalf("pushes that fit were read back (%d reads, %d before)", reads.sinceCalls, calls)
+	}
+	if n := g.slowClosed.Load(); n != 0 {
+		t.Fatalf("slow readers closed %d, want 0", n)
+	}
+}
+
+// Pushes that arrive while a backlog is read back join it, and a read
+// marker that did not fit arrives as the user's current marker.
+func TestPushesDuringABacklogJoinIt(t *testing.T) {
+	events, pushes := storedEvents(t, "c1", 60, "")
+	reads := &fakeReads{stored: events, marks: map[string]int64{"c1": 9}, gate: make(chan struct{})}
+	g, srv := readGateway(t, reads, func(c *Config) { c.SendBuffer = 4 })
+	w := dialWS(t, srv, "u1")
+	if !waitFor(5*time.Second, func() bool { return g.Local("u1") }) {
+		t.Fatal("the device was not attached")
+	}
+	s := onlySession(g, "u1")
+	s.backlog.mu.Lock() // hold the catch-up while more is pushed
+	s.backlog.active = true
+	s.backlog.add(pushes[0])
+	s.backlog.wake <- struct{}{}
+	s.backlog.mu.Unlock()
+	g.Deliver("u1", pushes[1:40])
+	g.Deliver("u1", append(pushes[40:], delivery.Push{Conv: "c1", Seq: 7, Read: true, Frame: []byte(`{"op":"read","conversation_id":"c1","seq":7}`)}))
+	close(reads.gate)
+	var seqs []int64
+	var marker *serverFrame
+	for len(seqs) < 60 || marker == nil {
+		f, err := w.readFrame(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d events (marker %v): %v", len(seqs), marker, err)
+		}
+		if f.Op == protocol.OpRead {
+			marker = &f
+			continue
+		}
+		if f.Seq != int64(len(seqs)+1) {
+			t.Fatalf("event %d after %v", f.Seq, seqs)
+		}
+		seqs = append(seqs, f.Seq)
+	}
+	if marker.ConversationID != "c1" || marker.Seq != 9 {
+		t.Fatalf("marker %+v, want c1 at 9 (the read model's)", marker)
+	}
+}
+
+// A device that does not read while its send buffer fills is closed with
+// 1008 once a frame has waited SlowReader for room.
+func TestSlowReaderIsClosed(t *testing.T) {
+	events, pushes := storedEvents(t, "c1", 10000, strings.Repeat("x", 4000)) // 40 MB: more than the socket buffers hold
+	g, srv := readGateway(t, &fakeReads{stored: events}, func(c *Config) { c.SendBuffer, c.SlowReader = 1, 200*time.Millisecond })
+	w := dialWS(t, srv, "u1")
+	if !waitFor(5*time.Second, func() bool { return g.Local("u1") }) {
+		t.Fatal("the device was not attached")
+	}
+	g.Deliver("u1", pushes)
+	time.Sleep(time.Second) // not reading
 	var err error
 	for err == nil {
 		_, err = w.readRaw(5 * time.Second)

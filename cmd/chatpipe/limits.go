@@ -22,6 +22,7 @@ type limitFlags struct {
 	syncMax, maxConvs                   *int
 	origins                             *string
 	ping, dedupeMemory, ryw, refusals   *time.Duration
+	slowReader                          *time.Duration
 	dedupeKeep                          *int
 	commit                              commitFlags
 	wire                                wireFlags
@@ -35,7 +36,7 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		atLeast("max-conns-per-user", 1), atLeast("max-body-bytes", 1), atLeast("max-id-bytes", 1),
 		notBelowFlag("max-frame-bytes", "max-body-bytes", frameRoom, ": a send frame holds the body and its JSON envelope"),
 		atLeast("max-members", 2), atLeast("send-buffer", 1), nonZero("max-convs-per-user", "no cap"),
-		atLeast("sync-max", 1), positive("ping-interval"), nonZero("read-your-writes", "no wait"),
+		atLeast("sync-max", 1), positive("ping-interval"), positive("slow-reader"), nonZero("read-your-writes", "no wait"),
 		atLeast("dedupe-keep", 1), positive("dedupe-memory"), positive("refusal-memory"))
 	return limitFlags{
 		userRate:  fs.Float64("rate-user", 20, "commands/s per user on a gateway (negative: no limit)"),
@@ -47,11 +48,13 @@ func addLimitFlags(fs *flag.FlagSet) limitFlags {
 		body:      fs.Int("max-body-bytes", d.MaxBodyBytes, "largest message body (bytes of UTF-8)"),
 		idBytes:   fs.Int("max-id-bytes", d.MaxIDBytes, "longest id ([A-Za-z0-9._:-])"),
 		members:   fs.Int("max-members", d.MaxMembers, "members per conversation, owner included"),
-		sbuf:      fs.Int("send-buffer", 1024, "frames queued per connection before a slow reader is closed with 1008"),
-		maxConvs:  fs.Int("max-convs-per-user", 5000, "conversations a user may be in; create/join beyond it answers too_large (negative: no cap)"),
-		syncMax:   fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
-		origins:   fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
-		ping:      fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
+		sbuf:      fs.Int("send-buffer", 1024, "frames queued per connection; pushes that find it full are read back from Postgres as it drains"),
+		slowReader: fs.Duration("slow-reader", 10*time.Second,
+			"how long a frame waits for room in a connection's full send buffer before the connection is closed with 1008"),
+		maxConvs: fs.Int("max-convs-per-user", 5000, "conversations a user may be in; create/join beyond it answers too_large (negative: no cap)"),
+		syncMax:  fs.Int("sync-max", 500, "events in one sync reply; more are sent after another sync (synced says more:true)"),
+		origins:  fs.String("allowed-origins", "", "browser origins allowed besides the gateway's own host (comma separated host patterns)"),
+		ping:     fs.Duration("ping-interval", 30*time.Second, "websocket ping period; a peer that misses a pong is closed"),
 		ryw: fs.Duration("read-your-writes", 2*time.Second,
 			"how long a session's history/sync/conversations waits for the read model to include that session's own accepted writes before answering unavailable (negative: no wait)"),
 		dedupeKeep: fs.Int("dedupe-keep", shardworker.DefaultDedupeKeep,
@@ -78,6 +81,7 @@ func (l limitFlags) gateway(c *gateway.Config) {
 	c.PingInterval, c.SendBuffer, c.SyncMax, c.MaxConvsPerUser = *l.ping, *l.sbuf, *l.syncMax, *l.maxConvs
 	c.Wire, c.CallTimeout = l.wire.config(), *l.wire.call
 	c.ReadYourWrites = *l.ryw
+	c.SlowReader = *l.slowReader
 }
 
 func (l limitFlags) worker(c *shardworker.Config) {

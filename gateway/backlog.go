@@ -1,0 +1,226 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/protocol"
+)
+
+// The feed pushes in bursts. After the projection or persist was down for a
+// while, one read of the outbox carries everything that piled up, often more
+// frames for one user than a send buffer holds, to devices that read as fast
+// as they can. Closing them all would answer an outage with a reconnect
+// storm. Instead a session whose buffer has no room for a push stops taking
+// pushes and keeps, per conversation, the range of seqs it did not take (and
+// whether it missed a read marker there): memory bounded by the user's
+// conversations, not by the burst. Its catch-up goroutine reads those ranges
+// back from the read model (Since, which also applies the membership
+// periods) and queues them as room appears, in seq order per conversation;
+// once nothing is left, the session takes pushes again. Devices drop
+// duplicates by (conversation_id, seq), so a range read back may overlap
+// what was queued. A device that does not read at all is still closed with
+// 1008: a frame of its catch-up that waits SlowReader for room ends it.
+
+var errNoReads = errors.New("this gateway has no read model")
+
+// backlog is what a session's send buffer had no room for.
+type backlog struct {
+	mu     sync.Mutex
+	active bool             // pushes go here, not to the send buffer
+	from   map[string]int64 // per conversation, the lowest seq not queued
+	upto   map[string]int64 // and the highest
+	read   map[string]bool  // a read marker not queued
+	wake   chan struct{}    // the catch-up goroutine's signal (capacity 1)
+}
+
+func newBacklog() backlog {
+	return backlog{from: map[string]int64{}, upto: map[string]int64{}, read: map[string]bool{}, wake: make(chan struct{}, 1)}
+}
+
+// add records a push not queued. A read marker at seq n is read back with
+// the user's current marker, and the events after n with it (usually none
+// the device lacks; duplicates are dropped).
+func (b *backlog) add(p delivery.Push) {
+	from, upto := p.Seq, p.Seq
+	if p.Read {
+		from, b.read[p.Conv] = p.Seq+1, true
+	}
+	if f, ok := b.from[p.Conv]; !ok || from < f {
+		b.from[p.Conv] = from
+	}
+	b.upto[p.Conv] = max(b.upto[p.Conv], upto)
+}
+
+// pushMsg is one queued message and the pushes it carries.
+type pushMsg struct {
+	frame  []byte
+	pushes []delivery.Push
+}
+
+// push queues msgs without blocking. From the first one the send buffer
+// has no room for, they go to the backlog, and so does everything pushed
+// until the catch-up goroutine has read the backlog back.
+func (s *session) push(msgs []pushMsg) {
+	b := &s.backlog
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := 0
+	if !b.active {
+		for i < len(msgs) && s.offer(msgs[i].frame) {
+			i++
+		}
+		if i == len(msgs) {
+			return
+		}
+		b.active = true
+		s.g.backlogged.Add(1)
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+	for _, m := range msgs[i:] {
+		for _, p := range m.pushes {
+			b.add(p)
+		}
+	}
+}
+
+// offer queues a pushed frame if the send buffer has room for pushes.
+func (s *session) offer(frame []byte) bool {
+	if len(s.out) >= s.pushRoom {
+		return false
+	}
+	select {
+	case s.out <- frame:
+		return true
+	default:
+		return false
+	}
+}
+
+// catchUp reads the backlog back whenever push starts one, until ctx ends.
+func (s *session) catchUp(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.backlog.wake:
+		}
+		if !s.drainBacklog(ctx) {
+			return
+		}
+	}
+}
+
+// drainBacklog queues the backlog's events and markers, read from the read
+// model, until the backlog is empty (true) or the session ends (false).
+func (s *session) drainBacklog(ctx context.Context) bool {
+	b := &s.backlog
+	for {
+		b.mu.Lock()
+		if len(b.from) == 0 {
+			b.active = false
+			b.mu.Unlock()
+			return true
+		}
+		cursors := make(map[string]int64, len(b.from))
+		upto := make(map[string]int64, len(b.from))
+		for c, f := range b.from {
+			cursors[c], upto[c] = f-1, b.upto[c]
+		}
+		markers := b.read
+		b.read = map[string]bool{}
+		b.mu.Unlock()
+
+		var res *delivery.SyncResult
+		var err error
+		if s.g.cfg.Reads == nil {
+			err = errNoReads
+		} else {
+			res, err = s.g.cfg.Reads.Since(ctx, s.user, cursors, s.g.cfg.SyncMax)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return false
+			}
+			// The device cannot be caught up from here: it reconnects and
+			// syncs, as after any lost connection.
+			s.g.cfg.Log.Warn("reading back a full send buffer's events failed; closing the connection", "user", s.user, "err", err)
+			s.closeOnce(websocket.StatusTryAgainLater, "delivery fell behind; reconnect and sync")
+			return false
+		}
+		for _, e := range res.Events {
+			e.Op = protocol.OpEvent
+			frame, err := json.Marshal(e)
+			if err != nil || !s.queueWithin(ctx, frame) {
+				return false
+			}
+		}
+		for c := range markers {
+			seq, ok := res.Read[c]
+			if !ok {
+				continue
+			}
+			frame, err := json.Marshal(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: c, Seq: seq})
+			if err != nil || !s.queueWithin(ctx, frame) {
+				return false
+			}
+		}
+		for c := range cursors {
+			if done, member := res.Cursors[c]; member && done < upto[c] && !res.More {
+				// The read model does not cover what the feed pushed from
+				// it: not expected; the device resyncs rather than this
+				// session asking again and again.
+				s.g.cfg.Log.Warn("the read model does not cover a full send buffer's events; closing the connection",
+					"user", s.user, "conversation", c, "covered", done, "pushed", upto[c])
+				s.closeOnce(websocket.StatusTryAgainLater, "delivery fell behind; reconnect and sync")
+				return false
+			}
+		}
+		b.mu.Lock()
+		for c := range cursors {
+			done, member := res.Cursors[c]
+			switch {
+			case !member: // never a member: nothing to read back
+				delete(b.from, c)
+				delete(b.upto, c)
+				delete(b.read, c)
+			case done >= b.upto[c] && !b.read[c]:
+				delete(b.from, c)
+				delete(b.upto, c)
+			default:
+				b.from[c] = done + 1
+			}
+		}
+		b.mu.Unlock()
+	}
+}
+
+// queueWithin hands a frame read back to the writer, waiting up to
+// SlowReader; a device that takes longer is closed with 1008.
+func (s *session) queueWithin(ctx context.Context, frame []byte) bool {
+	select {
+	case s.backfill <- frame:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.g.cfg.SlowReader)
+	defer t.Stop()
+	select {
+	case s.backfill <- frame:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		s.closeOnce(websocket.StatusPolicyViolation, "send buffer overflow; reconnect and sync")
+		return false
+	}
+}
