@@ -69,3 +69,49 @@ func TestSyncPagesUnderLinguisticCollation(t *testing.T) {
 		})
 	}
 }
+
+// Since reads only the conversations it is given, after their cursors and
+// within the user's periods, with the user's read markers of those.
+func TestSinceReadsOnlyTheNamedConversations(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	for _, conv := range []string{"c1", "c2", "c3"} {
+		left := any(nil)
+		if conv == "c2" {
+			left = int64(3) // u left c2 at seq 3
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO memberships (conversation_id, user_id, joined_seq, left_seq) VALUES ($1, 'u', 1, $2)`, conv, left); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at) VALUES ($1, 5, now())`, conv); err != nil {
+			t.Fatal(err)
+		}
+		for seq := 1; seq <= 5; seq++ {
+			if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
+				VALUES ($1, $2, 'message', $3, 'u', 'x', now(), 0, 1, 0, 0)`, conv, seq, fmt.Sprintf("%s-%d", conv, seq)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO read_markers (conversation_id, user_id, read_seq) VALUES ('c1', 'u', 4), ('c3', 'u', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{DB: db}
+	res, err := s.Since(ctx, "u", map[string]int64{"c1": 3, "c2": 1, "elsewhere": 0}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range res.Events {
+		got = append(got, fmt.Sprintf("%s/%d", e.ConversationID, e.Seq))
+	}
+	if fmt.Sprint(got) != "[c1/4 c1/5 c2/2 c2/3]" {
+		t.Errorf("events %v, want c1 after 3 and c2 up to u's leave", got)
+	}
+	if fmt.Sprint(res.Cursors) != "map[c1:5 c2:3]" {
+		t.Errorf("cursors %v, want c1 and c2 only", res.Cursors)
+	}
+	if fmt.Sprint(res.Read) != "map[c1:4]" {
+		t.Errorf("read markers %v, want c1's only", res.Read)
+	}
+}
