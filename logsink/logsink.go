@@ -125,6 +125,18 @@ const storeOffsetsSQL = `INSERT INTO consumer_offsets (consumer, topic, log_part
 		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
 		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`
 
+// lockOffsetsSQL locks, in partition order, a consumer's stored offsets of
+// the partitions a batch comes from; it is the first statement of every
+// batch. Two members of a group can write one partition at once for a
+// while (one was dropped from the group for a slow batch and is still
+// writing it). Without the lock the second one's statements would run on
+// a snapshot that misses the first one's rows while its inserts wait for
+// them, and persist would record its replay as a seq conflict. With it,
+// the second batch waits for the first to commit and then sees its rows.
+const lockOffsetsSQL = `SELECT next_offset FROM consumer_offsets
+		WHERE consumer = $1 AND topic = $2 AND log_partition = ANY($3::int[])
+		ORDER BY log_partition FOR UPDATE`
+
 // storeOffsets records, inside tx, the next offset of each partition the
 // records came from. Offsets only move forward.
 func storeOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs []*kgo.Record) error {
@@ -567,11 +579,13 @@ func (c *Consumer) Settle(ctx context.Context, recs []*kgo.Record) error {
 // does that).
 func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	var b pgx.Batch
+	parts, _ := nextOffsetArrays(recs)
+	b.Queue(lockOffsetsSQL, c.cfg.Consumer, c.cfg.Topic, parts)
 	q, err := c.cfg.Handle(ctx, &b, recs)
 	if err != nil {
 		return err
 	}
-	queued := b.Len()
+	queued := b.Len() - 1
 	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, recs)
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, recs)) // delivered at commit
@@ -583,6 +597,9 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	cctx, cancel := context.WithTimeout(ctx, timeout+c.cfg.HoldBeforeCommit)
 	defer cancel()
 	err = commit(cctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("%s: lock offsets: %w", c.cfg.Consumer, err)
+		}
 		if q.Read != nil {
 			if err := q.Read(br); err != nil {
 				return err

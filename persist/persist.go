@@ -89,6 +89,12 @@ type Persister struct {
 
 // New returns a Persister; Run starts it.
 func New(cfg Config) (*Persister, error) {
+	return newPersister(cfg, faultSleepBeforeCommit)
+}
+
+// newPersister is New with each transaction held open hold before its
+// commit (fault tests).
+func newPersister(cfg Config, hold time.Duration) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -100,7 +106,7 @@ func New(cfg Config) (*Persister, error) {
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle,
-		Announce: pglisten.Persisted, HoldBeforeCommit: faultSleepBeforeCommit},
+		Announce: pglisten.Persisted, HoldBeforeCommit: hold},
 		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p, nil
 }

@@ -387,3 +387,43 @@ func TestWriteStoresMoves(t *testing.T) {
 		t.Errorf("rows %v, %v; want [message→-1 moved→0]", got, err)
 	}
 }
+
+// TestOverlappingMembersRecordNoConflict: two members of the group write
+// the same records of a partition at once (one was dropped from the group
+// for a slow batch and still writes it). The second waits for the first's
+// commit and finds its rows stored: a replay, not a seq conflict.
+func TestOverlappingMembersRecordNoConflict(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	// The partition's offsets row exists, as it does after its first batch.
+	if err := newTestPersister(t, db).Write(ctx, []*kgo.Record{record(t, message("c0", 1, "m-0", "k-0"), 0)}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := newPersister(Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newTestPersister(t, db)
+	recs := []*kgo.Record{
+		record(t, message("c1", 1, "m-a", "k-a"), 1),
+		record(t, message("c1", 2, "m-b", "k-b"), 2),
+	}
+	done := make(chan error, 1)
+	go func() { done <- slow.Write(ctx, recs) }()
+	time.Sleep(300 * time.Millisecond) // slow's transaction holds its rows, uncommitted
+	if err := other.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := slow.Stats().Inserted.Load() + other.Stats().Inserted.Load(); got != 2 {
+		t.Errorf("inserted %d rows in all, want 2", got)
+	}
+	if c := slow.Stats().Conflicts.Load() + other.Stats().Conflicts.Load(); c != 0 {
+		t.Errorf("%d seq conflicts recorded for one batch written twice", c)
+	}
+	if s := other.Stats().Skipped.Load(); s != 2 {
+		t.Errorf("the second writer skipped %d rows as replays, want 2", s)
+	}
+}
