@@ -116,9 +116,8 @@ func TestNemesis(t *testing.T) {
 		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
 	})
 
-	// Clients reconnect, as real ones do: a consumer killed and restarted
-	// hands the gateway a backlog that overflows a device's send buffer,
-	// and the gateway closes such a device ("reconnect and sync").
+	// Clients reconnect, as real ones do: the gateway closes a device whose
+	// delivery fell behind or whose writes stall ("reconnect and sync").
 	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
 	// Beside the load: a member kicked and joined again over and over
@@ -669,8 +668,7 @@ func (k *kickChurn) finish() []acceptedMsg {
 }
 
 // observerSet is devices that stay connected: dropped by the gateway (a
-// send buffer overflowed after a consumer's restart) they reconnect and
-// sync.
+// stalled write, delivery fallen behind) they reconnect and sync.
 type observerSet struct {
 	devs []*device
 	stop chan struct{}

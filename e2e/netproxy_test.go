@@ -121,7 +121,7 @@ func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
 }
 
 // startReconnectingLoad is startLoad for faults after which the gateway
-// closes devices on purpose (a slow reader's send buffer overflowed:
+// closes devices on purpose (a stalled write, delivery fallen behind:
 // "reconnect and sync"): a user whose connection closes reconnects and
 // sends the same client_message_id again, as a client should, so an
 // answer lost with the connection is not a lost send. It returns the load
