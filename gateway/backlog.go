@@ -40,14 +40,20 @@ type backlog struct {
 	wake   chan struct{}    // the catch-up goroutine's signal (capacity 1)
 }
 
-func newBacklog() backlog {
-	return backlog{from: map[string]int64{}, upto: map[string]int64{}, read: map[string]bool{}, wake: make(chan struct{}, 1)}
-}
+// newBacklog returns an empty backlog; its maps are made on first use (most
+// sessions never need them).
+func newBacklog() backlog { return backlog{wake: make(chan struct{}, 1)} }
 
 // add records a push not queued. A read marker at seq n is read back with
 // the user's current marker, and the events after n with it (usually none
 // the device lacks; duplicates are dropped).
 func (b *backlog) add(p delivery.Push) {
+	if b.from == nil {
+		b.from, b.upto = map[string]int64{}, map[string]int64{}
+	}
+	if b.read == nil {
+		b.read = map[string]bool{}
+	}
 	from, upto := p.Seq, p.Seq
 	if p.Read {
 		from, b.read[p.Conv] = p.Seq+1, true
@@ -137,7 +143,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 			cursors[c], upto[c] = f-1, b.upto[c]
 		}
 		markers := b.read
-		b.read = map[string]bool{}
+		b.read = nil
 		b.mu.Unlock()
 
 		var res *delivery.SyncResult
