@@ -532,7 +532,8 @@ func (s *session) run(parent context.Context) {
 		// cancellable context serves the session's whole life.
 		wctx, wcancel := context.WithCancel(ctx)
 		defer wcancel()
-		deadline := time.AfterFunc(time.Hour, wcancel)
+		var timedOut atomic.Bool
+		deadline := time.AfterFunc(time.Hour, func() { timedOut.Store(true); wcancel() })
 		deadline.Stop()
 		defer deadline.Stop()
 		for {
@@ -555,9 +556,11 @@ func (s *session) run(parent context.Context) {
 			}
 			deadline.Stop()
 			if err != nil {
-				if wctx.Err() != nil && ctx.Err() == nil && !s.closing.Swap(true) {
+				if timedOut.Load() && !s.closing.Swap(true) {
 					// The deadline fired: the peer stopped reading (the
-					// close frame could not be written either).
+					// close frame could not be written either). Whether
+					// the reader saw the connection end first and ended
+					// the session does not matter.
 					s.countSlow()
 				}
 				cancel()
