@@ -32,7 +32,8 @@ func TestCommitIsOneTransaction(t *testing.T) {
 		var b pgx.Batch
 		b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 		b.Queue(`SELECT 1 / 0`)
-		queueOffsets(&b, "sink", testTopic, recs)
+		parts, offs := nextOffsetArrays(recs)
+		queueOffsets(&b, "sink", testTopic, parts, offs)
 		err := commit(ctx, s.db, &b, hold, read)
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "22012" {
@@ -46,7 +47,8 @@ func TestCommitIsOneTransaction(t *testing.T) {
 	var b pgx.Batch
 	b.Queue(`INSERT INTO sink VALUES (0, 4, 'a')`)
 	b.Queue(`SELECT 1`)
-	queueOffsets(&b, "sink", testTopic, recs)
+	parts, next := nextOffsetArrays(recs)
+	queueOffsets(&b, "sink", testTopic, parts, next)
 	if err := commit(ctx, s.db, &b, 0, read); err != nil {
 		t.Fatal(err)
 	}

@@ -150,8 +150,8 @@ func storeOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs [
 // queueOffsets queues on b the statement storeOffsets runs, so that it goes
 // to Postgres with the rest of a batch (see commit); read its result with
 // execOffsets.
-func queueOffsets(b *pgx.Batch, consumer, topic string, recs []*kgo.Record) {
-	parts, offs := nextOffsetArrays(recs)
+// parts and offs are nextOffsetArrays of the batch's records.
+func queueOffsets(b *pgx.Batch, consumer, topic string, parts []int32, offs []int64) {
 	b.Queue(storeOffsetsSQL, consumer, topic, parts, offs)
 }
 
@@ -579,14 +579,14 @@ func (c *Consumer) Settle(ctx context.Context, recs []*kgo.Record) error {
 // does that).
 func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	var b pgx.Batch
-	parts, _ := nextOffsetArrays(recs)
+	parts, offs := nextOffsetArrays(recs)
 	b.Queue(lockOffsetsSQL, c.cfg.Consumer, c.cfg.Topic, parts)
 	q, err := c.cfg.Handle(ctx, &b, recs)
 	if err != nil {
 		return err
 	}
 	queued := b.Len() - 1
-	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, recs)
+	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, parts, offs)
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, recs)) // delivered at commit
 	}
