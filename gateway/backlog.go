@@ -64,27 +64,34 @@ func (b *backlog) add(p delivery.Push) {
 	b.upto[p.Conv] = max(b.upto[p.Conv], upto)
 }
 
-// pushMsg is one queued message and the pushes it carries.
-type pushMsg struct {
-	frame  []byte
-	pushes []delivery.Push
-}
-
-// push queues msgs without blocking. From the first one the send buffer
-// has no room for, they go to the backlog, and so does everything pushed
-// until the catch-up goroutine has read the backlog back.
-func (s *session) push(msgs []pushMsg) {
+// push queues pushes without blocking, each as its own message, or, for a
+// batching device, as the messages of joined (batchFrames pushes each).
+// From the first message the send buffer has no room for, the pushes go to
+// the backlog, and so does everything pushed until the catch-up goroutine
+// has read the backlog back.
+func (s *session) push(pushes []delivery.Push, joined [][]byte) {
 	b := &s.backlog
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	i := 0
 	if !b.active {
-		for i < len(msgs) && s.offer(msgs[i].frame) {
-			i++
+		n, per := len(pushes), 1
+		if joined != nil {
+			n, per = len(joined), batchFrames
 		}
-		if i == len(msgs) {
+		i := 0
+		for ; i < n; i++ {
+			frame := pushes[i].Frame
+			if joined != nil {
+				frame = joined[i]
+			}
+			if !s.offer(frame) {
+				break
+			}
+		}
+		if i == n {
 			return
 		}
+		pushes = pushes[i*per:]
 		b.active = true
 		s.g.backlogged.Add(1)
 		select {
@@ -92,10 +99,8 @@ func (s *session) push(msgs []pushMsg) {
 		default:
 		}
 	}
-	for _, m := range msgs[i:] {
-		for _, p := range m.pushes {
-			b.add(p)
-		}
+	for _, p := range pushes {
+		b.add(p)
 	}
 }
 
@@ -157,11 +162,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 			if ctx.Err() != nil {
 				return false
 			}
-			// The device cannot be caught up from here: it reconnects and
-			// syncs, as after any lost connection.
-			s.g.cfg.Log.Warn("reading back a full send buffer's events failed; closing the connection", "user", s.user, "err", err)
-			s.closeOnce(websocket.StatusTryAgainLater, "delivery fell behind; reconnect and sync")
-			return false
+			return s.resync("reading back a full send buffer's events failed", "err", err)
 		}
 		for _, e := range res.Events {
 			e.Op = protocol.OpEvent
@@ -182,13 +183,10 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 		}
 		for c := range cursors {
 			if done, member := res.Cursors[c]; member && done < upto[c] && !res.More {
-				// The read model does not cover what the feed pushed from
-				// it: not expected; the device resyncs rather than this
-				// session asking again and again.
-				s.g.cfg.Log.Warn("the read model does not cover a full send buffer's events; closing the connection",
-					"user", s.user, "conversation", c, "covered", done, "pushed", upto[c])
-				s.closeOnce(websocket.StatusTryAgainLater, "delivery fell behind; reconnect and sync")
-				return false
+				// Not expected: the feed pushed these from the read model.
+				// Rather than asking again and again:
+				return s.resync("the read model does not cover a full send buffer's events",
+					"conversation", c, "covered", done, "pushed", upto[c])
 			}
 		}
 		b.mu.Lock()
@@ -208,6 +206,15 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 		}
 		b.mu.Unlock()
 	}
+}
+
+// resync gives up on catching the device up from here: it is closed with
+// 1013 and reconnects and syncs, as after any lost connection. It returns
+// false for drainBacklog to return.
+func (s *session) resync(why string, args ...any) bool {
+	s.g.cfg.Log.Warn(why+"; closing the connection", append([]any{"user", s.user}, args...)...)
+	s.closeOnce(websocket.StatusTryAgainLater, "delivery fell behind; reconnect and sync")
+	return false
 }
 
 // queueWithin hands a frame read back to the writer, waiting up to

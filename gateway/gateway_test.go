@@ -20,7 +20,7 @@ import (
 
 // fakeGateway is a gateway over fake owners and workers; edit tunes its
 // config.
-func fakeGateway(t *testing.T, owners *fakeOwners, n *fakeNet, edit func(*Config)) *Gateway {
+func fakeGateway(t testing.TB, owners *fakeOwners, n *fakeNet, edit func(*Config)) *Gateway {
 	t.Helper()
 	cfg := Config{Owners: owners, VShards: 1, Secret: []byte("secret"), Dial: n.dial,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}

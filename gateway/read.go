@@ -23,30 +23,25 @@ func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 // the read model (backlog.go). A batching device gets up to batchFrames
 // frames per queued message.
 func (g *Gateway) Deliver(user string, pushes []delivery.Push) {
-	var single, chunks []pushMsg // made once for all the user's devices
+	var joined [][]byte // the batched messages, made once for all the user's batching devices
 	g.users.each(user, func(s *session) {
 		if !s.batch {
-			if single == nil {
-				single = make([]pushMsg, len(pushes))
-				for i := range pushes {
-					single[i] = pushMsg{frame: pushes[i].Frame, pushes: pushes[i : i+1]}
-				}
-			}
-			s.push(single)
+			s.push(pushes, nil)
 			return
 		}
-		if chunks == nil {
+		if joined == nil {
+			frames := make([][]byte, 0, batchFrames)
 			for rest := pushes; len(rest) > 0; {
 				n := min(len(rest), batchFrames)
-				frames := make([][]byte, n)
-				for i := range frames {
-					frames[i] = rest[i].Frame
+				frames = frames[:0]
+				for _, p := range rest[:n] {
+					frames = append(frames, p.Frame)
 				}
-				chunks = append(chunks, pushMsg{frame: joinFrames(frames), pushes: rest[:n]})
+				joined = append(joined, joinFrames(frames))
 				rest = rest[n:]
 			}
 		}
-		s.push(chunks)
+		s.push(pushes, joined)
 	})
 }
 

@@ -20,7 +20,7 @@ import (
 )
 
 // serveGateway serves g over HTTP for the test.
-func serveGateway(t *testing.T, g *Gateway) *httptest.Server {
+func serveGateway(t testing.TB, g *Gateway) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
@@ -29,11 +29,11 @@ func serveGateway(t *testing.T, g *Gateway) *httptest.Server {
 
 // wsClient is a device of a user connected to a test gateway.
 type wsClient struct {
-	t *testing.T
+	t testing.TB
 	c *websocket.Conn
 }
 
-func dialWS(t *testing.T, srv *httptest.Server, user string, subprotocols ...string) *wsClient {
+func dialWS(t testing.TB, srv *httptest.Server, user string, subprotocols ...string) *wsClient {
 	t.Helper()
 	tok, err := auth.Mint([]byte("secret"), user, time.Hour, time.Now())
 	if err != nil {
@@ -122,7 +122,7 @@ func devices(g *Gateway, user string) int {
 
 // readGateway is a gateway with one worker (w1, accepting at seq 5) and the
 // read model reads.
-func readGateway(t *testing.T, reads ReadModel, edit func(*Config)) (*Gateway, *httptest.Server) {
+func readGateway(t testing.TB, reads ReadModel, edit func(*Config)) (*Gateway, *httptest.Server) {
 	t.Helper()
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "w1", 1)

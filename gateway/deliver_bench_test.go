@@ -1,0 +1,43 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/chatpipe/chatpipe/delivery"
+)
+
+// BenchmarkDeliver is the feed's hand-off of one batch (16 event frames)
+// to a user with one connected device that reads everything: the gateway's
+// share of delivering events, per batch.
+func BenchmarkDeliver(b *testing.B) {
+	g, srv := readGateway(b, &fakeReads{}, nil)
+	w := dialWS(b, srv, "u1")
+	for !g.Local("u1") {
+		time.Sleep(time.Millisecond)
+	}
+	pushes := make([]delivery.Push, 16)
+	for i := range pushes {
+		pushes[i] = delivery.Push{Conv: "c1", Seq: int64(i + 1), Frame: []byte(fmt.Sprintf(`{"op":"event","conversation_id":"c1","seq":%d,"body":"a message body of a typical length"}`, i+1))}
+	}
+	done := make(chan struct{})
+	want := b.N * len(pushes)
+	go func() {
+		defer close(done)
+		for n := 0; n < want; n++ {
+			if _, _, err := w.c.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		g.Deliver("u1", pushes)
+		for len(onlySession(g, "u1").out) > 512 { // a reader keeping up
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	<-done
+}
