@@ -5,10 +5,31 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// seedConversation stores conv with events 1..last, projected, and user u
+// a member from seq 1 (until left, if not nil).
+func seedConversation(t *testing.T, db *pgxpool.Pool, conv string, last int64, left *int64) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO memberships (conversation_id, user_id, joined_seq, left_seq) VALUES ($1, 'u', 1, $2)`, conv, left); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at) VALUES ($1, $2, now())`, conv, last); err != nil {
+		t.Fatal(err)
+	}
+	for seq := int64(1); seq <= last; seq++ {
+		if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
+			VALUES ($1, $2, 'message', $3, 'u', 'x', now(), 0, 1, 0, 0)`, conv, seq, fmt.Sprintf("%s-%d", conv, seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // TestSyncPagesUnderLinguisticCollation: paging must not depend on the
 // database's collation. Under en-US "a1" sorts before "B1", in bytes after
@@ -24,18 +45,7 @@ func TestSyncPagesUnderLinguisticCollation(t *testing.T) {
 			db := pgtest.DB(t, pgtest.Options{Create: c.create})
 			convs := []string{"B1", "a1", "b2", "A2"}
 			for _, conv := range convs {
-				if _, err := db.Exec(ctx, `INSERT INTO memberships (conversation_id, user_id, joined_seq) VALUES ($1, 'u', 1)`, conv); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := db.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at) VALUES ($1, 3, now())`, conv); err != nil {
-					t.Fatal(err)
-				}
-				for seq := 1; seq <= 3; seq++ {
-					if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
-						VALUES ($1, $2, 'message', $3, 'u', 'x', now(), 0, 1, 0, 0)`, conv, seq, fmt.Sprintf("%s-%d", conv, seq)); err != nil {
-						t.Fatal(err)
-					}
-				}
+				seedConversation(t, db, conv, 3, nil)
 			}
 			s := &Store{DB: db}
 			cursors := map[string]int64{}
@@ -75,24 +85,10 @@ func TestSyncPagesUnderLinguisticCollation(t *testing.T) {
 func TestSinceReadsOnlyTheNamedConversations(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.DB(t, pgtest.Options{})
-	for _, conv := range []string{"c1", "c2", "c3"} {
-		left := any(nil)
-		if conv == "c2" {
-			left = int64(3) // u left c2 at seq 3
-		}
-		if _, err := db.Exec(ctx, `INSERT INTO memberships (conversation_id, user_id, joined_seq, left_seq) VALUES ($1, 'u', 1, $2)`, conv, left); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec(ctx, `INSERT INTO conversations (conversation_id, last_seq, last_activity_at) VALUES ($1, 5, now())`, conv); err != nil {
-			t.Fatal(err)
-		}
-		for seq := 1; seq <= 5; seq++ {
-			if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
-				VALUES ($1, $2, 'message', $3, 'u', 'x', now(), 0, 1, 0, 0)`, conv, seq, fmt.Sprintf("%s-%d", conv, seq)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	left := int64(3) // u left c2 at seq 3
+	seedConversation(t, db, "c1", 5, nil)
+	seedConversation(t, db, "c2", 5, &left)
+	seedConversation(t, db, "c3", 5, nil)
 	if _, err := db.Exec(ctx, `INSERT INTO read_markers (conversation_id, user_id, read_seq) VALUES ('c1', 'u', 4), ('c3', 'u', 2)`); err != nil {
 		t.Fatal(err)
 	}

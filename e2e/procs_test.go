@@ -146,9 +146,19 @@ func ownedBy(v lease.View, vshards int, worker string) int {
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	waitForOr(t, timeout, what, cond, nil)
+}
+
+// waitForOr is waitFor whose failure also prints detail(), what the test
+// knows about why cond does not hold.
+func waitForOr(t *testing.T, timeout time.Duration, what string, cond func() bool, detail func() string) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
+			if detail != nil {
+				t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, detail())
+			}
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -130,15 +130,13 @@ func TestKilledProjectionResumes(t *testing.T) {
 		sort.Strings(out)
 		return out
 	}
-	for deadline := time.Now().Add(30 * time.Second); len(missing()) > 0; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			watch.mu.Lock()
-			conns, open := watch.conns, watch.conn != nil
-			watch.mu.Unlock()
-			t.Fatalf("after 30 s the watching device (%d connections, open %v) still misses events: %v\nthe gateway's log:\n%s",
-				conns, open, missing(), grepLines(filepath.Join(dev.dir, "dev.log"), "slow websocket reader", "events may have been missed", "delivery"))
-		}
-	}
+	waitForOr(t, 30*time.Second, "the watching device to receive everything", func() bool { return len(missing()) == 0 }, func() string {
+		watch.mu.Lock()
+		conns, open := watch.conns, watch.conn != nil
+		watch.mu.Unlock()
+		return fmt.Sprintf("%d connections, open %v, missing %v; the gateway's log:\n%s",
+			conns, open, missing(), grepLines(filepath.Join(dev.dir, "dev.log"), "slow websocket reader", "events may have been missed", "delivery"))
+	})
 	watch.mu.Lock()
 	conns := watch.conns
 	watch.mu.Unlock()

@@ -312,12 +312,12 @@ func slowReader(t *testing.T, dev *devProc) {
 		}()
 	}
 	wg.Wait()
-	for deadline := time.Now().Add(60 * time.Second); metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total") <= before; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway did not close the slow reader within 60 s (backlogs %v); the gateway's log:\n%s",
-				metric(t, metricsURL, "chatpipe_gateway_backlogs_total"), grepLines(filepath.Join(dev.dir, "dev.log"), "slow", "closing", "read back"))
-		}
-	}
+	waitForOr(t, 60*time.Second, "the gateway to close the slow reader", func() bool {
+		return metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total") > before
+	}, func() string {
+		return fmt.Sprintf("backlogs %v; the gateway's log:\n%s", metric(t, metricsURL, "chatpipe_gateway_backlogs_total"),
+			grepLines(filepath.Join(dev.dir, "dev.log"), "slow", "closing", "read back"))
+	})
 	// Drain what the socket held: the connection ends before all n events.
 	got := 0
 	var end error
