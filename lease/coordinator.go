@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/chatpipe/chatpipe/ownership"
 )
@@ -94,13 +95,7 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 				delete(pins, v)
 			}
 		}
-		for _, m := range ownership.Plan(view, cfg.VShards) {
-			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
-				cfg.Log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
-				continue
-			}
-			cfg.Log.Info("shard moved", "vshard", m.VShard, "from", m.From, "to", m.To, "epoch", m.Epoch)
-		}
+		applyAll(ctx, cli, cfg.Prefix, ownership.Plan(view, cfg.VShards), cfg.Log)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -165,6 +160,33 @@ func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordin
 		}
 		_, _ = cli.Delete(ctx, string(kv.Key))
 	}
+}
+
+// ApplyParallel is how many of a plan's moves the coordinator writes at
+// once.
+const ApplyParallel = 64
+
+// applyAll writes a plan's moves, up to ApplyParallel at a time, and logs
+// each outcome. Every move is a compare-and-swap on its own row, so their
+// order does not matter; written one at a time, each waited for a raft
+// commit and a disk sync of its own, and a cold start of 4,096 vshards
+// took minutes before the last one had an owner. Concurrent writes share
+// etcd's raft entries and syncs. A move that fails is left to the next
+// plan, which sees the rows as they are then.
+func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []Move, log *slog.Logger) {
+	var g errgroup.Group
+	g.SetLimit(ApplyParallel)
+	for _, m := range moves {
+		g.Go(func() error {
+			if err := apply(ctx, cli, prefix, m); err != nil {
+				log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
+				return nil
+			}
+			log.Info("shard moved", "vshard", m.VShard, "from", m.From, "to", m.To, "epoch", m.Epoch)
+			return nil
+		})
+	}
+	_ = g.Wait() // every move logs its own error
 }
 
 // apply writes one move if the row is still at the revision the plan saw.

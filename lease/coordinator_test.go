@@ -1,0 +1,112 @@
+package lease_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/lease"
+)
+
+// TestCoordinatorAssignsEveryVShard runs the coordinator against a real
+// etcd on a cold start of the compose file's size (4,096 hashed vshards and
+// 16 dedicated) with three live workers: every vshard gets exactly one owner
+// row, at epoch 1, the loads differ by at most one, and a worker that leaves
+// has its vshards spread over the other two with their epochs raised.
+func TestCoordinatorAssignsEveryVShard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts etcd")
+	}
+	const vshards = 4096 + 16
+	quiet := slog.New(slog.DiscardHandler)
+	e, err := devstack.StartEtcd(context.Background(), filepath.Join(t.TempDir(), "etcd"), 0, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	regs := map[string]*lease.Registration{}
+	for _, id := range []string{"wa", "wb", "wc"} {
+		reg, err := lease.Register(ctx, cli, lease.DefaultPrefix, id, lease.WorkerInfo{}, 10, nil, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close(context.Background())
+		regs[id] = reg
+	}
+	w, err := lease.Watch(ctx, cli, lease.DefaultPrefix, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = lease.RunCoordinator(ctx, cli, w, lease.CoordinatorConfig{
+			Prefix: lease.DefaultPrefix, VShards: vshards, Candidate: "c", Settle: 10 * time.Millisecond, Log: quiet})
+	}()
+	defer func() { cancel(); <-done }()
+
+	// settled waits until every vshard has a live owner and the loads of
+	// the live workers differ by at most one, and returns the view.
+	settled := func(what string, workers int) lease.View {
+		t.Helper()
+		start := time.Now()
+		for {
+			v := w.Snapshot()
+			loads := map[string]int{}
+			owned := 0
+			for s := 0; s < vshards; s++ {
+				if row, _, ok := v.Live(s); ok {
+					loads[row.Worker]++
+					owned++
+				}
+			}
+			lo, hi := vshards, 0
+			for _, n := range loads {
+				lo, hi = min(lo, n), max(hi, n)
+			}
+			if owned == vshards && len(loads) == workers && hi-lo <= 1 {
+				t.Logf("%s: every one of %d vshards owned, loads %v, after %v", what, vshards, loads, time.Since(start).Round(time.Millisecond))
+				return v
+			}
+			if time.Since(start) > 3*time.Minute {
+				t.Fatalf("%s: after 3 minutes %d of %d vshards have a live owner, loads %v", what, owned, vshards, loads)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	cold := settled("cold start", 3)
+	for s := 0; s < vshards; s++ {
+		if row := cold.Shards[s]; row.Epoch != 1 {
+			t.Fatalf("vshard %d at epoch %d after a cold start, want 1", s, row.Epoch)
+		}
+	}
+
+	if err := regs["wc"].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := settled("after wc left", 2)
+	for s := 0; s < vshards; s++ {
+		was, now := cold.Shards[s], after.Shards[s]
+		switch {
+		case was.Worker == "wc" && now.Epoch != was.Epoch+1:
+			t.Fatalf("vshard %d moved from wc to %s at epoch %d, want %d", s, now.Worker, now.Epoch, was.Epoch+1)
+		case was.Worker != "wc" && now != was:
+			t.Fatalf("vshard %d of a live worker changed: %+v → %+v", s, was, now)
+		}
+	}
+}
