@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -95,7 +96,16 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 				delete(pins, v)
 			}
 		}
-		applyAll(ctx, cli, cfg.Prefix, ownership.Plan(view, cfg.VShards), cfg.Log)
+		if rev := applyAll(ctx, cli, cfg.Prefix, ownership.Plan(view, cfg.VShards), cfg.Log); rev > 0 {
+			// Plan again only on a view that has the rows just
+			// written: planned on one that lags, the moves already
+			// made would be tried again and fail their compare.
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := w.WaitFor(wctx, rev); err != nil && ctx.Err() == nil {
+				cfg.Log.Warn("ownership view lags the coordinator's writes", "err", err)
+			}
+			cancel()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -151,7 +161,7 @@ func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordin
 		case row.Worker == req.To && row.Gen == to.Gen:
 		default:
 			m := Move{VShard: n, From: row.Worker, To: req.To, Gen: to.Gen, Epoch: row.Epoch + 1, ModRevision: row.ModRevision}
-			if err := apply(ctx, cli, cfg.Prefix, m); err != nil {
+			if _, err := apply(ctx, cli, cfg.Prefix, m); err != nil {
 				cfg.Log.Warn("hand-off failed; retrying", "vshard", n, "to", req.To, "err", err)
 				continue
 			}
@@ -172,34 +182,43 @@ const ApplyParallel = 64
 // commit and a disk sync of its own, and a cold start of 4,096 vshards
 // took minutes before the last one had an owner. Concurrent writes share
 // etcd's raft entries and syncs. A move that fails is left to the next
-// plan, which sees the rows as they are then.
-func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []Move, log *slog.Logger) {
+// plan, which sees the rows as they are then. It returns the highest etcd
+// revision written (0: none).
+func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []Move, log *slog.Logger) int64 {
 	var g errgroup.Group
 	g.SetLimit(ApplyParallel)
+	var mu sync.Mutex
+	var high int64
 	for _, m := range moves {
 		g.Go(func() error {
-			if err := apply(ctx, cli, prefix, m); err != nil {
+			rev, err := apply(ctx, cli, prefix, m)
+			if err != nil {
 				log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
 				return nil
 			}
 			log.Info("shard moved", "vshard", m.VShard, "from", m.From, "to", m.To, "epoch", m.Epoch)
+			mu.Lock()
+			high = max(high, rev)
+			mu.Unlock()
 			return nil
 		})
 	}
 	_ = g.Wait() // every move logs its own error
+	return high
 }
 
-// apply writes one move if the row is still at the revision the plan saw.
-func apply(ctx context.Context, cli *clientv3.Client, prefix string, m Move) error {
+// apply writes one move if the row is still at the revision the plan saw,
+// and returns the revision of the write.
+func apply(ctx context.Context, cli *clientv3.Client, prefix string, m Move) (int64, error) {
 	key := shardKey(prefix, m.VShard)
 	val, _ := json.Marshal(Owner{Worker: m.To, Gen: m.Gen, Epoch: m.Epoch})
 	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", m.ModRevision)).
 		Then(clientv3.OpPut(key, string(val))).Commit()
 	if err != nil {
-		return fmt.Errorf("lease: write owner: %w", err)
+		return 0, fmt.Errorf("lease: write owner: %w", err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("lease: owner row of vshard %d changed since the plan", m.VShard)
+		return 0, fmt.Errorf("lease: owner row of vshard %d changed since the plan", m.VShard)
 	}
-	return nil
+	return resp.Header.Revision, nil
 }

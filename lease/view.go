@@ -21,6 +21,7 @@ type Watcher struct {
 	log    *slog.Logger
 
 	mu      sync.Mutex
+	rev     int64 // etcd's revision the view is at
 	view    View
 	routes  map[string]Override
 	changed chan struct{}
@@ -108,6 +109,24 @@ func (w *Watcher) Changed() <-chan struct{} {
 	return w.changed
 }
 
+// WaitFor waits until the view includes etcd's revision rev, e.g. the
+// caller's own writes, or ctx ends.
+func (w *Watcher) WaitFor(ctx context.Context, rev int64) error {
+	for {
+		w.mu.Lock()
+		cur, ch := w.rev, w.changed
+		w.mu.Unlock()
+		if cur >= rev {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("lease: view at revision %d, waiting for %d: %w", cur, rev, ctx.Err())
+		}
+	}
+}
+
 func (w *Watcher) load(ctx context.Context) (int64, error) {
 	resp, err := w.cli.Get(ctx, w.prefix, clientv3.WithPrefix())
 	if err != nil {
@@ -120,6 +139,7 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 		w.applyLocked(&v, string(kv.Key), kv.Value, kv.ModRevision, false)
 	}
 	w.view = v
+	w.rev = resp.Header.Revision
 	w.notifyLocked()
 	w.mu.Unlock()
 	return resp.Header.Revision, nil
@@ -137,6 +157,7 @@ func (w *Watcher) run(ctx context.Context, rev int64) {
 			for _, ev := range resp.Events {
 				w.applyLocked(&w.view, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == clientv3.EventTypeDelete)
 			}
+			w.rev = max(w.rev, resp.Header.Revision)
 			w.notifyLocked()
 			w.mu.Unlock()
 			rev = resp.Header.Revision
