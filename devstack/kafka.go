@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -62,6 +65,13 @@ func StartKafka(dir string, port int, log *slog.Logger, opts ...kfake.Opt) (*Kaf
 		kfake.Ports(port),
 		kfake.DataDir(dir),
 		kfake.WithLogger(kfakeSlog{log}),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			ln, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			return steadyListener{Listener: ln, log: log}, nil
+		}),
 	}, opts...)...)
 	if err != nil {
 		_ = lock.Close()
@@ -75,6 +85,41 @@ func StartKafka(dir string, port int, log *slog.Logger, opts ...kfake.Opt) (*Kaf
 	}
 	log.Debug("kafka ready", "dir", dir, "addr", addrs[0])
 	return &Kafka{c: c, addr: addrs[0], lock: lock, log: log}, nil
+}
+
+// steadyListener keeps accepting through errors that pass: out of file
+// descriptors, a connection aborted before it was accepted. kfake's accept
+// loop returns on any error, so a broker that once ran out of descriptors
+// (thousands of vshards' producers in one process) refused every
+// connection for the rest of the process's life.
+type steadyListener struct {
+	net.Listener
+	log *slog.Logger
+}
+
+// Accept waits for the next connection, retrying passing errors after a
+// pause that doubles from 5 ms up to a second.
+func (l steadyListener) Accept() (net.Conn, error) {
+	var pause time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil || !acceptPasses(err) {
+			return c, err
+		}
+		pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+		l.log.Warn("kafka listener: accept failed; retrying", "err", err, "in", pause)
+		time.Sleep(pause)
+	}
+}
+
+// acceptPasses reports whether an Accept error is one a listener outlives.
+func acceptPasses(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ECONNABORTED, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // Addr returns the broker's host:port bootstrap address.
