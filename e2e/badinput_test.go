@@ -17,6 +17,7 @@ import (
 // usable; bad tokens get 401 at the upgrade; oversized frames close with
 // 1009; nothing of it is written.
 func TestBadInput(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

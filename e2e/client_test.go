@@ -489,6 +489,7 @@ func runCLI(t *testing.T, dev *devProc, user, script string) string {
 // `chatpipe client` finds the dev stack from endpoints.json, mints its
 // token, runs the commands and prints the events as they arrive.
 func TestClientCommandLine(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	out := runCLI(t, dev, "alice", "create cli-1 bob\nwait 2s\nsend cli-1   hello   there \nbogus\nwait 2s\nhistory cli-1\nquit\n")
 	t.Logf("alice:\n%s", out)

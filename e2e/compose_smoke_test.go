@@ -150,6 +150,7 @@ func TestComposeSmoke(t *testing.T) {
 	if out, err := s.runToCompletion("init", s.rewriteAll("init", initSvc.Command, initSvc.Volumes), s.env("init", initSvc.Environment), 2*time.Minute); err != nil {
 		t.Fatalf("init: %v\n%s", err, out)
 	}
+	started := time.Now()
 	for _, name := range chatpipes {
 		svc := c.Services[name]
 		for r := 0; r < svc.replicas(); r++ {
@@ -212,7 +213,7 @@ func TestComposeSmoke(t *testing.T) {
 		}
 		return int(owned) == want
 	})
-	t.Logf("stack ready: %d vshards owned by %d workers, gateway %s", int(owned), len(workerMetrics), gatewayWS)
+	t.Logf("stack ready %v after the roles started: %d vshards owned by %d workers, gateway %s", time.Since(started).Round(time.Millisecond), int(owned), len(workerMetrics), gatewayWS)
 	// The replicas run without --id: each is named for its container's
 	// host name and listen port, one id each, which a restart in place
 	// keeps (so the worker label of their metrics does).

@@ -38,6 +38,7 @@ func runWithEnv(t *testing.T, env []string, args ...string) (string, error) {
 // message naming them, before it connects to anything; a variable that is
 // a flag of another role only is allowed.
 func TestConfigFailsLoudly(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	cases := []struct {
 		name string

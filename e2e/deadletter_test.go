@@ -112,6 +112,7 @@ func (s *sinkStack) readyz(t *testing.T) (int, string) {
 // /readyz says degraded, its counter is 1, and `chatpipe admin
 // dead-letters` lists it.
 func TestPoisonRecordIsDeadLettered(t *testing.T) {
+	parallel(t)
 	s := startSinkStack(t)
 	bad := &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "poison", Seq: 1, MessageID: "poison-1",
 		ClientMessageID: "p1", Sender: "mallory", Body: "nul\x00byte", CreatedAt: time.Now().UTC(), VShard: s.v, Epoch: 1}
@@ -173,6 +174,7 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 // is neither skipped nor dead-lettered: persist stops at it (/readyz 503
 // naming the upgrade, halted gauge 1) and writes nothing after it.
 func TestNewerVersionHaltsPersist(t *testing.T) {
+	parallel(t)
 	s := startSinkStack(t)
 	s.inject(t, "newer", []byte(`{"v":99,"kind":"message","conversation_id":"c","seq":3,"body":{"parts":["x"]}}`))
 	s.alice.must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})

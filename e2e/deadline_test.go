@@ -16,6 +16,7 @@ import (
 // unavailable after 2 s and reaches the front of the queue after ~5 s,
 // past its deadline: the log must never hold it.
 func TestExpiredQueuedCommandIsNotApplied(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--call-timeout", "2s")
 	dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=5s", "CHATPIPE_TXN_TIMEOUT=60s")
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })

@@ -13,6 +13,7 @@ import (
 // and a retry of a trimmed send or keyed membership command still gets its
 // first result (from Postgres), never a second event.
 func TestDedupeBounded(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--dedupe-keep", "2", "--dedupe-memory", "1s", "--rate-user", "-1")
 	metrics := dev.ep.Admin + "/metrics"
 	alice := dev.dial(t, "alice")

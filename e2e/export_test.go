@@ -15,6 +15,7 @@ import (
 // it with a clean run: no partial file under a final name, the same chunks
 // and totals, one line in the daily ledger.
 func TestExportKilledMidChunkResumes(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1")
 	alice := dev.dial(t, "alice")
 	for c := 0; c < 3; c++ {

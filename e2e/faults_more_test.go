@@ -61,6 +61,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 // Postgres transaction; a new persist resumes from the offsets in Postgres
 // and every event ends up there exactly once (fault test 3).
 func TestKilledPersistResumes(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--persist=false")
 	ep := filepath.Join(dev.dir, "endpoints.json")
 	p1 := startProc(t, dev.dir, "persist1", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"}, "persist", "--endpoints", ep, "--log-level", "warn", "--admin", "127.0.0.1:0")
@@ -74,6 +75,7 @@ func TestKilledPersistResumes(t *testing.T) {
 // TestKafkaRestartUnderLoad stops the broker gracefully and starts it again
 // on the same data dir and port while clients send (fault test 4).
 func TestKafkaRestartUnderLoad(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	port := freePort(t)
 	kdir := filepath.Join(dir, "broker")
@@ -139,6 +141,7 @@ func dialable(port int) bool {
 // the projection catch up within a bound, nothing accepted is lost and the
 // world check holds.
 func TestKilledOnlyWorker(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s")
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })

@@ -158,6 +158,7 @@ func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg,
 // writer's late commit and the new writer's then reuse seqs, and the checks
 // must see it. This shows the checks can fail.
 func TestReversedTakeoverOrderIsCaught(t *testing.T) {
+	parallel(t)
 	dev, _, _ := pausedWriter(t, "CHATPIPE_FAULT_ACCEPT_BEFORE_MARKER=1", "CHATPIPE_FAULT_ACCEPT_DELAY=6s")
 	rows := readLog(t, dev.ep)
 	seen := map[string]string{}

@@ -15,6 +15,7 @@ import (
 // a separate `chatpipe gateway`) each receive every event of the user's
 // conversations, including one that reconnects to the other gateway midway.
 func TestTwoGateways(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	gateway := func(name string, args ...string) int {
 		port := freePort(t)

@@ -51,6 +51,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// parallel lets t run beside one other such test (go test's -parallel:
+// GOMAXPROCS, 2 on the CI machines) once the tests that run alone are
+// done. It marks the tests that mostly wait (on a lease's TTL, a
+// transaction timeout, a proxy's fault, a token's expiry) or do little:
+// run one at a time under -race, each kept the machine less than one of
+// its two cores busy on average, and together they took 12 of the
+// package's 37 minutes. Load, fault schedules, the reconnect storm and the
+// compose stack still run alone, so that no timing they depend on is
+// stretched by a neighbour. CHATPIPE_E2E_SERIAL=1 runs every test alone.
+func parallel(t *testing.T) {
+	if os.Getenv("CHATPIPE_E2E_SERIAL") == "" {
+		t.Parallel()
+	}
+}
+
 // endpoints mirrors what `chatpipe dev` writes to endpoints.json.
 type endpoints struct {
 	WebSocket  string   `json:"websocket"`

@@ -21,6 +21,7 @@ import (
 // per user and per conversation, not_found, and 429 for too many
 // connections of one user.
 func TestRejectedCodes(t *testing.T) {
+	parallel(t)
 	// --jwt-leeway 0: an open connection's token expires at its exp, not 5 s
 	// later.
 	dev := startDev(t, t.TempDir(), "--rate-user", "5", "--rate-user-burst", "5", "--rate-conv", "1", "--rate-conv-burst", "3",
@@ -121,6 +122,7 @@ func TestRejectedCodes(t *testing.T) {
 // TestUnavailableWithoutWorkers: with no worker to own a vshard, a command
 // is answered unavailable with retry_after_ms once the gateway gives up.
 func TestUnavailableWithoutWorkers(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	cl := dev.dial(t, "alice")
 	r, err := cl.do(map[string]any{"op": "create", "conversation_id": "c", "members": []string{}})
@@ -136,6 +138,7 @@ func TestUnavailableWithoutWorkers(t *testing.T) {
 // accepted, the server keeps serving, and every message of the
 // well-behaved client is accepted and stored.
 func TestHostileClients(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	good := dev.dial(t, "good")
 	good.must(map[string]any{"op": "create", "conversation_id": "gc", "members": []string{}})

@@ -31,6 +31,7 @@ type hotOut struct {
 // override routes it to a dedicated vshard, where its new events are then
 // counted.
 func TestAdminHot(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	dev := startDev(t, dir)
 	if dev.ep.Dedicated == 0 {

@@ -42,7 +42,7 @@ import (
 // The seed is logged; CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
 // (the same faults in the same order with the same gaps between them;
 // what the processes do meanwhile is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
-// sets how long faults are injected (default 60 s), and
+// sets how long faults are injected (default 2 minutes), and
 // CHATPIPE_E2E_NEMESIS_REPORT=path writes the faults injected by kind, the
 // counts and the longest send gap per fault kind as JSON (bench/nemesis.sh).
 func TestNemesis(t *testing.T) {
@@ -54,7 +54,7 @@ func TestNemesis(t *testing.T) {
 		}
 		seed = s
 	}
-	dur := 60 * time.Second
+	dur := 2 * time.Minute
 	if v := os.Getenv("CHATPIPE_E2E_NEMESIS_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {

@@ -123,6 +123,7 @@ func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
 // TestNetworkFaultsGatewayWorker: latency, then a black hole twice the
 // gateway's read timeout, on the only gateway→worker link.
 func TestNetworkFaultsGatewayWorker(t *testing.T) {
+	parallel(t)
 	dev, np := gatewayWorkerLink(t)
 	load := startLoad(t, dev, 10, 20)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
@@ -139,6 +140,7 @@ func TestNetworkFaultsGatewayWorker(t *testing.T) {
 // answers are lost: the clients' retries (same client_message_id) must be
 // told the seq already committed and nothing may be doubled.
 func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
+	parallel(t)
 	dev, np := gatewayWorkerLink(t)
 	load := startLoad(t, dev, 10, 20)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
@@ -182,6 +184,7 @@ func (l advertisedListener) Addr() net.Addr { return l.addr }
 // projection's consumers — goes through it (Kafka clients dial the address
 // in the metadata, not the bootstrap one).
 func TestNetworkFaultsBroker(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	port := freePort(t)
 	np := startNetProxy(t, "roles→broker", "127.0.0.1:"+strconv.Itoa(port))

@@ -20,6 +20,7 @@ import (
 // TestInitAndConfig: `chatpipe init` agrees with a deployment of the same
 // shape (idempotent), refuses another shape, and `chatpipe version` runs.
 func TestInitAndConfig(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	run := func(args ...string) (string, error) {
 		out, err := exec.Command(binary, args...).CombinedOutput()
@@ -186,6 +187,7 @@ func TestInitAndConfig(t *testing.T) {
 // address. `chatpipe dev` serves the pipeline page on both, /metrics on
 // the admin address only (endpoints.json names it as metrics).
 func TestOpsPageOnTheAdminAddress(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	gateway := func(name string, args ...string) (public, admin string) {
 		port, adminPort := freePort(t), freePort(t)

@@ -142,6 +142,7 @@ func readYAML(t *testing.T, path string, into any) {
 // or invented metric fails here instead of showing an empty panel or an
 // alert that can never fire.
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
+	parallel(t)
 	p := startDev(t, t.TempDir())
 	have := exportedMetrics(t, p.ep.Admin+"/metrics")
 	if !have["chatpipe_worker_owned_shards"] || !have["go_goroutines"] {

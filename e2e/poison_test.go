@@ -19,6 +19,7 @@ import (
 // reaches the log, and a normal message sent right after it is in Postgres
 // and delivered to the other member within seconds.
 func TestPoisonBodies(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	alice := dev.dial(t, "alice")
 	alice.must(map[string]any{"op": "create", "conversation_id": "pz", "members": []string{"bob"}})

@@ -15,6 +15,7 @@ import (
 // TestAdminRebuild rebuilds an empty database from the committed log alone
 // and compares it with the live one: the log is the source of truth.
 func TestAdminRebuild(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	alice := dev.dial(t, "alice")
 	for c := 0; c < 5; c++ {

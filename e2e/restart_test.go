@@ -10,6 +10,7 @@ import (
 // data dir: nothing is lost, seqs continue, and a retry of a message sent
 // before the restart gets its first answer.
 func TestRestartKeepsData(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	dev := startDev(t, dir)
 	alice := dev.dial(t, "alice")

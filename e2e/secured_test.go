@@ -211,6 +211,7 @@ func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string
 // message sent over the websocket is accepted and reaches Postgres, and a
 // loadgen run's check (as the reader user) passes.
 func TestSecuredWritePath(t *testing.T) {
+	parallel(t)
 	s := startSecured(t)
 	s.startRole(clientsec.RoleWorker)
 	s.startRole(clientsec.RolePersist)
@@ -258,6 +259,7 @@ func TestSecuredWritePath(t *testing.T) {
 // client certificate for etcd, exits at start-up with a message naming the
 // problem.
 func TestSecuredWrongCredentials(t *testing.T) {
+	parallel(t)
 	s := startSecured(t)
 	s.writeSecret("wrong", "not-the-password")
 	for _, role := range []string{clientsec.RolePersist, clientsec.RoleWorker} {
@@ -293,6 +295,7 @@ func TestSecuredWrongCredentials(t *testing.T) {
 // produce to the log or take a writer's transactional id, and a worker
 // cannot read or commit persist's consumer group.
 func TestSecuredLeastPrivilege(t *testing.T) {
+	parallel(t)
 	s := startSecured(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
