@@ -52,10 +52,10 @@ func TestHotConversationBench(t *testing.T) {
 	if os.Getenv("CHATPIPE_E2E_HOT_BENCH") != "1" {
 		t.Skip("set CHATPIPE_E2E_HOT_BENCH=1 to run the hot conversation benchmark (bench/hot.sh)")
 	}
-	phaseLen := hbEnvDuration(t, "CHATPIPE_E2E_HOT_BENCH_PHASE", 20*time.Second)
-	rate := hbEnvInt(t, "CHATPIPE_E2E_HOT_BENCH_RATE", 500)
-	nClients := hbEnvInt(t, "CHATPIPE_E2E_HOT_BENCH_CLIENTS", 40)
-	nConvs := hbEnvInt(t, "CHATPIPE_E2E_HOT_BENCH_CONVS", 500)
+	phaseLen := envDuration(t, "CHATPIPE_E2E_HOT_BENCH_PHASE", 20*time.Second)
+	rate := envInt(t, "CHATPIPE_E2E_HOT_BENCH_RATE", 500)
+	nClients := envInt(t, "CHATPIPE_E2E_HOT_BENCH_CLIENTS", 40)
+	nConvs := envInt(t, "CHATPIPE_E2E_HOT_BENCH_CONVS", 500)
 	const hotClients = 4
 	convRate, convBurst := hbConvLimit(t)
 
@@ -448,7 +448,7 @@ func hbPct(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(len(sorted)-1, int(math.Ceil(q*float64(len(sorted))))-1)]
 }
 
-func hbEnvInt(t *testing.T, name string, def int) int {
+func envInt(t *testing.T, name string, def int) int {
 	v := os.Getenv(name)
 	if v == "" {
 		return def
@@ -460,7 +460,7 @@ func hbEnvInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-func hbEnvDuration(t *testing.T, name string, def time.Duration) time.Duration {
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	v := os.Getenv(name)
 	if v == "" {
 		return def
