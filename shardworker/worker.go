@@ -56,7 +56,7 @@ type Config struct {
 	// (default DefaultMaxTakeovers); the others wait their turn before
 	// their first round trip.
 	MaxTakeovers int
-	MaxConvs  int // conversations cached per vshard (default 20000; more while persist lags)
+	MaxConvs     int // conversations cached per vshard (default 20000; more while persist lags)
 	// DedupeKeep and DedupeMemory bound a writer's in-memory dedupe: per
 	// conversation it keeps at most DedupeKeep results of stored sends, and
 	// none older than DedupeMemory (defaults 256 and 30 s). A retry past
