@@ -159,10 +159,10 @@ func (s *shard) run() {
 		}
 	}()
 	// Wait for a turn to take over (Config.MaxTakeovers); the commands
-	// that arrive meanwhile queue as they would during the takeover.
-	select {
-	case s.w.takeovers <- struct{}{}:
-	case <-s.ctx.Done():
+	// that arrive meanwhile queue as they would during the takeover. A
+	// writer that takes over again (after a failed commit: a broker
+	// restart fails every writer's at once) waits for a turn again.
+	if !s.waitTurn() {
 		return
 	}
 	turn := true
@@ -197,6 +197,15 @@ func (s *shard) run() {
 			}
 		}
 		if rd.Effect != nil {
+			if !turn && !stopped && !s.m.Accepting() {
+				if turn = s.waitTurn(); !turn {
+					stopped = true // as above
+					s.m.Stop(time.Now())
+					if rd.Effect.Abandon {
+						continue
+					}
+				}
+			}
 			s.perform(rd.Effect)
 			continue
 		}
@@ -224,6 +233,17 @@ func (s *shard) run() {
 		case <-s.ctx.Done():
 		}
 		timer.Stop() // (since Go 1.23 a stopped timer delivers no stale tick)
+	}
+}
+
+// waitTurn takes one of the worker's takeover turns; false if the shard
+// was stopped first.
+func (s *shard) waitTurn() bool {
+	select {
+	case s.w.takeovers <- struct{}{}:
+		return true
+	case <-s.ctx.Done():
+		return false
 	}
 }
 
