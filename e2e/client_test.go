@@ -361,8 +361,18 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 	}
 	px.set(false, false)
 	want := int64(1 + online + offline)
-	waitFor(t, 60*time.Second, "bob to converge", func() bool {
+	waitForOr(t, 60*time.Second, "bob to converge", func() bool {
 		return bob.Cursors()["cl-2"] == want && len(bob.Messages("cl-2")) == int(want)
+	}, func() string {
+		blog.mu.Lock()
+		n := len(blog.frames)
+		var last []string
+		for _, f := range blog.frames[max(0, n-5):] {
+			last = append(last, string(f))
+		}
+		blog.mu.Unlock()
+		return fmt.Sprintf("bob: cursor %d, %d of %d events, %d connections; his last frames of %d:\n%s\ndev log:\n%s",
+			bob.Cursors()["cl-2"], len(bob.Messages("cl-2")), want, bob.Connects(), n, strings.Join(last, "\n"), tail(filepath.Join(dev.dir, "dev.log")))
 	})
 	view := bob.Messages("cl-2")
 	for i, e := range view {
