@@ -4,16 +4,11 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
-	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -30,16 +25,7 @@ func TestCoordinatorAssignsEveryVShard(t *testing.T) {
 	}
 	const vshards = 4096 + 16
 	quiet := slog.New(slog.DiscardHandler)
-	e, err := devstack.StartEtcd(context.Background(), filepath.Join(t.TempDir(), "etcd"), 0, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	_, cli := testEtcd(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

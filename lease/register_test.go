@@ -22,16 +22,7 @@ import (
 // etcd says the lease is gone.
 func TestRegistrationDeadline(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
-	e, err := devstack.StartEtcd(context.Background(), filepath.Join(t.TempDir(), "etcd"), 0, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	e, cli := testEtcd(t)
 	ctx := context.Background()
 
 	// Lost closes when the lease is revoked behind the worker's back.
@@ -95,4 +86,21 @@ func TestRegistrationDeadline(t *testing.T) {
 		t.Error("Lost closed while etcd was unreachable: only etcd can say the lease is gone")
 	default:
 	}
+}
+
+// testEtcd starts an embedded etcd and a client of it, both closed when
+// the test ends (closing etcd earlier is fine).
+func testEtcd(t *testing.T) (*devstack.Etcd, *clientv3.Client) {
+	t.Helper()
+	e, err := devstack.StartEtcd(context.Background(), filepath.Join(t.TempDir(), "etcd"), 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return e, cli
 }
