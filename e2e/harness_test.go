@@ -55,9 +55,9 @@ func TestMain(m *testing.M) {
 // GOMAXPROCS, 2 on the CI machines) once the tests that run alone are
 // done. It marks the tests that mostly wait (on a lease's TTL, a
 // transaction timeout, a proxy's fault, a token's expiry) or do little:
-// run one at a time under -race, each kept the machine less than one of
-// its two cores busy on average, and together they took 12 of the
-// package's 37 minutes. Load, fault schedules, the reconnect storm and the
+// run one at a time under -race, each kept the machine 0.4 to 1.06 of its
+// two cores busy on average (22 of them under 0.9), and together they took
+// 12 of the package's 37 minutes. Load, fault schedules, the reconnect storm and the
 // compose stack still run alone, so that no timing they depend on is
 // stretched by a neighbour. CHATPIPE_E2E_SERIAL=1 runs every test alone.
 func parallel(t *testing.T) {
