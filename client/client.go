@@ -154,7 +154,7 @@ type Client struct {
 	events chan Event
 
 	mu      sync.Mutex
-	conn    *websocket.Conn // nil while disconnected
+	conn    *Conn // nil while disconnected
 	gen     int             // connection generation, bumped on each connect
 	nextID  uint64
 	pending map[string]*call
@@ -323,26 +323,20 @@ func (c *Client) ConversationIDs() []string {
 }
 
 // dial opens a connection with a token from the TokenSource and returns
-// both.
-func (c *Client) dial(ctx context.Context) (*websocket.Conn, string, error) {
+// both. Every frame of the connection goes to handle: the answers routed
+// to the requests waiting for them, and the rest.
+func (c *Client) dial(ctx context.Context) (*Conn, string, error) {
 	tok, err := c.ts(ctx)
 	if err != nil {
 		return nil, "", fmt.Errorf("client: token: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
-	do := &websocket.DialOptions{HTTPClient: c.opts.HTTPClient, HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}}}
-	if c.opts.Batch {
-		do.Subprotocols = []string{protocol.SubprotocolBatch}
-	}
-	conn, resp, err := websocket.Dial(dctx, c.url, do)
+	conn, err := DialConn(dctx, c.url, ConnOptions{Token: tok, Batch: c.opts.Batch, ReadLimit: c.opts.ReadLimit,
+		HTTPClient: c.opts.HTTPClient, OnFrame: c.handle})
 	if err != nil {
-		if resp != nil {
-			return nil, "", fmt.Errorf("client: dial %s: HTTP %d: %w", c.url, resp.StatusCode, err)
-		}
-		return nil, "", fmt.Errorf("client: dial %s: %w", c.url, err)
+		return nil, "", err
 	}
-	conn.SetReadLimit(c.opts.ReadLimit)
 	return conn, tok, nil
 }
 
@@ -362,7 +356,7 @@ func Backoff(n int, base, max time.Duration) time.Duration {
 
 // run owns the connection: it serves conn until it is lost, then dials
 // again with backoff, until Close.
-func (c *Client) run(conn *websocket.Conn, tok string) {
+func (c *Client) run(conn *Conn, tok string) {
 	attempt := 0
 	for {
 		start := time.Now()
@@ -389,10 +383,11 @@ func (c *Client) run(conn *websocket.Conn, tok string) {
 	}
 }
 
-// serve reads conn until it fails or the client closes. On entry it sends
-// again every command that had no answer on an earlier connection and
-// starts the sync and the refresher of tok, the connection's token.
-func (c *Client) serve(conn *websocket.Conn, tok string) error {
+// serve waits until conn fails or the client closes (conn's reader hands
+// every frame to handle). On entry it sends again every command that had
+// no answer on an earlier connection and starts the sync and the
+// refresher of tok, the connection's token.
+func (c *Client) serve(conn *Conn, tok string) error {
 	defer conn.CloseNow()
 	cctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
@@ -449,42 +444,22 @@ func (c *Client) serve(conn *websocket.Conn, tok string) error {
 			c.mu.Unlock()
 		}
 	}()
-	for {
-		_, b, err := conn.Read(cctx)
-		if err != nil {
-			c.mu.Lock()
-			lost = true
-			if c.gen == gen {
-				select {
-				case <-c.synced:
-					c.synced = make(chan struct{})
-				default:
-				}
-			}
-			c.mu.Unlock()
-			return fmt.Errorf("client: read: %w", err)
-		}
-		for len(b) > 0 {
-			f := b
-			if i := indexNL(b); i >= 0 {
-				f, b = b[:i], b[i+1:]
-			} else {
-				b = nil
-			}
-			if len(f) > 0 {
-				c.handle(f)
-			}
+	select {
+	case <-cctx.Done():
+		return cctx.Err()
+	case <-conn.Done():
+	}
+	c.mu.Lock()
+	lost = true
+	if c.gen == gen {
+		select {
+		case <-c.synced:
+			c.synced = make(chan struct{})
+		default:
 		}
 	}
-}
-
-func indexNL(b []byte) int {
-	for i, x := range b {
-		if x == '\n' {
-			return i
-		}
-	}
-	return -1
+	c.mu.Unlock()
+	return conn.Err()
 }
 
 func idLess(a, b string) bool {
@@ -493,18 +468,21 @@ func idLess(a, b string) bool {
 	return x < y
 }
 
-func (c *Client) write(ctx context.Context, conn *websocket.Conn, req *protocol.Request) error {
+// write sends req on conn, its answer routed to handle.
+func (c *Client) write(ctx context.Context, conn *Conn, req *protocol.Request) error {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("client: encode %s: %w", req.Op, err)
 	}
-	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-		return fmt.Errorf("client: write %s: %w", req.Op, err)
+	if err := conn.Go(ctx, req.ID, b, c.handle); err != nil {
+		return fmt.Errorf("client: %s: %w", req.Op, err)
 	}
 	return nil
 }
 
-// handle dispatches one server frame.
+// handle dispatches one server frame: an answer to its waiting call, an
+// event to the view, a read marker to the markers. It runs on the
+// connection's reader goroutine.
 func (c *Client) handle(b []byte) {
 	if c.opts.OnFrame != nil {
 		c.opts.OnFrame(b)
@@ -626,6 +604,9 @@ func (c *Client) roundTrip(ctx context.Context, req protocol.Request, resend boo
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
+		if conn != nil {
+			conn.Forget(id)
+		}
 	}()
 	tctx, cancel := context.WithTimeout(ctx, c.opts.RequestTimeout)
 	defer cancel()
