@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
+	chatclient "github.com/chatpipe/chatpipe/client"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -42,10 +41,7 @@ type device struct {
 
 	connMu  sync.Mutex // one connect at a time
 	mu      sync.Mutex
-	conn    *websocket.Conn
-	closed  chan struct{}
-	nextID  int
-	waiters map[string]chan *frame
+	conn    *chatclient.Conn // nil after disconnect; may have ended (see current)
 	view    map[string]map[int64]*protocol.Event
 	cursors map[string]int64 // from synced replies only: never past a hole
 	syncing int
@@ -54,7 +50,7 @@ type device struct {
 }
 
 func newDevice(t *testing.T, dev *devProc, user, name string) *device {
-	return &device{t: t, dev: dev, user: user, name: name, waiters: map[string]chan *frame{},
+	return &device{t: t, dev: dev, user: user, name: name,
 		view: map[string]map[int64]*protocol.Event{}, cursors: map[string]int64{}}
 }
 
@@ -72,84 +68,65 @@ func (d *device) connect() error {
 }
 
 func (d *device) connectOnce() error {
-	d.mu.Lock()
-	if d.conn != nil {
-		d.mu.Unlock()
+	if d.current() != nil {
 		return nil
 	}
-	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := d.url
 	if url == "" {
 		url = d.dev.ep.WebSocket
 	}
-	c, _, err := websocket.Dial(ctx, url+"?token="+d.dev.token(d.t, d.user), nil)
+	c, err := chatclient.DialConn(ctx, url, chatclient.ConnOptions{Token: d.dev.token(d.t, d.user), ReadLimit: 1 << 20, OnFrame: d.pushed})
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", d.name, err)
 	}
-	c.SetReadLimit(1 << 20)
-	closed := make(chan struct{})
 	d.mu.Lock()
-	d.conn, d.closed = c, closed
+	d.conn = c
 	d.conns++
 	d.mu.Unlock()
-	go d.readLoop(c, closed)
 	return d.syncAll()
+}
+
+// current is the open connection, or nil.
+func (d *device) current() *chatclient.Conn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn != nil && d.conn.Err() != nil {
+		d.conn = nil
+	}
+	return d.conn
 }
 
 // disconnect closes the current connection (abruptly) and waits for its
 // reader to end.
 func (d *device) disconnect() {
 	d.mu.Lock()
-	c, closed := d.conn, d.closed
+	c := d.conn
 	d.conn = nil
 	d.mu.Unlock()
 	if c != nil {
 		c.CloseNow()
-		<-closed
 	}
 }
 
-func (d *device) readLoop(c *websocket.Conn, closed chan struct{}) {
-	defer close(closed)
-	defer func() {
-		d.mu.Lock()
-		if d.conn == c {
-			d.conn = nil
-		}
-		for id, ch := range d.waiters {
-			close(ch)
-			delete(d.waiters, id)
-		}
-		d.mu.Unlock()
-	}()
-	for {
-		_, b, err := c.Read(context.Background())
-		if err != nil {
-			return
-		}
-		f := &frame{}
-		if err := json.Unmarshal(b, f); err != nil {
-			d.t.Errorf("%s: bad frame %s", d.name, b)
-			continue
-		}
-		if f.Op == protocol.OpEvent {
-			e := &protocol.Event{}
-			if err := json.Unmarshal(b, e); err != nil {
-				d.t.Errorf("%s: bad event %s", d.name, b)
-			}
-			d.record(e, true)
-			continue
-		}
-		d.mu.Lock()
-		ch := d.waiters[f.ID]
-		delete(d.waiters, f.ID)
-		d.mu.Unlock()
-		if ch != nil {
-			ch <- f
-		}
+// pushed handles a frame that answers no request: an event is recorded.
+// It runs on the connection's reader, in order with the answers, so a
+// sync's events are recorded before its synced answer is handed over.
+func (d *device) pushed(b []byte) {
+	f := &frame{}
+	if err := json.Unmarshal(b, f); err != nil {
+		d.t.Errorf("%s: bad frame %s", d.name, b)
+		return
 	}
+	if f.Op != protocol.OpEvent {
+		return
+	}
+	e := &protocol.Event{}
+	if err := json.Unmarshal(b, e); err != nil {
+		d.t.Errorf("%s: bad event %s", d.name, b)
+	}
+	d.record(e, true)
 }
 
 // record adds an event to the view; a different event at a seq already
@@ -180,33 +157,27 @@ var errClosed = fmt.Errorf("connection closed")
 
 // do sends a request and waits for its reply.
 func (d *device) do(req map[string]any) (*frame, error) {
-	d.mu.Lock()
-	c := d.conn
+	c := d.current()
 	if c == nil {
-		d.mu.Unlock()
 		return nil, errClosed
 	}
-	d.nextID++
-	id := fmt.Sprintf("%s-%d", d.name, d.nextID)
-	ch := make(chan *frame, 1)
-	d.waiters[id] = ch
-	d.mu.Unlock()
+	id := d.name + "-" + c.NewID()
 	req["id"] = id
 	b, _ := json.Marshal(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.Write(ctx, websocket.MessageText, b); err != nil {
+	a, err := c.Call(ctx, id, b)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: no reply to %s within 30 s", d.name, b)
+		}
 		return nil, errClosed
 	}
-	select {
-	case f, ok := <-ch:
-		if !ok {
-			return nil, errClosed
-		}
-		return f, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%s: no reply to %s within 30 s", d.name, b)
+	f := &frame{}
+	if err := json.Unmarshal(a, f); err != nil {
+		return nil, fmt.Errorf("%s: bad answer %s", d.name, a)
 	}
+	return f, nil
 }
 
 // doRetrying waits out rate_limited and unavailable as a client should.

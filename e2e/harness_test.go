@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/auth"
+	chatclient "github.com/chatpipe/chatpipe/client"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -174,16 +174,13 @@ func tailN(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// client is one websocket device of a user.
+// client is one websocket device of a user that speaks the protocol as
+// raw request frames (tests send malformed, retried and hostile frames on
+// purpose), on the client package's connection multiplexer.
 type client struct {
 	t    *testing.T
 	user string
-	c    *websocket.Conn
-
-	mu      sync.Mutex
-	nextID  int
-	waiters map[string]chan *protocol.Reply
-	closed  chan struct{}
+	c    *chatclient.Conn
 }
 
 func (p *devProc) token(t *testing.T, user string) string {
@@ -196,52 +193,37 @@ func (p *devProc) token(t *testing.T, user string) string {
 
 func (p *devProc) dial(t *testing.T, user string) *client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, p.ep.WebSocket+"?token="+p.token(t, user), nil)
+	cl, err := p.dialWith(t, user, p.token(t, user))
 	if err != nil {
 		t.Fatalf("dial as %s: %v", user, err)
 	}
-	c.SetReadLimit(1 << 20)
-	cl := &client{t: t, user: user, c: c, waiters: map[string]chan *protocol.Reply{}, closed: make(chan struct{})}
-	go cl.readLoop()
-	t.Cleanup(cl.close)
 	return cl
 }
 
-func (cl *client) readLoop() {
-	defer close(cl.closed)
-	for {
-		_, b, err := cl.c.Read(context.Background())
-		if err != nil {
-			return
-		}
-		var r protocol.Reply
-		if err := json.Unmarshal(b, &r); err != nil {
-			cl.t.Errorf("bad frame from server: %s", b)
-			continue
-		}
-		if r.Op != protocol.OpAccepted && r.Op != protocol.OpRejected {
-			continue
-		}
-		cl.mu.Lock()
-		ch := cl.waiters[r.ID]
-		delete(cl.waiters, r.ID)
-		cl.mu.Unlock()
-		if ch != nil {
-			ch <- &r
-		}
+// dialWith opens a websocket of `chatpipe dev` as user with the bearer
+// token tok; the test's cleanup closes it.
+func (p *devProc) dialWith(t *testing.T, user, tok string) (*client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := chatclient.DialConn(ctx, p.ep.WebSocket, chatclient.ConnOptions{Token: tok, ReadLimit: 1 << 20,
+		OnFrame: func(b []byte) {
+			if !json.Valid(b) {
+				t.Errorf("bad frame from server: %s", b)
+			}
+		}})
+	if err != nil {
+		return nil, err
 	}
+	cl := &client{t: t, user: user, c: c}
+	t.Cleanup(cl.close)
+	return cl, nil
 }
 
-func (cl *client) close() { cl.c.CloseNow(); <-cl.closed }
+func (cl *client) close() { cl.c.CloseNow() }
 
 // do sends a request (fields as a map; "id" is set here) and waits for its reply.
 func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
-	cl.mu.Lock()
-	cl.nextID++
-	id := fmt.Sprintf("r%d", cl.nextID)
-	cl.mu.Unlock()
+	id := cl.c.NewID()
 	req["id"] = id
 	b, _ := json.Marshal(req)
 	return cl.doFrame(id, string(b))
@@ -249,23 +231,23 @@ func (cl *client) do(req map[string]any) (*protocol.Reply, error) {
 
 // doFrame writes a raw frame whose id is id and waits for its reply.
 func (cl *client) doFrame(id, frame string) (*protocol.Reply, error) {
-	ch := make(chan *protocol.Reply, 1)
-	cl.mu.Lock()
-	cl.waiters[id] = ch
-	cl.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.c.Write(ctx, websocket.MessageText, []byte(frame)); err != nil {
+	b, err := cl.c.Call(ctx, id, []byte(frame))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("no reply to %s within 30 s", frame)
+		}
 		return nil, err
 	}
-	select {
-	case r := <-ch:
-		return r, nil
-	case <-cl.closed:
-		return nil, fmt.Errorf("connection closed")
-	case <-ctx.Done():
-		return nil, fmt.Errorf("no reply to %s within 30 s", frame)
+	var r protocol.Reply
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("bad frame from server: %s", b)
 	}
+	if r.Op != protocol.OpAccepted && r.Op != protocol.OpRejected {
+		return nil, fmt.Errorf("%s answered %s, not accepted or rejected", id, b)
+	}
+	return &r, nil
 }
 
 // must is do for requests that have to succeed; it waits out

@@ -17,14 +17,10 @@ import (
 // test unless the upgrade succeeds.
 func (p *devProc) dialToken(t *testing.T, user, tok string) *client {
 	t.Helper()
-	c, status, err := p.upgrade(tok)
+	cl, err := p.dialWith(t, user, tok)
 	if err != nil {
-		t.Fatalf("dial as %s: HTTP %d: %v", user, status, err)
+		t.Fatalf("dial as %s: %v", user, err)
 	}
-	c.SetReadLimit(1 << 20)
-	cl := &client{t: t, user: user, c: c, waiters: map[string]chan *protocol.Reply{}, closed: make(chan struct{})}
-	go cl.readLoop()
-	t.Cleanup(cl.close)
 	return cl
 }
 

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
-	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
 	"github.com/chatpipe/chatpipe/protocol"
@@ -107,17 +106,7 @@ func pgHostPort(t *testing.T, rawURL string) string {
 // dialErr is devProc.dial returning an error instead of failing the test
 // (for load goroutines that reconnect).
 func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, p.ep.WebSocket+"?token="+p.token(t, user), nil)
-	if err != nil {
-		return nil, err
-	}
-	c.SetReadLimit(1 << 20)
-	cl := &client{t: t, user: user, c: c, waiters: map[string]chan *protocol.Reply{}, closed: make(chan struct{})}
-	go cl.readLoop()
-	t.Cleanup(cl.close)
-	return cl, nil
+	return p.dialWith(t, user, p.token(t, user))
 }
 
 // startReconnectingLoad is startLoad for faults after which the gateway

@@ -132,7 +132,7 @@ func TestKilledProjectionResumes(t *testing.T) {
 	}
 	waitForOr(t, 30*time.Second, "the watching device to receive everything", func() bool { return len(missing()) == 0 }, func() string {
 		watch.mu.Lock()
-		conns, open := watch.conns, watch.conn != nil
+		conns, open := watch.conns, watch.conn != nil && watch.conn.Err() == nil
 		watch.mu.Unlock()
 		return fmt.Sprintf("%d connections, open %v, missing %v; the gateway's log:\n%s",
 			conns, open, missing(), grepLines(filepath.Join(dev.dir, "dev.log"), "slow websocket reader", "events may have been missed", "delivery"))
