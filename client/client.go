@@ -155,7 +155,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	conn    *Conn // nil while disconnected
-	gen     int             // connection generation, bumped on each connect
+	gen     int   // connection generation, bumped on each connect
 	nextID  uint64
 	pending map[string]*call
 	cursors map[string]int64 // of the last complete synced reply only
