@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/chatpipe/chatpipe/protocol"
+	"github.com/chatpipe/chatpipe/client"
 )
 
 // op is one command of the run, with everything needed to retry it with
@@ -76,6 +75,9 @@ type device struct {
 	name string
 	out  chan *op
 	drop chan struct{} // close the connection and dial again (reconnect churn)
+	// handle is d.frame as a func value, made once: it takes every server
+	// frame, answers (routed by request id) and events alike.
+	handle func([]byte)
 
 	mu        sync.Mutex
 	pending   map[string]*op
@@ -86,8 +88,10 @@ type device struct {
 }
 
 func newDevice(r *runner, user string, i int) *device {
-	return &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096), drop: make(chan struct{}, 1),
+	d := &device{r: r, user: user, name: DeviceName(user, i), out: make(chan *op, 4096), drop: make(chan struct{}, 1),
 		pending: map[string]*op{}, cursors: map[string]*convCursor{}, connected: make(chan struct{})}
+	d.handle = d.frame
+	return d
 }
 
 var (
@@ -123,19 +127,15 @@ func (d *device) run(ctx context.Context) {
 			}
 		}
 		attempt = 0
-		readerDone := make(chan struct{})
-		var readErr error
-		go func() { defer close(readerDone); readErr = d.read(conn) }()
-		err = d.writeLoop(ctx, conn, readerDone)
-		conn.CloseNow()
-		<-readerDone
+		err = d.writeLoop(ctx, conn)
+		conn.CloseNow() // and its reader has stopped
 		if ctx.Err() != nil {
 			return
 		}
 		if !errors.Is(err, errDropped) {
 			d.r.errors.Add(1)
 		}
-		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", readErr)
+		d.r.log.Debug("connection lost", "device", d.name, "err", err, "read", conn.Err())
 		d.mu.Lock()
 		var again, lost []*op
 		for id, o := range d.pending {
@@ -175,24 +175,26 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (d *device) dial(ctx context.Context) (*websocket.Conn, error) {
+// dial opens a connection of the device on the client package's
+// multiplexer: answers are routed by request id to frame, and so is
+// everything else (events), in the order received.
+func (d *device) dial(ctx context.Context) (*client.Conn, error) {
 	tok, err := d.r.token(d.user)
 	if err != nil {
 		return nil, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var opts *websocket.DialOptions
-	if !d.r.cfg.PlainFrames {
-		opts = &websocket.DialOptions{Subprotocols: []string{protocol.SubprotocolBatch}}
-	}
-	conn, _, err := websocket.Dial(dctx, d.r.cfg.Stack.WebSocket+"?token="+tok, opts)
+	conn, err := client.DialConn(dctx, d.r.cfg.Stack.WebSocket, client.ConnOptions{Token: tok, Batch: !d.r.cfg.PlainFrames,
+		ReadLimit: 1 << 20, OnFrame: d.handle})
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: dial as %s: %w", d.user, err)
 	}
-	conn.SetReadLimit(1 << 20)
 	return conn, nil
 }
+
+// frame handles one server frame, as it arrives.
+func (d *device) frame(b []byte) { d.dispatch(b, time.Now()) }
 
 // enqueue hands o to the device's writer; it blocks while the queue is
 // full (the run is then saturated: the schedule's due times keep counting).
@@ -204,7 +206,7 @@ func (d *device) enqueue(ctx context.Context, o *op) {
 	}
 }
 
-func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone <-chan struct{}) error {
+func (d *device) writeLoop(ctx context.Context, conn *client.Conn) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -212,7 +214,7 @@ func (d *device) writeLoop(ctx context.Context, conn *websocket.Conn, readerDone
 		case <-ctx.Done():
 			conn.Close(websocket.StatusNormalClosure, "run over")
 			return ctx.Err()
-		case <-readerDone:
+		case <-conn.Done():
 			return errConnLost
 		case <-d.drop:
 			conn.Close(websocket.StatusNormalClosure, "reconnect")
@@ -248,7 +250,7 @@ func (d *device) sweep(ctx context.Context, now time.Time) {
 	}
 }
 
-func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
+func (d *device) write(ctx context.Context, conn *client.Conn, o *op) error {
 	d.mu.Lock()
 	if o.finished { // answered late, or given up, while its re-send waited
 		d.mu.Unlock()
@@ -256,6 +258,7 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	}
 	if o.reqID != "" {
 		delete(d.pending, o.reqID) // superseded: its answer no longer counts
+		conn.Forget(o.reqID)
 	}
 	o.waiting = false
 	d.next++
@@ -282,7 +285,7 @@ func (d *device) write(ctx context.Context, conn *websocket.Conn, o *op) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := conn.Write(wctx, websocket.MessageText, b); err != nil {
+	if err := conn.Go(wctx, id, b, d.handle); err != nil {
 		d.mu.Lock()
 		delete(d.pending, id)
 		d.mu.Unlock()
@@ -298,28 +301,6 @@ func (d *device) encode(o *op, id string) ([]byte, error) {
 		return nil, fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
 	}
 	return b, nil
-}
-
-// read dispatches every frame of conn until it fails.
-func (d *device) read(conn *websocket.Conn) error {
-	for {
-		_, b, err := conn.Read(context.Background())
-		if err != nil {
-			return err
-		}
-		now := time.Now()
-		// A batching connection's message holds frames separated by '\n'
-		// (docs/protocol.md); a plain one holds exactly one.
-		for len(b) > 0 {
-			i := bytes.IndexByte(b, '\n')
-			if i < 0 {
-				d.dispatch(b, now)
-				break
-			}
-			d.dispatch(b[:i], now)
-			b = b[i+1:]
-		}
-	}
 }
 
 // dispatch handles one server frame received at now.
