@@ -720,6 +720,10 @@ func (s *session) admit(now time.Time) *protocol.Error {
 // send queues a frame; a connection whose buffer is full is a slow reader:
 // it is closed with 1008 and catches up with sync.
 func (s *session) send(r any) {
+	if rep, ok := r.(*protocol.Reply); ok { // every command's answer: encoded by hand
+		s.sendRaw(protocol.AppendReply(make([]byte, 0, 192), rep))
+		return
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -241,11 +242,12 @@ func serveConn(c net.Conn, h Handler, cfg Config, log *slog.Logger) {
 		defer wg.Done()
 		defer closeLink()
 		bw := bufio.NewWriterSize(dc, 64<<10)
-		enc := json.NewEncoder(bw)
+		var line []byte
 		for {
 			select {
 			case r := <-out:
-				if err := enc.Encode(r); err != nil {
+				line = append(appendResponse(line[:0], r), '\n')
+				if _, err := bw.Write(line); err != nil {
 					return
 				}
 				if len(out) == 0 {
@@ -493,11 +495,7 @@ func (cl *Client) Do(ctx context.Context, user string, req *protocol.Request) (*
 		cl.mu.Unlock()
 	}
 
-	b, err := json.Marshal(&Request{RID: rid, User: user, Req: req, Budget: budget})
-	if err != nil {
-		forget()
-		return nil, fmt.Errorf("%w: encode: %w", ErrNotSent, err)
-	}
+	b := appendRequest(make([]byte, 0, 128+len(req.Body)), &Request{RID: rid, User: user, Req: req, Budget: budget})
 	sent = true // from here on the answer, or the link's end, frees the slot
 	if err := cl.write(append(b, '\n')); err != nil {
 		cl.Close()
@@ -529,6 +527,43 @@ func (cl *Client) Close() {
 	cl.err = ErrClosed
 	cl.conn.Close()
 	close(cl.closed)
+}
+
+// appendRequest appends r's line (without the newline): what
+// json.Marshal(r) writes, without its reflection.
+func appendRequest(b []byte, r *Request) []byte {
+	b = append(b, `{"rid":`...)
+	b = strconv.AppendUint(b, r.RID, 10)
+	if r.User != "" {
+		b = protocol.AppendString(append(b, `,"user":`...), r.User)
+	}
+	if r.Req != nil {
+		b = protocol.AppendRequest(append(b, `,"req":`...), r.Req)
+	}
+	if r.Budget != 0 {
+		b = strconv.AppendInt(append(b, `,"budget_ns":`...), int64(r.Budget), 10)
+	}
+	if r.Ping {
+		b = append(b, `,"ping":true`...)
+	}
+	return append(b, '}')
+}
+
+// appendResponse appends r's line (without the newline): what
+// json.Marshal(r) writes, without its reflection.
+func appendResponse(b []byte, r *Response) []byte {
+	b = append(b, `{"rid":`...)
+	b = strconv.AppendUint(b, r.RID, 10)
+	if r.Reply != nil {
+		b = protocol.AppendReply(append(b, `,"reply":`...), r.Reply)
+	}
+	if r.Retry {
+		b = append(b, `,"retry":true`...)
+	}
+	if r.Pong {
+		b = append(b, `,"pong":true`...)
+	}
+	return append(b, '}')
 }
 
 // decode reads one line: in one strict parse (exact names, no unknown or

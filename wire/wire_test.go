@@ -342,3 +342,34 @@ func TestBurstOfAnswersKeepsAHealthyLink(t *testing.T) {
 		t.Fatalf("%d of 3000 calls failed on a healthy link answered in bursts", n)
 	}
 }
+
+// TestLinesMatchMarshal checks the hand-written line encoders against
+// json.Marshal, which older peers' lines were made with.
+func TestLinesMatchMarshal(t *testing.T) {
+	reqs := []*Request{
+		{RID: 1},
+		{RID: 1 << 63, User: "alice<>", Budget: 15 * time.Second,
+			Req: &protocol.Request{Op: protocol.OpSend, ID: "r1", ConversationID: "c", ClientMessageID: "m", Body: "é \"x\""}},
+		{Ping: true, Req: &protocol.Request{Op: "ping"}},
+		{RID: 9, Budget: -1, Req: &protocol.Request{Op: protocol.OpSync, ID: "r2", Cursors: map[string]int64{"b": 1, "a": 2}}},
+	}
+	for _, r := range reqs {
+		want, _ := json.Marshal(r)
+		if got := appendRequest(nil, r); string(got) != string(want) {
+			t.Errorf("appendRequest\n got %s\nwant %s", got, want)
+		}
+	}
+	resps := []*Response{
+		{RID: 1},
+		{RID: 2, Retry: true},
+		{Pong: true},
+		{RID: 3, Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: "r1", ConversationID: "c", Seq: 4, MessageID: "01K", ClientMessageID: "m"}},
+		{RID: 5, Reply: &protocol.Reply{Op: protocol.OpRejected, ID: "r2", Code: protocol.CodeForbidden, Message: "not a <member>"}, Retry: true, Pong: true},
+	}
+	for _, r := range resps {
+		want, _ := json.Marshal(r)
+		if got := appendResponse(nil, r); string(got) != string(want) {
+			t.Errorf("appendResponse\n got %s\nwant %s", got, want)
+		}
+	}
+}

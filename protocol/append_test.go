@@ -1,0 +1,85 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+var appendRequests = []*Request{
+	{},
+	{Op: OpSend, ID: "r1", ConversationID: "c1", ClientMessageID: "m-1", Body: "hello"},
+	{Op: OpSend, ID: "r2", ConversationID: "c/é", ClientMessageID: "m", Body: "<b>&\"quoted\"\\ \x00 \x7f \u2028 é \xff"},
+	{Op: OpCreate, ID: "r3", ConversationID: "c", Members: []string{"bob", "carol<>"}, ClientMessageID: "x"},
+	{Op: OpSync, ID: "r4", Cursors: map[string]int64{"b": 2, "a": -1, "é": 0}},
+	{Op: OpHistory, ID: "r5", ConversationID: "c", BeforeSeq: 9, Limit: -3},
+	{Op: OpRead, ID: "r6", ConversationID: "c", Seq: 1 << 62},
+	{Op: OpRefresh, ID: "r7", Token: "a.b.c", UserID: "u"},
+	{Op: OpCreate, Members: []string{}},
+}
+
+var appendReplies = []*Reply{
+	{},
+	{Op: OpAccepted, ID: "r1", ConversationID: "c1", Seq: 7, MessageID: "01K", ClientMessageID: "m-1"},
+	{Op: OpRejected, ID: "r2", Code: CodeUnavailable, Message: "shard <moving> & \"busy\"", RetryAfterMS: 250},
+	{Op: OpAccepted, ID: "r3", ExpiresAt: "2026-12-03T05:00:00Z", Seq: -1},
+}
+
+func TestAppendMatchesMarshal(t *testing.T) {
+	for _, r := range appendRequests {
+		want, _ := json.Marshal(r)
+		if got := AppendRequest(nil, r); !bytes.Equal(got, want) {
+			t.Errorf("AppendRequest(%+v)\n got %s\nwant %s", r, got, want)
+		}
+	}
+	for _, r := range appendReplies {
+		want, _ := json.Marshal(r)
+		if got := AppendReply([]byte("x"), r); !bytes.Equal(got[1:], want) || got[0] != 'x' {
+			t.Errorf("AppendReply(%+v)\n got %s\nwant %s", r, got, want)
+		}
+	}
+}
+
+func FuzzAppendRequest(f *testing.F) {
+	for _, r := range appendRequests {
+		f.Add(r.Op, r.ConversationID, r.Body, r.BeforeSeq, int64(len(r.Members)))
+	}
+	f.Fuzz(func(t *testing.T, op, conv, body string, n, k int64) {
+		r := &Request{Op: op, ID: conv + op, ConversationID: conv, Body: body, BeforeSeq: n, Limit: int(k), Seq: n ^ k}
+		if k%3 == 0 {
+			r.Members = []string{body, op}
+			r.Cursors = map[string]int64{conv: n, body: k}
+		}
+		want, _ := json.Marshal(r)
+		if got := AppendRequest(nil, r); !bytes.Equal(got, want) {
+			t.Fatalf("AppendRequest(%+v)\n got %s\nwant %s", r, got, want)
+		}
+		rep := &Reply{Op: op, ID: conv, Message: body, Seq: n, RetryAfterMS: k, Code: Code(body)}
+		want, _ = json.Marshal(rep)
+		if got := AppendReply(nil, rep); !bytes.Equal(got, want) {
+			t.Fatalf("AppendReply(%+v)\n got %s\nwant %s", rep, got, want)
+		}
+	})
+}
+
+// BenchmarkEncodeSend compares the hand encoder of a typical send with
+// json.Marshal (the encoder it replaced on the link).
+func BenchmarkEncodeSend(b *testing.B) {
+	r := &Request{Op: OpSend, ID: "r123", ConversationID: "run.c17", ClientMessageID: "run.u1-0-1234",
+		Body: "run.u1-0-1234 1764748800123456789 xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("AppendRequest", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf []byte
+		for b.Loop() {
+			buf = AppendRequest(buf[:0], r)
+		}
+	})
+}
