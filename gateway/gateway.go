@@ -229,6 +229,8 @@ type Gateway struct {
 	closing  bool
 	connWG   sync.WaitGroup
 	shutdown chan struct{}
+
+	moves *moveWatch // cancels calls whose vshard moved while they waited
 }
 
 // New returns a gateway.
@@ -244,7 +246,8 @@ func New(cfg Config) (*Gateway, error) {
 			Help:    "Time from reading a frame to queueing its answer for the connection's writer, by op.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
 			[]string{"op"}),
-		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{})}
+		pool: map[string]Link{}, conns: map[*websocket.Conn]struct{}{}, shutdown: make(chan struct{}),
+		moves: newMoveWatch(cfg.Owners)}
 	// Every op's series exist from the start, at 0, so that rates and
 	// quantiles have them before the first command; the per-frame path
 	// uses them without a label lookup.
@@ -863,14 +866,18 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	safe := retrySafe(req)
-	stop := func() {}
+	var mc *moveCall
 	if safe {
 		// A frozen owner never answers: when the shard moves, ask the new
 		// owner instead (dedupe makes that safe).
-		stop = g.cancelOnMove(cctx, cancel, v, epoch, &moved)
+		mc = &moveCall{v: v, epoch: epoch, cancel: cancel}
+		g.moves.add(mc)
 	}
 	resp, err := cl.Do(cctx, user, req)
-	stop()
+	if mc != nil {
+		g.moves.remove(mc)
+		moved = mc.moved.Load()
+	}
 	switch {
 	case errors.Is(err, wire.ErrNotSent):
 		return nil, moved, "could not be asked (the request was not sent)", 0 // nothing was written
@@ -882,33 +889,6 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 		return nil, moved, "answered: " + resp.Reply.Message, time.Duration(resp.Reply.RetryAfterMS) * time.Millisecond
 	}
 	return resp.Reply, false, "", 0
-}
-
-// cancelOnMove cancels a call when vshard v's owner row moves past epoch;
-// it sets *moved when it did. The returned stop ends the watch.
-func (g *Gateway) cancelOnMove(ctx context.Context, cancel context.CancelFunc, v int, epoch int64, moved *bool) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			changed := g.cfg.Owners.Changed()
-			if row, _, _ := g.cfg.Owners.Route(v); row.Epoch != epoch {
-				*moved = true
-				cancel()
-				return
-			}
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return
-			case <-done:
-				return
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
 }
 
 func unavailable(id, msg string, after int64) *protocol.Reply {
