@@ -279,10 +279,7 @@ func (d *device) write(ctx context.Context, conn *client.Conn, o *op) error {
 	d.pending[id] = o
 	o.reqID = id
 	d.mu.Unlock()
-	b, err := d.encode(o, id)
-	if err != nil {
-		return err
-	}
+	b := d.encode(o, id)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := conn.Go(wctx, id, b, d.handle); err != nil {
@@ -295,12 +292,8 @@ func (d *device) write(ctx context.Context, conn *client.Conn, o *op) error {
 }
 
 // encode makes the request frame of o's attempt id.
-func (d *device) encode(o *op, id string) ([]byte, error) {
-	b, err := appendRequest(make([]byte, 0, 64+len(o.body)), o, id)
-	if err != nil {
-		return nil, fmt.Errorf("loadgen: encode %s: %w", o.kind, err)
-	}
-	return b, nil
+func (d *device) encode(o *op, id string) []byte {
+	return appendRequest(make([]byte, 0, 64+len(o.body)), o, id)
 }
 
 // dispatch handles one server frame received at now.

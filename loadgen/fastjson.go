@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // The hot path's JSON: server frames are flat objects of strings, numbers
@@ -203,24 +205,11 @@ func setString(f *frame, key, v []byte) {
 	}
 }
 
-// appendString appends s as a JSON string.
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s) // escapes, HTML-safe, invalid UTF-8 replaced: encoding/json's rules
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
-
 func appendField(b []byte, key, v string) []byte {
 	b = append(b, ',', '"')
 	b = append(b, key...)
 	b = append(b, '"', ':')
-	return appendString(b, v)
+	return protocol.AppendString(b, v)
 }
 
 func appendIntField(b []byte, key string, v int64) []byte {
@@ -231,48 +220,25 @@ func appendIntField(b []byte, key string, v int64) []byte {
 }
 
 // appendRequest appends the request frame of o's attempt id.
-func appendRequest(b []byte, o *op, id string) ([]byte, error) {
-	b = append(b, `{"op":`...)
-	b = appendString(b, o.kind)
-	b = appendField(b, "id", id)
+func appendRequest(b []byte, o *op, id string) []byte {
+	r := protocol.Request{Op: o.kind, ID: id, ConversationID: o.conv, ClientMessageID: o.cmid}
 	switch o.kind {
 	case "create":
-		b = appendField(b, "conversation_id", o.conv)
-		b = append(b, `,"members":[`...)
-		for i, m := range o.members {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, m)
-		}
-		b = append(b, ']')
+		r.Members = o.members
 	case "send":
-		b = appendField(b, "conversation_id", o.conv)
-		b = appendField(b, "client_message_id", o.cmid)
-		b = appendField(b, "body", o.body)
+		r.Body = o.body
 	case "join", "kick":
-		b = appendField(b, "conversation_id", o.conv)
-		b = appendField(b, "user_id", o.target)
-	case "leave":
-		b = appendField(b, "conversation_id", o.conv)
+		r.UserID = o.target
 	case "sync":
-		c, err := json.Marshal(o.cursors)
-		if err != nil {
-			return nil, err
-		}
-		b = append(b, `,"cursors":`...)
-		b = append(b, c...)
+		r.Cursors = o.cursors
 	}
-	if o.kind != "send" && o.cmid != "" { // the idempotency key of a membership command
-		b = appendField(b, "client_message_id", o.cmid)
-	}
-	return append(b, '}'), nil
+	return protocol.AppendRequest(b, &r)
 }
 
 // appendAccepted appends a's line of accepted.jsonl (as json.Marshal would).
 func appendAccepted(b []byte, a *Accepted) []byte {
 	b = append(b, `{"op":`...)
-	b = appendString(b, a.Op)
+	b = protocol.AppendString(b, a.Op)
 	b = appendField(b, "c", a.Conv)
 	b = appendIntField(b, "s", a.Seq)
 	b = appendField(b, "m", a.MessageID)
@@ -300,7 +266,7 @@ func appendAccepted(b []byte, a *Accepted) []byte {
 // appendDelivered appends x's line of delivered.jsonl (as json.Marshal would).
 func appendDelivered(b []byte, x *Delivered) []byte {
 	b = append(b, `{"d":`...)
-	b = appendString(b, x.Device)
+	b = protocol.AppendString(b, x.Device)
 	b = appendField(b, "c", x.Conv)
 	b = appendIntField(b, "s", x.Seq)
 	b = appendField(b, "kind", x.Kind)
