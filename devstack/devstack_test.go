@@ -431,3 +431,19 @@ func TestCompareVersions(t *testing.T) {
 		t.Fatalf("sorted = %v, want %v", vs, want)
 	}
 }
+
+func TestFreePortsAreDistinct(t *testing.T) {
+	for range 20 {
+		ports, err := FreePorts(8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int]bool{}
+		for _, p := range ports {
+			if seen[p] || p <= 0 {
+				t.Fatalf("FreePorts(8) = %v: not 8 distinct ports", ports)
+			}
+			seen[p] = true
+		}
+	}
+}

@@ -25,15 +25,12 @@ func testMembers(t *testing.T, n int) ([]testMember, string) {
 	base := t.TempDir()
 	var ms []testMember
 	var cluster []string
+	ports, err := FreePorts(2 * n) // distinct: two members given one port fail at once
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := 1; i <= n; i++ {
-		cp, err := FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pp, err := FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
+		cp, pp := ports[2*i-2], ports[2*i-1]
 		m := testMember{dir: filepath.Join(base, fmt.Sprintf("m%d", i)), name: fmt.Sprintf("m%d", i), clientPort: cp, peerPort: pp}
 		ms = append(ms, m)
 		cluster = append(cluster, fmt.Sprintf("%s=http://127.0.0.1:%d", m.name, pp))

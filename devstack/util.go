@@ -29,6 +29,29 @@ func FreePort() (int, error) {
 	return port, nil
 }
 
+// FreePorts returns n distinct free TCP ports on 127.0.0.1: each is held
+// bound until all are found (FreePort called n times may return one port
+// twice, as the kernel hands a just-closed port out again). The caveat of
+// FreePort applies to each.
+func FreePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("devstack: find free ports: %w", err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
 // portFree reports whether 127.0.0.1:port can be bound right now.
 func portFree(port int) bool {
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
