@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // TestBadInput: bad frames get clear rejections and the connection stays
@@ -76,12 +77,13 @@ func TestBadInput(t *testing.T) {
 	// Still usable, and the forged sender is ignored: the event's sender is alice.
 	frame, _ := json.Marshal(map[string]any{"id": "ok1", "op": "create", "conversation_id": "c", "members": []string{"bob"}, "sender": "mallory"})
 	c.Write(ctx, websocket.MessageText, frame)
-	if m, err := readRaw(ctx, c); err != nil || m["op"] != "accepted" {
+	if m, err := readAnswer(ctx, c, "ok1"); err != nil || m["op"] != "accepted" {
 		t.Fatalf("after bad frames: %v %v", m, err)
 	}
 	frame, _ = json.Marshal(map[string]any{"id": "ok2", "op": "send", "conversation_id": "c", "client_message_id": "m1", "body": "hi", "sender": "bob"})
 	c.Write(ctx, websocket.MessageText, frame)
-	m, err := readRaw(ctx, c)
+	// The create's event may be pushed before the send's answer.
+	m, err := readAnswer(ctx, c, "ok2")
 	if err != nil || m["op"] != "accepted" {
 		t.Fatalf("send: %v %v", m, err)
 	}
@@ -98,5 +100,16 @@ func TestBadInput(t *testing.T) {
 	rows := readLog(t, dev.ep)
 	if len(rows) != 2 || rows[0].Sender != "alice" || rows[1].Sender != "alice" {
 		t.Errorf("log holds %+v, want alice's create and send only", rows)
+	}
+}
+
+// readAnswer reads frames until the answer to request id, skipping the
+// events pushed meanwhile.
+func readAnswer(ctx context.Context, c *websocket.Conn, id string) (map[string]any, error) {
+	for {
+		m, err := readRaw(ctx, c)
+		if err != nil || m["id"] == id || m["op"] != protocol.OpEvent {
+			return m, err
+		}
 	}
 }
