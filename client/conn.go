@@ -217,6 +217,11 @@ func (c *Conn) read() {
 				c.dispatch(f)
 			}
 		}
+		// Once its frames are handled: a buffer grown by a large message
+		// (a history page) is not kept for the small ones after it.
+		if buf.Cap() > 256<<10 && buf.Len() < 16<<10 {
+			buf = bytes.Buffer{}
+		}
 	}
 }
 
@@ -228,9 +233,6 @@ func (c *Conn) readMessage(buf *bytes.Buffer) error {
 	buf.Reset()
 	if _, err := buf.ReadFrom(r); err != nil {
 		return fmt.Errorf("client: read: %w", err)
-	}
-	if buf.Cap() > 64<<10 && buf.Len() < 4<<10 {
-		*buf = bytes.Buffer{} // do not keep a large history page's buffer
 	}
 	return nil
 }

@@ -4,10 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/coder/websocket"
 
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -205,4 +209,56 @@ func TestConnCallEndsWhenConnectionEnds(t *testing.T) {
 		t.Fatal("Err is nil after Done")
 	}
 	conn.CloseNow() // after the end: returns at once
+}
+
+// Every frame reaches OnFrame whatever the sizes of the messages around
+// it: a small message after a large one (which grows the read buffer)
+// once got lost when the buffer was given up.
+func TestConnDeliversEveryMessage(t *testing.T) {
+	sizes := []int{10, 300 << 10, 10, 70 << 10, 20, 1 << 20, 5, 40 << 10, 3}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		c.SetReadLimit(1 << 20)
+		for i, n := range sizes {
+			// Two frames in one message, as a batching gateway sends them.
+			msg := fmt.Sprintf(`{"op":"event","seq":%d,"body":%q}`+"\n"+`{"op":"event","seq":%d}`, 2*i+1, strings.Repeat("x", n), 2*i+2)
+			if err := c.Write(r.Context(), websocket.MessageText, []byte(msg)); err != nil {
+				return
+			}
+		}
+		c.Read(r.Context()) // until the client goes
+	}))
+	defer ts.Close()
+	var mu sync.Mutex
+	var seqs []int64
+	conn, err := DialConn(testCtx(t), "ws"+strings.TrimPrefix(ts.URL, "http"), ConnOptions{ReadLimit: 2 << 20, OnFrame: func(b []byte) {
+		var e protocol.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Errorf("frame %.80s: %v", b, err)
+			return
+		}
+		mu.Lock()
+		seqs = append(seqs, e.Seq)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	waitUntil(t, "every frame at OnFrame", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seqs) >= 2*len(sizes)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range seqs {
+		if s != int64(i+1) {
+			t.Fatalf("frames arrived as seqs %v, want 1..%d in order", seqs, 2*len(sizes))
+		}
+	}
 }
