@@ -99,10 +99,8 @@ func TestProducerEpochRotation(t *testing.T) {
 	before := describeTxn(t, k.Addr(), txnID)
 	t.Logf("%s aged by %d transactions in %v: producer %d epoch %d", txnID, n, time.Since(start).Round(time.Millisecond), before.ProducerID, before.ProducerEpoch)
 
-	mark, hold := filepath.Join(dev.dir, "wa-in-commit"), filepath.Join(dev.dir, "wa-hold-commits")
-	t.Cleanup(func() { os.Remove(hold) })
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark,
-		"CHATPIPE_FAULT_COMMIT_HOLD="+hold)
+	mark := filepath.Join(dev.dir, "wa-in-commit")
+	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark)
 	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
 	waMetrics := adminURL(t, dev.ep, "wa")
 	owner := dev.dial(t, "wu0")
@@ -131,15 +129,8 @@ func TestProducerEpochRotation(t *testing.T) {
 		t.Fatalf("the producer ID did not rotate (still %d, epoch %d)", after.ProducerID, after.ProducerEpoch)
 	}
 
-	// Pause wa with a transaction of the new producer ID open: while the
-	// hold file exists, a transaction that reaches its commit writes the
-	// mark and waits, so once the mark is there one is open (a pause that
-	// merely hoped to land in the 100 ms before a commit missed it now and
-	// then, and the woken writer then had nothing to be refused).
+	// Pause wa with a transaction of the new producer ID open.
 	os.Remove(mark)
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -158,7 +149,6 @@ func TestProducerEpochRotation(t *testing.T) {
 	wa.signal(syscall.SIGSTOP)
 	dev.startWorker(t, "wb")
 	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
-	os.Remove(hold) // wa commits its open transactions as soon as it wakes
 	wa.signal(syscall.SIGCONT)
 	mu.Lock()
 	n0 := len(accepted)

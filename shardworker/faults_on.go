@@ -21,11 +21,6 @@ var (
 	// faultCommitMark is a file created whenever a transaction enters that
 	// sleep, so a test can pause the process while one is open.
 	faultCommitMark = os.Getenv("CHATPIPE_FAULT_COMMIT_MARK")
-	// faultCommitHold is a file that, while it exists, holds every
-	// transaction entering that sleep before it (after the mark is
-	// written): a test that creates it, then waits for the mark, knows a
-	// transaction is open and stays open until it removes the file.
-	faultCommitHold = os.Getenv("CHATPIPE_FAULT_COMMIT_HOLD")
 	// faultAcceptBeforeMarker reverses the takeover order ON PURPOSE:
 	// replay, accept (after faultAcceptDelay), and fence the previous
 	// writer only with the first commit. Tests use it to show that the
@@ -72,12 +67,6 @@ func (s *shard) recommitAfterAbort(recs []*kgo.Record) error {
 func markCommit() {
 	if faultCommitMark != "" {
 		os.WriteFile(faultCommitMark, nil, 0o644)
-	}
-	for faultCommitHold != "" {
-		if _, err := os.Stat(faultCommitHold); err != nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
