@@ -405,8 +405,7 @@ func (cl *Client) pingLoop() {
 // rejects (an unknown op, answered bad_request with rid 0, which no call
 // uses): its answer keeps the link alive through a rolling upgrade.
 func pingLine() []byte {
-	line, _ := json.Marshal(&Request{Ping: true, Req: &protocol.Request{Op: "ping"}})
-	return append(line, '\n')
+	return append(appendRequest(nil, &Request{Ping: true, Req: &protocol.Request{Op: "ping"}}), '\n')
 }
 
 // write sends line, combined with the lines of concurrent callers into as
