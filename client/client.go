@@ -470,11 +470,7 @@ func idLess(a, b string) bool {
 
 // write sends req on conn, its answer routed to handle.
 func (c *Client) write(ctx context.Context, conn *Conn, req *protocol.Request) error {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("client: encode %s: %w", req.Op, err)
-	}
-	if err := conn.Go(ctx, req.ID, b, c.handle); err != nil {
+	if err := conn.Go(ctx, req.ID, protocol.AppendRequest(nil, req), c.handle); err != nil {
 		return fmt.Errorf("client: %s: %w", req.Op, err)
 	}
 	return nil
