@@ -148,7 +148,17 @@ func TestProducerEpochRotation(t *testing.T) {
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+	// The owner rows move before wb's takeover marker initialises each
+	// transactional.id: only once wb accepts for every vshard has it
+	// fenced wa's producer. Woken before that, wa may still commit its
+	// open transaction first, legitimately, and the test sees no refusal.
+	waitFor(t, 120*time.Second, "wb to take over and accept on every vshard", func() bool {
+		view := etcdView(t, dev.ep)
+		if ownedBy(view, dev.ep.all(), "wb") != dev.ep.all() || view.Workers["wb"].Admin == "" {
+			return false
+		}
+		return metric(t, adminURL(t, dev.ep, "wb"), "chatpipe_worker_owned_shards") == float64(dev.ep.all())
+	})
 	wa.signal(syscall.SIGCONT)
 	mu.Lock()
 	n0 := len(accepted)
