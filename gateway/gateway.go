@@ -504,12 +504,12 @@ const maxBatchBytes = 64 << 10
 // writeBatch writes first and every frame queued behind it as messages of
 // newline-separated frames, each at most maxBatchBytes unless one frame
 // alone is larger: one write (and one flush) for many events.
-func (s *session) writeBatch(ctx context.Context, first []byte) error {
+func (s *session) writeBatch(first []byte) error {
 	buf := append(s.wbuf[:0], first...)
 	for n := len(s.out); n > 0; n-- {
 		b := <-s.out
 		if len(buf)+1+len(b) > maxBatchBytes {
-			if err := s.c.Write(ctx, websocket.MessageText, buf); err != nil {
+			if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
 				return err
 			}
 			buf = buf[:0]
@@ -519,24 +519,31 @@ func (s *session) writeBatch(ctx context.Context, first []byte) error {
 		buf = append(buf, b...)
 	}
 	s.wbuf = buf
-	return s.c.Write(ctx, websocket.MessageText, buf)
+	return s.c.Write(noDeadline, websocket.MessageText, buf)
 }
+
+// noDeadline is the context of a session's reads and writes. The websocket
+// library registers a callback on a cancellable context for every frame
+// read or written (a lock, an allocation, a removal); instead, the
+// session's end and a stalled write's deadline close the connection, which
+// ends whatever read or write is in flight.
+var noDeadline = context.Background()
 
 func (s *session) run(parent context.Context) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The session's end ends the connection: a read or write in flight
+	// returns (they run on noDeadline).
+	context.AfterFunc(ctx, func() { s.c.CloseNow() })
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // writer
 		defer wg.Done()
 		// One deadline for what is queued at each wake-up (at most a
-		// buffer's worth): a timer re-armed per wake-up, not a context per
-		// write. When it fires the connection is done for, so one
-		// cancellable context serves the session's whole life.
-		wctx, wcancel := context.WithCancel(ctx)
-		defer wcancel()
+		// buffer's worth): a timer re-armed per wake-up, not one per
+		// write. When it fires the connection is done for: it is closed.
 		var timedOut atomic.Bool
-		deadline := time.AfterFunc(time.Hour, func() { timedOut.Store(true); wcancel() })
+		deadline := time.AfterFunc(time.Hour, func() { timedOut.Store(true); s.c.CloseNow() })
 		deadline.Stop()
 		defer deadline.Stop()
 		for {
@@ -550,11 +557,11 @@ func (s *session) run(parent context.Context) {
 			deadline.Reset(writeTimeout)
 			var err error
 			if s.batch {
-				err = s.writeBatch(wctx, b)
+				err = s.writeBatch(b)
 			} else {
-				err = s.c.Write(wctx, websocket.MessageText, b)
+				err = s.c.Write(noDeadline, websocket.MessageText, b)
 				for n := len(s.out); err == nil && n > 0; n-- {
-					err = s.c.Write(wctx, websocket.MessageText, <-s.out)
+					err = s.c.Write(noDeadline, websocket.MessageText, <-s.out)
 				}
 			}
 			deadline.Stop()
@@ -600,7 +607,7 @@ func (s *session) run(parent context.Context) {
 	defer wg.Wait()
 	defer cancel()
 	for {
-		typ, frame, err := s.c.Read(ctx)
+		typ, frame, err := s.c.Read(noDeadline)
 		if err != nil {
 			return
 		}
