@@ -1,9 +1,10 @@
 package protocol
 
 import (
-	"encoding/json"
 	"slices"
 	"strconv"
+
+	"github.com/chatpipe/chatpipe/internal/jsonenc"
 )
 
 // The hot frames are encoded by hand: a command crosses the gateway↔worker
@@ -21,14 +22,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	b = AppendString(b, r.ID)
 	b = appendStringField(b, `,"conversation_id":`, r.ConversationID)
 	if len(r.Members) > 0 {
-		b = append(b, `,"members":[`...)
-		for i, m := range r.Members {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = AppendString(b, m)
-		}
-		b = append(b, ']')
+		b = jsonenc.Strings(append(b, `,"members":`...), r.Members)
 	}
 	b = appendStringField(b, `,"user_id":`, r.UserID)
 	b = appendStringField(b, `,"client_message_id":`, r.ClientMessageID)
@@ -75,33 +69,11 @@ func AppendReply(b []byte, r *Reply) []byte {
 }
 
 // appendStringField appends key and s unless s is empty (omitempty).
-func appendStringField(b []byte, key, s string) []byte {
-	if s == "" {
-		return b
-	}
-	return AppendString(append(b, key...), s)
-}
+func appendStringField(b []byte, key, s string) []byte { return jsonenc.StringField(b, key, s) }
 
 // appendIntField appends key and v unless v is 0 (omitempty).
-func appendIntField(b []byte, key string, v int64) []byte {
-	if v == 0 {
-		return b
-	}
-	return strconv.AppendInt(append(b, key...), v, 10)
-}
+func appendIntField(b []byte, key string, v int64) []byte { return jsonenc.IntField(b, key, v) }
 
 // AppendString appends s as a JSON string exactly as encoding/json writes
-// it: printable ASCII other than `"`, `\`, `<`, `>` and `&` as is;
-// anything else through encoding/json itself (its escapes, HTML-safe, and
-// invalid UTF-8 replaced by U+FFFD).
-func AppendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s) // a string always encodes
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
+// it (jsonenc.String).
+func AppendString(b []byte, s string) []byte { return jsonenc.String(b, s) }
