@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -225,10 +224,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 			if i >= len(row.readConvs) || i >= len(row.readSeqs) || !f.Sink.Local(user) {
 				continue
 			}
-			frame, err := json.Marshal(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: row.readConvs[i], Seq: row.readSeqs[i]})
-			if err != nil {
-				return fmt.Errorf("encode read marker: %w", err)
-			}
+			frame := protocol.AppendReadMarker(nil, &protocol.ReadMarker{Op: protocol.OpRead, ConversationID: row.readConvs[i], Seq: row.readSeqs[i]})
 			if _, ok := byUser[user]; !ok {
 				users = append(users, user)
 			}
@@ -302,10 +298,7 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	}
 	now := time.Now()
 	for i, e := range events {
-		frame, err := json.Marshal(e) // once, for every device
-		if err != nil {
-			return fmt.Errorf("encode event: %w", err)
-		}
+		frame := protocol.AppendEvent(make([]byte, 0, 192+len(e.Body)), e) // once, for every device
 		f.latency.Observe(now.Sub(created[i]).Seconds())
 		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
 			if _, ok := byUser[user]; !ok {

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 	"time"
@@ -166,8 +165,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 		}
 		for _, e := range res.Events {
 			e.Op = protocol.OpEvent
-			frame, err := json.Marshal(e)
-			if err != nil || !s.queueWithin(ctx, frame) {
+			if !s.queueWithin(ctx, protocol.AppendEvent(make([]byte, 0, 192+len(e.Body)), e)) {
 				return false
 			}
 		}
@@ -176,8 +174,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 			if !ok {
 				continue
 			}
-			frame, err := json.Marshal(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: c, Seq: seq})
-			if err != nil || !s.queueWithin(ctx, frame) {
+			if !s.queueWithin(ctx, protocol.AppendReadMarker(nil, &protocol.ReadMarker{Op: protocol.OpRead, ConversationID: c, Seq: seq})) {
 				return false
 			}
 		}

@@ -68,6 +68,39 @@ func AppendReply(b []byte, r *Reply) []byte {
 	return append(b, '}')
 }
 
+// AppendEvent appends the JSON encoding of e to b: json.Marshal(e)'s
+// bytes. An event frame is encoded once per gateway and written to every
+// device of every member.
+func AppendEvent(b []byte, e *Event) []byte {
+	b = append(b, '{')
+	if e.Op != "" {
+		b = AppendString(append(b, `"op":`...), e.Op)
+		b = append(b, ',')
+	}
+	b = AppendString(append(b, `"conversation_id":`...), e.ConversationID)
+	b = strconv.AppendInt(append(b, `,"seq":`...), e.Seq, 10)
+	b = AppendString(append(b, `,"kind":`...), e.Kind)
+	b = AppendString(append(b, `,"message_id":`...), e.MessageID)
+	b = appendStringField(b, `,"client_message_id":`, e.ClientMessageID)
+	b = AppendString(append(b, `,"sender":`...), e.Sender)
+	b = appendStringField(b, `,"body":`, e.Body)
+	b = appendStringField(b, `,"user_id":`, e.UserID)
+	if len(e.Members) > 0 {
+		b = jsonenc.Strings(append(b, `,"members":`...), e.Members)
+	}
+	b = AppendString(append(b, `,"created_at":`...), e.CreatedAt)
+	return append(b, '}')
+}
+
+// AppendReadMarker appends the JSON encoding of m to b: json.Marshal(m)'s
+// bytes.
+func AppendReadMarker(b []byte, m *ReadMarker) []byte {
+	b = AppendString(append(b, `{"op":`...), m.Op)
+	b = AppendString(append(b, `,"conversation_id":`...), m.ConversationID)
+	b = strconv.AppendInt(append(b, `,"seq":`...), m.Seq, 10)
+	return append(b, '}')
+}
+
 // appendStringField appends key and s unless s is empty (omitempty).
 func appendStringField(b []byte, key, s string) []byte { return jsonenc.StringField(b, key, s) }
 

@@ -25,7 +25,25 @@ var appendReplies = []*Reply{
 	{Op: OpAccepted, ID: "r3", ExpiresAt: "2026-12-03T05:00:00Z", Seq: -1},
 }
 
+var appendEvents = []*Event{
+	{},
+	{Op: OpEvent, ConversationID: "c1", Seq: 7, Kind: "message", MessageID: "01K", ClientMessageID: "m-1", Sender: "u1", Body: "hi <é> \"q\" \x00 \xff", CreatedAt: "2026-12-03T07:00:00.123456Z"},
+	{Op: OpEvent, ConversationID: "c1", Seq: 1, Kind: "create", MessageID: "01K", Sender: "u1", Members: []string{"u1", "u2&"}, CreatedAt: "2026-12-03T07:00:00Z"},
+	{ConversationID: "c1", Seq: -2, Kind: "kick", Sender: "u1", UserID: "u2", Members: []string{}},
+}
+
 func TestAppendMatchesMarshal(t *testing.T) {
+	for _, e := range appendEvents {
+		want, _ := json.Marshal(e)
+		if got := AppendEvent(nil, e); !bytes.Equal(got, want) {
+			t.Errorf("AppendEvent(%+v)\n got %s\nwant %s", e, got, want)
+		}
+		m := &ReadMarker{Op: OpRead, ConversationID: e.ConversationID + e.Body, Seq: e.Seq}
+		want, _ = json.Marshal(m)
+		if got := AppendReadMarker(nil, m); !bytes.Equal(got, want) {
+			t.Errorf("AppendReadMarker(%+v)\n got %s\nwant %s", m, got, want)
+		}
+	}
 	for _, r := range appendRequests {
 		want, _ := json.Marshal(r)
 		if got := AppendRequest(nil, r); !bytes.Equal(got, want) {
@@ -53,6 +71,19 @@ func FuzzAppendRequest(f *testing.F) {
 		want, _ := json.Marshal(r)
 		if got := AppendRequest(nil, r); !bytes.Equal(got, want) {
 			t.Fatalf("AppendRequest(%+v)\n got %s\nwant %s", r, got, want)
+		}
+		e := &Event{Op: op, ConversationID: conv, Seq: n, Kind: body, MessageID: op, ClientMessageID: body, Sender: conv, Body: body, UserID: op, CreatedAt: body}
+		if k%2 == 0 {
+			e.Members = []string{conv, body}
+		}
+		want, _ = json.Marshal(e)
+		if got := AppendEvent(nil, e); !bytes.Equal(got, want) {
+			t.Fatalf("AppendEvent(%+v)\n got %s\nwant %s", e, got, want)
+		}
+		m := &ReadMarker{Op: op, ConversationID: body, Seq: k}
+		want, _ = json.Marshal(m)
+		if got := AppendReadMarker(nil, m); !bytes.Equal(got, want) {
+			t.Fatalf("AppendReadMarker(%+v)\n got %s\nwant %s", m, got, want)
 		}
 		rep := &Reply{Op: op, ID: conv, Message: body, Seq: n, RetryAfterMS: k, Code: Code(body)}
 		want, _ = json.Marshal(rep)
