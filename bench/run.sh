@@ -29,7 +29,8 @@
 # of a run's send phase and when its last answer is in (loadgen's phase
 # file: send → converge), so connect, conversation setup and the final
 # device sync are not counted. Postgres is its postmaster, its live
-# children and its waited-for children.
+# children and its waited-for children. Context switches per process are
+# read the same way, from /proc/PID/task/*/status (every thread).
 #
 # Usage: bench/run.sh [OUT.md]   (BENCH_DIR keeps the raw results)
 # Knobs (environment), with defaults:
@@ -48,7 +49,7 @@ W=${BENCH_DIR:-$(mktemp -d /tmp/chatpipe-bench.XXXXXX)}
 mkdir -p "$W"
 W=$(cd "$W" && pwd)
 R=$W/results
-mkdir -p "$R/runs" "$R/metrics" "$R/cpu" "$R/prof" "$R/logs"
+mkdir -p "$R/runs" "$R/metrics" "$R/cpu" "$R/switches" "$R/prof" "$R/logs"
 L=$R/logs
 BIN=$W/chatpipe
 LAT_SECS=${BENCH_LAT_SECS:-30}
@@ -80,6 +81,7 @@ SWEEP_BUDGET=${BENCH_SWEEP_BUDGET:-100}
 NOLIMIT=(--rate-user -1 --rate-conv -1)
 
 log() { echo "bench: $(date -u +%H:%M:%S) $*" >&2; }
+TCK=$(getconf CLK_TCK)
 cmd() { echo "$*" >> "$R/commands.txt"; "$@"; }
 
 go build -o "$BIN" ./cmd/chatpipe
@@ -204,27 +206,46 @@ start_role() { # NAME LOG-PATTERN ARGS…
   add_proc "$name" "$pid" "$addr"
 }
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-# pg_ticks: the postmaster's own, its waited-for children's and its live
-# children's CPU ticks.
-pg_ticks() {
-  [ -n "$PM" ] && [ -d "/proc/$PM" ] || { echo 0; return; }
-  {
-    awk '{print $14 + $15 + $16 + $17}' "/proc/$PM/stat"
-    for p in $(pgrep -P "$PM" 2>/dev/null || true); do ticks "$p"; done
-  } | awk '{s += $1} END {print s + 0}'
-}
 # snap FILE [LOADGEN-PID]: one "name cpu_seconds" line per process, and the
-# wall clock.
+# wall clock; and the same with context switches (every thread's voluntary
+# and involuntary ones) in switches/ beside cpu/. Postgres is its
+# postmaster (its own and its waited-for children's CPU) and its live
+# children. Every process's /proc files are read in one pass: a fork per
+# process (Postgres alone has dozens of backends) spread one snapshot over
+# seconds on a loaded machine, and the metrics taken after it with it.
 snap() {
-  local tck i
-  tck=$(getconf CLK_TCK)
-  {
-    echo "wall $(date +%s.%N)"
-    for i in "${!NAMES[@]}"; do echo "${NAMES[i]} $(ticks "${PPIDS[i]}")"; done
-    echo "postgres $(pg_ticks)"
-    if [ -n "${2:-}" ]; then echo "loadgen $(ticks "$2")"; fi
-  } | awk -v t="$tck" '$1 == "wall" {print; next} {printf "%s %.2f\n", $1, $2 / t}' > "$1"
+  local i p map= wall
+  local stats=() tasks=()
+  for i in "${!NAMES[@]}"; do
+    map+="${PPIDS[i]} ${NAMES[i]};"
+    stats+=("/proc/${PPIDS[i]}/stat")
+    tasks+=(/proc/"${PPIDS[i]}"/task/*/status)
+  done
+  if [ -n "$PM" ] && [ -d "/proc/$PM" ]; then
+    for p in "$PM" $(pgrep -P "$PM" 2>/dev/null || true); do
+      map+="$p postgres;"
+      stats+=("/proc/$p/stat")
+      tasks+=(/proc/"$p"/task/*/status)
+    done
+  fi
+  if [ -n "${2:-}" ]; then
+    map+="$2 loadgen;"
+    stats+=("/proc/$2/stat")
+    tasks+=(/proc/"$2"/task/*/status)
+  fi
+  wall=$(date +%s.%N)
+  # /proc/PID/stat: after the command's ")", field 12 is utime, 13 stime,
+  # 14 and 15 the waited-for children's. (grep fails on a process gone:
+  # it is left out.)
+  { grep -s -H '' "${stats[@]}" || true; } | awk -v map="$map" -v t="$TCK" -v pm="${PM:-}" -v wall="$wall" '
+    BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
+    { split($0, f, "/"); pid = f[3]; sub(/^.*\) /, ""); split($0, x, " ")
+      c = x[12] + x[13]; if (pid == pm) c += x[14] + x[15]; s[name[pid]] += c }
+    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t }' > "$1"
+  { grep -s -H -E '^(non)?voluntary_ctxt_switches:' "${tasks[@]}" || true; } | awk -v map="$map" -v wall="$wall" '
+    BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
+    { split($1, f, "/"); s[name[f[3]]] += $2 }
+    END { print "wall", wall; for (k in s) print k, s[k] }' > "$R/switches/$(basename "$1")"
 }
 # metrics SUFFIX RUN: every chatpipe role's /metrics.
 metrics() {

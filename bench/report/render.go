@@ -53,12 +53,18 @@ func readSnap(path string) (float64, map[string]float64, error) {
 	return wall, m, nil
 }
 
-func cpuWindow(dir, run string) (window, bool) {
-	w0, a, err := readSnap(filepath.Join(dir, "cpu", run+".send"))
+func cpuWindow(dir, run string) (window, bool) { return snapWindow(dir, "cpu", run) }
+
+// switchWindow is the context switches of each process over run's window
+// (switches/RUN.send and .end), in window's cpu field.
+func switchWindow(dir, run string) (window, bool) { return snapWindow(dir, "switches", run) }
+
+func snapWindow(dir, kind, run string) (window, bool) {
+	w0, a, err := readSnap(filepath.Join(dir, kind, run+".send"))
 	if err != nil {
 		return window{}, false
 	}
-	w1, b, err := readSnap(filepath.Join(dir, "cpu", run+".end"))
+	w1, b, err := readSnap(filepath.Join(dir, kind, run+".end"))
 	if err != nil || w1 <= w0 {
 		return window{}, false
 	}
@@ -165,6 +171,21 @@ type runFig struct {
 	win       window
 	ok        bool // a CPU window was taken
 	delivered int64
+	sw        window // context switches over the window
+	swOK      bool
+}
+
+// switchesPer is the named processes' context switches per accepted
+// message (all processes when none is named).
+func (r runFig) switchesPer(names ...string) float64 {
+	if !r.swOK || r.rep.Accepted <= 0 {
+		return math.NaN()
+	}
+	n := r.sw.all()
+	if len(names) > 0 {
+		n = r.sw.sum(names...)
+	}
+	return n / float64(r.rep.Accepted)
 }
 
 func (r runFig) chatpipeUS() float64 { return us(r.win.sum(chatpipeRoles...), r.rep.Accepted) }
@@ -228,7 +249,8 @@ func render(dir string) (string, error) {
 	}
 	fig := func(run string) runFig {
 		w, ok := cpuWindow(dir, run)
-		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run)}
+		sw, swOK := switchWindow(dir, run)
+		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run), sw: sw, swOK: swOK}
 	}
 	lat, mid, sat, one, hot := fig("lat1000"), fig("r3000"), fig("saturation"), fig("one1"), fig("hot")
 	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
@@ -353,6 +375,22 @@ func render(dir string) (string, error) {
 			fmt.Fprintf(&b, " %s |", num(r.cores(c)))
 		}
 		fmt.Fprintf(&b, " %s |\n", num(r.cores()))
+	}
+	b.WriteString("\nContext switches per accepted message over the same windows (every thread's voluntary and involuntary switches, from /proc/PID/task/*/status). Each is a thread that slept, waiting for a socket, a lock or a timer, or was taken off its core, and ran again; at light load nearly every round trip of a message (websocket, link, broker, Postgres) costs some. A CPU profile does not show what they cost in the kernel, and on a virtual machine a switch can cost much more than the work it waits for.\n\n")
+	b.WriteString("| run | " + strings.Join(cols, " | ") + " | all |\n|---|" + strings.Repeat("---|", len(cols)+1) + "\n")
+	for _, r := range []runFig{lat, mid, sat, one, hot} {
+		if !r.swOK {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s |", r.name)
+		for _, c := range cols {
+			if c == "chatpipe" {
+				fmt.Fprintf(&b, " **%s** |", num(r.switchesPer(chatpipeRoles...)))
+				continue
+			}
+			fmt.Fprintf(&b, " %s |", num(r.switchesPer(c)))
+		}
+		fmt.Fprintf(&b, " %s |\n", num(r.switchesPer()))
 	}
 	b.WriteString("\n")
 
