@@ -214,6 +214,27 @@ func (r runFig) cores(names ...string) float64 {
 	return r.win.sum(names...) / r.win.secs
 }
 
+// perProcess writes a table of one figure per run and process: fig of the
+// process named by each column ("chatpipe": of its roles together), then of
+// all processes, for the runs that have it.
+func perProcess(b *strings.Builder, cols []string, runs []runFig, has func(runFig) bool, fig func(runFig, ...string) float64) {
+	b.WriteString("| run | " + strings.Join(cols, " | ") + " | all |\n|---|" + strings.Repeat("---|", len(cols)+1) + "\n")
+	for _, r := range runs {
+		if !has(r) {
+			continue
+		}
+		fmt.Fprintf(b, "| %s |", r.name)
+		for _, c := range cols {
+			if c == "chatpipe" {
+				fmt.Fprintf(b, " **%s** |", num(fig(r, chatpipeRoles...)))
+				continue
+			}
+			fmt.Fprintf(b, " %s |", num(fig(r, c)))
+		}
+		fmt.Fprintf(b, " %s |\n", num(fig(r)))
+	}
+}
+
 type goalRow struct {
 	figure   string
 	measured float64
@@ -361,37 +382,9 @@ func render(dir string) (string, error) {
 		fmt.Fprintf(&b, " %s | %s (%d) |\n", num(us(r.win.all(), r.rep.Accepted)), num(r.gatewayPerDelivery()), r.delivered)
 	}
 	b.WriteString("\nCores kept busy over the same windows (CPU seconds ÷ wall seconds):\n\n")
-	b.WriteString("| run | " + strings.Join(cols, " | ") + " | all |\n|---|" + strings.Repeat("---|", len(cols)+1) + "\n")
-	for _, r := range []runFig{lat, mid, sat, one, hot} {
-		if !r.ok {
-			continue
-		}
-		fmt.Fprintf(&b, "| %s |", r.name)
-		for _, c := range cols {
-			if c == "chatpipe" {
-				fmt.Fprintf(&b, " **%s** |", num(r.cores(chatpipeRoles...)))
-				continue
-			}
-			fmt.Fprintf(&b, " %s |", num(r.cores(c)))
-		}
-		fmt.Fprintf(&b, " %s |\n", num(r.cores()))
-	}
+	perProcess(&b, cols, []runFig{lat, mid, sat, one, hot}, func(r runFig) bool { return r.ok }, runFig.cores)
 	b.WriteString("\nContext switches per accepted message over the same windows (every thread's voluntary and involuntary switches, from /proc/PID/task/*/status). Each is a thread that slept, waiting for a socket, a lock or a timer, or was taken off its core, and ran again; at light load nearly every round trip of a message (websocket, link, broker, Postgres) costs some. A CPU profile does not show what they cost in the kernel, and on a virtual machine a switch can cost much more than the work it waits for.\n\n")
-	b.WriteString("| run | " + strings.Join(cols, " | ") + " | all |\n|---|" + strings.Repeat("---|", len(cols)+1) + "\n")
-	for _, r := range []runFig{lat, mid, sat, one, hot} {
-		if !r.swOK {
-			continue
-		}
-		fmt.Fprintf(&b, "| %s |", r.name)
-		for _, c := range cols {
-			if c == "chatpipe" {
-				fmt.Fprintf(&b, " **%s** |", num(r.switchesPer(chatpipeRoles...)))
-				continue
-			}
-			fmt.Fprintf(&b, " %s |", num(r.switchesPer(c)))
-		}
-		fmt.Fprintf(&b, " %s |\n", num(r.switchesPer()))
-	}
+	perProcess(&b, cols, []runFig{lat, mid, sat, one, hot}, func(r runFig) bool { return r.swOK }, runFig.switchesPer)
 	b.WriteString("\n")
 
 	// Latency and throughput of every run.
