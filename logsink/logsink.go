@@ -456,14 +456,6 @@ func CountDeadLetters(ctx context.Context, q Querier, consumer string) (int64, e
 	return n, nil
 }
 
-// How long a fetch waits at the broker for fetchMinBytes of committed
-// records: a consumer's wake-ups per second at light load (and when idle),
-// and the most it adds to a record's way into Postgres.
-const (
-	fetchMaxWait  = 10 * time.Millisecond
-	fetchMinBytes = 64 << 10
-)
-
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
 // rolled back as a whole.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -476,12 +468,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
-		// The broker holds a fetch until fetchMinBytes are committed or
-		// fetchMaxWait has passed: at light load every transaction would
-		// otherwise answer the waiting fetch at once, one fetch round
-		// trip (and its wake-ups, here and at the broker) per message.
-		kgo.FetchMaxWait(fetchMaxWait),
-		kgo.FetchMinBytes(fetchMinBytes),
+		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.AdjustFetchOffsetsFn(c.startOffsets),
 	)...)
 	if err != nil {
