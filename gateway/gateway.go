@@ -441,6 +441,14 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 	}
 	c.SetReadLimit(int64(g.cfg.Limits.MaxFrameBytes))
 	g.cmu.Lock()
+	if g.closing {
+		// Shutdown began while this connection was being upgraded: it
+		// closed the connections it found, and this one was not yet
+		// among them.
+		g.cmu.Unlock()
+		c.Close(websocket.StatusServiceRestart, "server restarting")
+		return
+	}
 	g.conns[c] = struct{}{}
 	g.cmu.Unlock()
 	g.stats.Connections.Add(1)

@@ -549,6 +549,11 @@ func TestLostAndShutdownCloseConnections(t *testing.T) {
 	if _, err := w.readRaw(5 * time.Second); websocket.CloseStatus(err) != websocket.StatusTryAgainLater {
 		t.Fatalf("after Lost: %v, want 1013", err)
 	}
+	// (the first connection counts until its close handshake ends: wait for
+	// it to go, so that the count of 1 below is the new connection's)
+	if !waitFor(5*time.Second, func() bool { return g.Stats().Connections.Load() == 0 }) {
+		t.Fatal("the closed connection was not unregistered")
+	}
 	w = dialWS(t, srv, "u1")
 	if !waitFor(5*time.Second, func() bool { return g.Stats().Connections.Load() == 1 }) {
 		t.Fatal("the new connection was not registered")
