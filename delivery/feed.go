@@ -298,7 +298,7 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	}
 	now := time.Now()
 	for i, e := range events {
-		frame := protocol.AppendEvent(make([]byte, 0, 192+len(e.Body)), e) // once, for every device
+		frame := protocol.EncodeEvent(e) // once, for every device
 		f.latency.Observe(now.Sub(created[i]).Seconds())
 		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
 			if _, ok := byUser[user]; !ok {

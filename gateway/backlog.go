@@ -165,7 +165,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 		}
 		for _, e := range res.Events {
 			e.Op = protocol.OpEvent
-			if !s.queueWithin(ctx, protocol.AppendEvent(make([]byte, 0, 192+len(e.Body)), e)) {
+			if !s.queueWithin(ctx, protocol.EncodeEvent(e)) {
 				return false
 			}
 		}

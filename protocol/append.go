@@ -20,13 +20,13 @@ func AppendRequest(b []byte, r *Request) []byte {
 	b = AppendString(b, r.Op)
 	b = append(b, `,"id":`...)
 	b = AppendString(b, r.ID)
-	b = appendStringField(b, `,"conversation_id":`, r.ConversationID)
+	b = jsonenc.StringField(b, `,"conversation_id":`, r.ConversationID)
 	if len(r.Members) > 0 {
 		b = jsonenc.Strings(append(b, `,"members":`...), r.Members)
 	}
-	b = appendStringField(b, `,"user_id":`, r.UserID)
-	b = appendStringField(b, `,"client_message_id":`, r.ClientMessageID)
-	b = appendStringField(b, `,"body":`, r.Body)
+	b = jsonenc.StringField(b, `,"user_id":`, r.UserID)
+	b = jsonenc.StringField(b, `,"client_message_id":`, r.ClientMessageID)
+	b = jsonenc.StringField(b, `,"body":`, r.Body)
 	if len(r.Cursors) > 0 {
 		b = append(b, `,"cursors":{`...)
 		keys := make([]string, 0, len(r.Cursors))
@@ -44,10 +44,10 @@ func AppendRequest(b []byte, r *Request) []byte {
 		}
 		b = append(b, '}')
 	}
-	b = appendIntField(b, `,"before_seq":`, r.BeforeSeq)
-	b = appendIntField(b, `,"limit":`, int64(r.Limit))
-	b = appendIntField(b, `,"seq":`, r.Seq)
-	b = appendStringField(b, `,"token":`, r.Token)
+	b = jsonenc.IntField(b, `,"before_seq":`, r.BeforeSeq)
+	b = jsonenc.IntField(b, `,"limit":`, int64(r.Limit))
+	b = jsonenc.IntField(b, `,"seq":`, r.Seq)
+	b = jsonenc.StringField(b, `,"token":`, r.Token)
 	return append(b, '}')
 }
 
@@ -56,15 +56,15 @@ func AppendRequest(b []byte, r *Request) []byte {
 func AppendReply(b []byte, r *Reply) []byte {
 	b = append(b, `{"op":`...)
 	b = AppendString(b, r.Op)
-	b = appendStringField(b, `,"id":`, r.ID)
-	b = appendStringField(b, `,"conversation_id":`, r.ConversationID)
-	b = appendIntField(b, `,"seq":`, r.Seq)
-	b = appendStringField(b, `,"message_id":`, r.MessageID)
-	b = appendStringField(b, `,"client_message_id":`, r.ClientMessageID)
-	b = appendStringField(b, `,"code":`, string(r.Code))
-	b = appendStringField(b, `,"message":`, r.Message)
-	b = appendIntField(b, `,"retry_after_ms":`, r.RetryAfterMS)
-	b = appendStringField(b, `,"expires_at":`, r.ExpiresAt)
+	b = jsonenc.StringField(b, `,"id":`, r.ID)
+	b = jsonenc.StringField(b, `,"conversation_id":`, r.ConversationID)
+	b = jsonenc.IntField(b, `,"seq":`, r.Seq)
+	b = jsonenc.StringField(b, `,"message_id":`, r.MessageID)
+	b = jsonenc.StringField(b, `,"client_message_id":`, r.ClientMessageID)
+	b = jsonenc.StringField(b, `,"code":`, string(r.Code))
+	b = jsonenc.StringField(b, `,"message":`, r.Message)
+	b = jsonenc.IntField(b, `,"retry_after_ms":`, r.RetryAfterMS)
+	b = jsonenc.StringField(b, `,"expires_at":`, r.ExpiresAt)
 	return append(b, '}')
 }
 
@@ -81,15 +81,27 @@ func AppendEvent(b []byte, e *Event) []byte {
 	b = strconv.AppendInt(append(b, `,"seq":`...), e.Seq, 10)
 	b = AppendString(append(b, `,"kind":`...), e.Kind)
 	b = AppendString(append(b, `,"message_id":`...), e.MessageID)
-	b = appendStringField(b, `,"client_message_id":`, e.ClientMessageID)
+	b = jsonenc.StringField(b, `,"client_message_id":`, e.ClientMessageID)
 	b = AppendString(append(b, `,"sender":`...), e.Sender)
-	b = appendStringField(b, `,"body":`, e.Body)
-	b = appendStringField(b, `,"user_id":`, e.UserID)
+	b = jsonenc.StringField(b, `,"body":`, e.Body)
+	b = jsonenc.StringField(b, `,"user_id":`, e.UserID)
 	if len(e.Members) > 0 {
 		b = jsonenc.Strings(append(b, `,"members":`...), e.Members)
 	}
 	b = AppendString(append(b, `,"created_at":`...), e.CreatedAt)
 	return append(b, '}')
+}
+
+// EncodeEvent is AppendEvent into a new buffer sized for e (its keys and
+// values, escapes aside): the frame the feed, and a backlog's read-back,
+// hands to every device.
+func EncodeEvent(e *Event) []byte {
+	n := 160 + len(e.Op) + len(e.ConversationID) + len(e.Kind) + len(e.MessageID) + len(e.ClientMessageID) +
+		len(e.Sender) + len(e.Body) + len(e.UserID) + len(e.CreatedAt)
+	for _, m := range e.Members {
+		n += len(m) + 3
+	}
+	return AppendEvent(make([]byte, 0, n), e)
 }
 
 // AppendReadMarker appends the JSON encoding of m to b: json.Marshal(m)'s
@@ -100,12 +112,6 @@ func AppendReadMarker(b []byte, m *ReadMarker) []byte {
 	b = strconv.AppendInt(append(b, `,"seq":`...), m.Seq, 10)
 	return append(b, '}')
 }
-
-// appendStringField appends key and s unless s is empty (omitempty).
-func appendStringField(b []byte, key, s string) []byte { return jsonenc.StringField(b, key, s) }
-
-// appendIntField appends key and v unless v is 0 (omitempty).
-func appendIntField(b []byte, key string, v int64) []byte { return jsonenc.IntField(b, key, v) }
 
 // AppendString appends s as a JSON string exactly as encoding/json writes
 // it (jsonenc.String).

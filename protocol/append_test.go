@@ -114,3 +114,24 @@ func BenchmarkEncodeSend(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkEncodeEvent compares the feed's encoding of one message event
+// (EncodeEvent) with json.Marshal, which it replaced.
+func BenchmarkEncodeEvent(b *testing.B) {
+	e := &Event{Op: OpEvent, ConversationID: "conv-000123", Seq: 4711, Kind: "message", MessageID: "01KB8Z6Q9V3W4X5Y6Z7A8B9C0D", ClientMessageID: "d1-000042",
+		Sender: "user-000017", Body: "a message body of a typical length, about sixty bytes long.", CreatedAt: "2026-12-03T07:00:00.123456Z"}
+	b.Run("EncodeEvent", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			_ = EncodeEvent(e)
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := json.Marshal(e); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
