@@ -157,7 +157,7 @@ func TestProducerEpochRotation(t *testing.T) {
 		if ownedBy(view, dev.ep.all(), "wb") != dev.ep.all() || view.Workers["wb"].Admin == "" {
 			return false
 		}
-		return metric(t, adminURL(t, dev.ep, "wb"), "chatpipe_worker_owned_shards") == float64(dev.ep.all())
+		return metric(t, adminURLIn(t, view, "wb"), "chatpipe_worker_owned_shards") == float64(dev.ep.all())
 	})
 	wa.signal(syscall.SIGCONT)
 	mu.Lock()

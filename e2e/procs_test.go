@@ -192,7 +192,13 @@ func metric(t *testing.T, url, name string) float64 {
 
 func adminURL(t *testing.T, ep endpoints, worker string) string {
 	t.Helper()
-	w, ok := etcdView(t, ep).Workers[worker]
+	return adminURLIn(t, etcdView(t, ep), worker)
+}
+
+// adminURLIn is adminURL read from a view already in hand.
+func adminURLIn(t *testing.T, view lease.View, worker string) string {
+	t.Helper()
+	w, ok := view.Workers[worker]
 	if !ok || w.Admin == "" {
 		t.Fatalf("worker %s has no admin address in etcd", worker)
 	}
