@@ -224,7 +224,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 			if i >= len(row.readConvs) || i >= len(row.readSeqs) || !f.Sink.Local(user) {
 				continue
 			}
-			frame := protocol.AppendReadMarker(nil, &protocol.ReadMarker{Op: protocol.OpRead, ConversationID: row.readConvs[i], Seq: row.readSeqs[i]})
+			frame := protocol.EncodeReadMarker(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: row.readConvs[i], Seq: row.readSeqs[i]})
 			if _, ok := byUser[user]; !ok {
 				users = append(users, user)
 			}

@@ -174,7 +174,7 @@ func (s *session) drainBacklog(ctx context.Context) bool {
 			if !ok {
 				continue
 			}
-			if !s.queueWithin(ctx, protocol.AppendReadMarker(nil, &protocol.ReadMarker{Op: protocol.OpRead, ConversationID: c, Seq: seq})) {
+			if !s.queueWithin(ctx, protocol.EncodeReadMarker(&protocol.ReadMarker{Op: protocol.OpRead, ConversationID: c, Seq: seq})) {
 				return false
 			}
 		}

@@ -104,6 +104,11 @@ func EncodeEvent(e *Event) []byte {
 	return AppendEvent(make([]byte, 0, n), e)
 }
 
+// EncodeReadMarker is AppendReadMarker into a new buffer sized for m.
+func EncodeReadMarker(m *ReadMarker) []byte {
+	return AppendReadMarker(make([]byte, 0, 64+len(m.Op)+len(m.ConversationID)), m)
+}
+
 // AppendReadMarker appends the JSON encoding of m to b: json.Marshal(m)'s
 // bytes.
 func AppendReadMarker(b []byte, m *ReadMarker) []byte {

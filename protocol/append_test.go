@@ -135,3 +135,23 @@ func BenchmarkEncodeEvent(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkEncodeReadMarker compares EncodeReadMarker with json.Marshal,
+// which it replaced.
+func BenchmarkEncodeReadMarker(b *testing.B) {
+	m := &ReadMarker{Op: OpRead, ConversationID: "conv-000123", Seq: 4711}
+	b.Run("EncodeReadMarker", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			_ = EncodeReadMarker(m)
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := json.Marshal(m); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
