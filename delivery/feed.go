@@ -23,7 +23,8 @@ type Sink interface {
 	// conversation) to every connected device of the user, without
 	// blocking. One call carries all of a batch's pushes for the user, so
 	// a device that takes several frames per message gets them together.
-	Deliver(user string, pushes []Push)
+	// It returns how many devices it queued them to.
+	Deliver(user string, pushes []Push) int
 	// Lost is called when delivery rows were trimmed before this gateway
 	// read them: every device here must reconnect and sync.
 	Lost(reason string)
@@ -79,9 +80,9 @@ func NewFeed(db *pgxpool.Pool, sink Sink, log *slog.Logger) *Feed {
 // Collectors returns the feed's metrics.
 func (f *Feed) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_frames_total", Help: "Event frames queued to devices."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_frames_total", Help: "Event frames queued to devices (an event to a user's two devices counts twice)."},
 			func() float64 { return float64(f.delivered.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_read_markers_total", Help: "Read marker frames queued to devices."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_read_markers_total", Help: "Read marker frames queued to devices (one per device)."},
 			func() float64 { return float64(f.markers.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_rows_total", Help: "Delivery outbox rows processed."},
 			func() float64 { return float64(f.rowsRead.Load()) }),
@@ -219,6 +220,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 	if err := f.deliverEvents(ctx, batch, byUser, &users); err != nil {
 		return err
 	}
+	markers := map[string]int64{} // read marker pushes per user, the rest of byUser's are events
 	for _, row := range batch {
 		for i, user := range row.readUsers {
 			if i >= len(row.readConvs) || i >= len(row.readSeqs) || !f.Sink.Local(user) {
@@ -229,11 +231,14 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 				users = append(users, user)
 			}
 			byUser[user] = append(byUser[user], Push{Conv: row.readConvs[i], Seq: row.readSeqs[i], Read: true, Frame: frame})
-			f.markers.Add(1)
+			markers[user]++
 		}
 	}
 	for _, user := range users {
-		f.Sink.Deliver(user, byUser[user])
+		pushes := byUser[user]
+		devices := int64(f.Sink.Deliver(user, pushes)) // each device gets every push
+		f.delivered.Add(devices * (int64(len(pushes)) - markers[user]))
+		f.markers.Add(devices * markers[user])
 	}
 	return nil
 }
@@ -305,7 +310,6 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 				*users = append(*users, user)
 			}
 			byUser[user] = append(byUser[user], Push{Conv: e.ConversationID, Seq: e.Seq, Frame: frame})
-			f.delivered.Add(1)
 		}
 	}
 	return nil

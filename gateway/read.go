@@ -21,10 +21,12 @@ func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 // Deliver queues pushes to every device of user on this gateway without
 // blocking. A device whose send buffer is full takes the rest later from
 // the read model (backlog.go). A batching device gets up to batchFrames
-// frames per queued message.
-func (g *Gateway) Deliver(user string, pushes []delivery.Push) {
+// frames per queued message. It returns how many devices it queued to.
+func (g *Gateway) Deliver(user string, pushes []delivery.Push) int {
 	var joined [][]byte // the batched messages, made once for all the user's batching devices
+	devices := 0
 	g.users.each(user, func(s *session) {
+		devices++
 		if !s.batch {
 			s.push(pushes, nil)
 			return
@@ -43,6 +45,7 @@ func (g *Gateway) Deliver(user string, pushes []delivery.Push) {
 		}
 		s.push(pushes, joined)
 	})
+	return devices
 }
 
 // batchFrames is how many event frames one queued message of a batching

@@ -367,7 +367,7 @@ func TestCommandsAreRateLimited(t *testing.T) {
 
 // Deliver sends a user's frames to each of their devices here, in order:
 // one message per frame, or newline-joined for a batching device; other
-// users get nothing.
+// users get nothing. It counts the devices it queued to.
 func TestDeliverReachesTheUsersDevices(t *testing.T) {
 	g, srv := readGateway(t, nil, nil)
 	plain := dialWS(t, srv, "u1")
@@ -380,7 +380,12 @@ func TestDeliverReachesTheUsersDevices(t *testing.T) {
 		t.Fatalf("Local(u1) = %v, Local(u3) = %v", g.Local("u1"), g.Local("u3"))
 	}
 	frames := [][]byte{[]byte(`{"op":"event","seq":1}`), []byte(`{"op":"event","seq":2}`), []byte(`{"op":"event","seq":3}`)}
-	g.Deliver("u1", asPushes("c1", frames))
+	if n := g.Deliver("u1", asPushes("c1", frames)); n != 2 {
+		t.Fatalf("Deliver queued to %d devices, want 2", n)
+	}
+	if n := g.Deliver("u3", asPushes("c1", frames)); n != 0 {
+		t.Fatalf("Deliver to a user with no device here queued to %d devices", n)
+	}
 	for i, f := range frames {
 		if got, err := plain.readRaw(5 * time.Second); err != nil || got != string(f) {
 			t.Fatalf("plain device, message %d: %q %v, want %s", i, got, err, f)

@@ -1,0 +1,48 @@
+package delivery
+
+import (
+	"context"
+	"testing"
+)
+
+// sink is a gateway with a fixed number of devices for each user.
+type sink struct {
+	devices map[string]int
+	got     map[string][]Push
+}
+
+func (s *sink) Local(user string) bool { return s.devices[user] > 0 }
+func (s *sink) Lost(string)            {}
+func (s *sink) Deliver(user string, pushes []Push) int {
+	s.got[user] = append(s.got[user], pushes...)
+	return s.devices[user]
+}
+
+// The feed counts one frame per device it was queued to: a read marker
+// for a user with two devices here is two frames, and one for a user with
+// no device here none. (A batch of read markers only needs no Postgres.)
+func TestFeedCountsFramesPerDevice(t *testing.T) {
+	s := &sink{devices: map[string]int{"u1": 2, "u2": 1}, got: map[string][]Push{}}
+	f := NewFeed(nil, s, nil)
+	batch := []outboxRow{
+		{id: 1, readUsers: []string{"u1", "u2", "u3"}, readConvs: []string{"c1", "c1", "c1"}, readSeqs: []int64{4, 5, 6}},
+		{id: 2, readUsers: []string{"u1"}, readConvs: []string{"c2"}, readSeqs: []int64{7}},
+	}
+	if err := f.deliver(context.Background(), batch); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.markers.Load(); got != 2*2+1 {
+		t.Errorf("read marker frames counted %d, want 5 (u1's two markers to two devices, u2's one to one)", got)
+	}
+	if got := f.delivered.Load(); got != 0 {
+		t.Errorf("event frames counted %d, want 0", got)
+	}
+	if len(s.got["u1"]) != 2 || len(s.got["u2"]) != 1 || len(s.got["u3"]) != 0 {
+		t.Errorf("pushes delivered: %v", s.got)
+	}
+	for _, p := range s.got["u1"] {
+		if !p.Read || len(p.Frame) == 0 {
+			t.Errorf("u1 got %+v, want a read marker frame", p)
+		}
+	}
+}
