@@ -3,7 +3,9 @@
 // (BenchmarkTxnProduce) and bulk insert into the events schema through
 // persist's own write path (BenchmarkPersistWrite). bench/ceiling measures
 // the bare pipeline end to end (transactional producers → broker →
-// persist's read_committed consumer → Postgres). bench/run.sh runs them
+// persist's read_committed consumer → Postgres). bench/floor measures the
+// floor under every websocket frame: what one small loopback TCP write
+// and its read cost on this machine. bench/run.sh runs them
 // beside chatpipe end to end in one go — its roles as separate processes,
 // CPU per message per process and a CPU profile of every role — against
 // the same broker and the same Postgres, and bench/report writes

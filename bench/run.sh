@@ -22,6 +22,9 @@
 #               the same broker → persist's read_committed consumer → the
 #               same Postgres, sustained records/s
 #   go test -bench ./bench: produce and Postgres-write ceilings
+#   floor       what one small loopback TCP write costs here (bench/floor),
+#               once at one frame per write and once at BENCH_FLOOR_BATCH,
+#               paced like r3000's deliveries, after the stack is stopped
 # and, with BENCH_SWEEP=1, the group-commit trade-off (vshards × linger
 # budget, each a fresh all-in-one stack).
 #
@@ -40,6 +43,7 @@
 #   BENCH_PROF_SECS=20 (profile length, inside r3000's send phase)
 #   BENCH_CEIL_SECS=20 BENCH_CEIL_PRODUCERS=16 BENCH_CEIL_BATCH=50
 #   BENCH_GOBENCH=1 (0 skips go test -bench) BENCH_BENCHTIME=3s
+#   BENCH_FLOOR_SECS=10 BENCH_FLOOR_CONNS=1200 BENCH_FLOOR_RATE=30000 BENCH_FLOOR_BATCH=10
 #   BENCH_SWEEP=0 (1 runs the sweep; BENCH_SWEEP_VSHARDS, _LINGERS, _SECS, _BUDGET)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +75,10 @@ CEIL_PRODUCERS=${BENCH_CEIL_PRODUCERS:-16}
 CEIL_BATCH=${BENCH_CEIL_BATCH:-50}
 GOBENCH=${BENCH_GOBENCH:-1}
 BENCHTIME=${BENCH_BENCHTIME:-3s}
+FLOOR_SECS=${BENCH_FLOOR_SECS:-10}
+FLOOR_CONNS=${BENCH_FLOOR_CONNS:-1200}
+FLOOR_RATE=${BENCH_FLOOR_RATE:-30000}
+FLOOR_BATCH=${BENCH_FLOOR_BATCH:-10}
 SWEEP=${BENCH_SWEEP:-0}
 SWEEP_VSHARDS=${BENCH_SWEEP_VSHARDS:-8 64 256}
 SWEEP_LINGERS=${BENCH_SWEEP_LINGERS:--1ms 5ms 20ms}
@@ -86,6 +94,7 @@ cmd() { echo "$*" >> "$R/commands.txt"; "$@"; }
 
 go build -o "$BIN" ./cmd/chatpipe
 go build -o "$W/ceiling" ./bench/ceiling
+go build -o "$W/floor" ./bench/floor
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -354,6 +363,15 @@ if [ "$GOBENCH" = 1 ]; then
     go test ./bench -run '^$' -bench . -benchtime "$BENCHTIME" > "$R/bench.txt" 2>&1 || log "go test -bench failed (see $R/bench.txt)"
 fi
 stop_all
+
+# The write floor runs with the stack stopped, so that nothing else of it
+# shares the cores.
+for b in 1 "$FLOOR_BATCH"; do
+  log "floor: loopback writes of one event frame to $FLOOR_CONNS connections, $FLOOR_RATE frames/s, $b per write, ${FLOOR_SECS}s"
+  echo "$W/floor -conns $FLOOR_CONNS -rate $FLOOR_RATE -batch $b -duration ${FLOOR_SECS}s" >> "$R/commands.txt"
+  "$W/floor" -conns "$FLOOR_CONNS" -rate "$FLOOR_RATE" -batch "$b" -duration "${FLOOR_SECS}s" \
+    > "$R/floor-$b.txt" 2> "$L/floor-$b.log" || log "floor failed (see $L/floor-$b.log)"
+done
 
 if [ "$SWEEP" = 1 ]; then
   # Each row a fresh all-in-one stack (`chatpipe dev` with its roles in it):
