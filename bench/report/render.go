@@ -274,6 +274,7 @@ func render(dir string) (string, error) {
 		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run), sw: sw, swOK: swOK}
 	}
 	lat, mid, sat, one, hot := fig("lat1000"), fig("r3000"), fig("saturation"), fig("one1"), fig("hot")
+	fl := readFloor(dir)
 	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
 	ceilWin, ceilOK := cpuWindow(dir, "ceiling")
 	ceilRate := orNaN(ceil, "ceiling_msgs_per_sec")
@@ -302,7 +303,13 @@ func render(dir string) (string, error) {
 		for _, p := range ps {
 			s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
 		}
-		return "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
+		w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
+		if fl.ok() && r.delivered > 0 && r.rep.Accepted > 0 {
+			frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
+			w += fmt.Sprintf("; each message wrote %s frames to devices (its events and the answer): at the same-run write floor of %s µs per write, that alone is %s µs per message at one frame per write, %s at %d per write",
+				num(frames), num(fl.one), num(frames*fl.one), num(frames*fl.batchedPerFrame()), fl.batch)
+		}
+		return w
 	}
 	nproc := 0.0
 	for _, line := range strings.Split(string(machine), "\n") {
@@ -318,9 +325,9 @@ func render(dir string) (string, error) {
 		{figure: "chatpipe CPU per accepted message, peak mix at 1,000 msg/s", measured: lat.chatpipeUS(), unit: "µs", target: 80, atMost: true, why: cpuWhy(lat)},
 		{figure: fmt.Sprintf("chatpipe CPU per accepted message, 1:1 conversations, one device (`--devices 1 --groups 0`, %.0f msg/s offered)", one.rep.Rate), measured: one.chatpipeUS(), unit: "µs", target: 20, atMost: true, why: cpuWhy(one)},
 		{figure: fmt.Sprintf("gateway CPU per delivered event, peak mix at %.0f msg/s (%d events)", mid.rep.Rate, mid.delivered), measured: mid.gatewayPerDelivery(), unit: "µs", target: 2, atMost: true,
-			why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway")))},
+			beside: fl.beside(), why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway"))) + fl.gatewayWhy(mid)},
 		{figure: fmt.Sprintf("loadgen CPU per message, peak mix at %.0f msg/s", mid.rep.Rate), measured: mid.roleUS("loadgen"), unit: "µs", target: 15, atMost: true,
-			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen")))},
+			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen"))) + fl.loadgenWhy(mid)},
 		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
 			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
 			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
@@ -395,12 +402,16 @@ func render(dir string) (string, error) {
 			r.name, loads[r.name], r.rep.Rate, r.rep.Duration, r.rep.Users, r.rep.Devices, r.rep.Sent, r.rep.Accepted, num(r.rep.AcceptedPerSec), r.rep.PeakPerSec,
 			r.rep.AcceptedLat.P50MS, r.rep.AcceptedLat.P99MS, r.rep.DeliveryLat.P50MS, r.rep.DeliveryLat.P99MS, r.rep.Deliveries, r.rep.Resends, r.rep.Status)
 	}
-	if sat.rep.Rate > 0 && sat.rep.AcceptedPerSec >= 0.95*sat.rep.Rate {
+	if sat.rep.GivenUp > 0 {
+		fmt.Fprintf(&b, "\n**The saturation run collapsed**: %d commands were given up and %d re-sent after timeouts (its backlog outgrew loadgen's answer timeout), so its %s accepted/s of %.0f offered measure the collapse, not the capacity; run again with a lower BENCH_SAT_RATE or a shorter BENCH_SAT_SECS.\n", sat.rep.GivenUp, sat.rep.Resends, num(sat.rep.AcceptedPerSec), sat.rep.Rate)
+	} else if sat.rep.Rate > 0 && sat.rep.AcceptedPerSec >= 0.95*sat.rep.Rate {
 		fmt.Fprintf(&b, "\n**The saturation run did not saturate**: %s accepted/s of %.0f offered, so its figure is a floor of the capacity, not the capacity; run again with a higher BENCH_SAT_RATE.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	} else if sat.rep.Rate > 0 {
 		fmt.Fprintf(&b, "\nThe saturation run saturated: %s accepted/s of %.0f offered.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	}
 	b.WriteString("\n")
+
+	writeFloor(&b, fl)
 
 	// The bare-pipeline ceiling.
 	b.WriteString("## Bare-pipeline ceiling (same broker, same Postgres, same run)\n\n")

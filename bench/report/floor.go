@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// floor is bench/floor's two runs: what one small loopback write costs
+// this machine at one frame per write, and at batch frames per write.
+type floor struct {
+	one       float64 // the writer's µs per write, one frame per write
+	sinkOne   float64 // the reader's µs per frame, one frame per write
+	batch     int     // frames per write of the second run
+	batchW    float64 // the writer's µs per write at batch frames per write
+	sinkBatch float64 // the reader's µs per frame at batch frames per write
+	rate      float64 // frames/s of the first run
+	conns     float64
+	bytes     float64
+	secs      float64
+}
+
+// readFloor reads results/floor-1.txt and the other floor-N.txt.
+func readFloor(dir string) floor {
+	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN()}
+	one := keyValues(filepath.Join(dir, "floor-1.txt"))
+	f.one, f.sinkOne = orNaN(one, "floor_writer_us_per_write"), orNaN(one, "floor_sink_us_per_frame")
+	f.rate, f.conns, f.bytes, f.secs = orNaN(one, "floor_writes_per_sec"), orNaN(one, "conns"), orNaN(one, "frame_bytes"), orNaN(one, "window_secs")
+	names, _ := filepath.Glob(filepath.Join(dir, "floor-*.txt"))
+	sort.Strings(names)
+	for _, n := range names {
+		b, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-"), ".txt"))
+		if err != nil || b <= 1 {
+			continue
+		}
+		kv := keyValues(n)
+		f.batch, f.batchW, f.sinkBatch = b, orNaN(kv, "floor_writer_us_per_write"), orNaN(kv, "floor_sink_us_per_frame")
+	}
+	return f
+}
+
+func (f floor) ok() bool { return !math.IsNaN(f.one) && f.one > 0 }
+
+// batchedPerFrame is the writer's µs per frame at f.batch frames per write.
+func (f floor) batchedPerFrame() float64 {
+	if f.batch < 1 {
+		return math.NaN()
+	}
+	return f.batchW / float64(f.batch)
+}
+
+func (f floor) beside() string {
+	if !f.ok() {
+		return ""
+	}
+	return fmt.Sprintf("write floor, same machine and run: a bare loopback write of one frame costs its writer %s µs (%s µs per frame at %d frames per write)", num(f.one), num(f.batchedPerFrame()), f.batch)
+}
+
+// gatewayWhy says what the floor leaves of the gateway's goal in run r.
+func (f floor) gatewayWhy(r runFig) string {
+	if !f.ok() || f.batch < 2 || !r.ok || r.win.secs <= 0 || r.rep.Users*r.rep.Devices <= 0 {
+		return ""
+	}
+	perDevice := float64(r.delivered) / r.win.secs / float64(r.rep.Users*r.rep.Devices)
+	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms",
+		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice))
+}
+
+// loadgenWhy says what the floor's reading side costs loadgen per message.
+func (f floor) loadgenWhy(r runFig) string {
+	if !f.ok() || math.IsNaN(f.sinkOne) || r.delivered <= 0 || r.rep.Accepted <= 0 {
+		return ""
+	}
+	frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
+	return fmt.Sprintf("; loadgen reads %s frames per message (its events and the answer), and the floor's bare reader spent %s µs per frame (%s at %d frames per write), %s µs per message before any decoding",
+		num(frames), num(f.sinkOne), num(f.sinkBatch), f.batch, num(frames*f.sinkOne))
+}
+
+// writeFloor writes the floor's section.
+func writeFloor(b *strings.Builder, f floor) {
+	b.WriteString("## Write floor (same machine, same run)\n\n")
+	if !f.ok() {
+		b.WriteString("Not measured (see logs/floor-1.log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`bench/floor`, run after the stack is stopped: one process writes frames of %.0f bytes to %.0f loopback TCP connections, round robin, paced at %s frames a second, from one goroutine (no websocket framing, no encoding, no fan-out); a second process reads them, one goroutine per connection, as devices do. CPU is utime + stime of every thread over %.0f s. A websocket message costs the gateway at least such a write and its device such a read; a plain device gets one message per event frame, a batching one (loadgen's devices ask for `chatpipe.v1.batch`) may get several frames in one, which the second row prices. The gateway does not count the messages it writes, so how many frames shared one in these runs is not measured: read the gateway's µs per delivered event between the two rows.\n\n",
+		f.bytes, f.conns, num(f.rate), f.secs)
+	b.WriteString("| frames per write | writer µs per write | writer µs per frame | reader µs per frame |\n|---|---|---|---|\n")
+	fmt.Fprintf(b, "| 1 | %s | %s | %s |\n", num(f.one), num(f.one), num(f.sinkOne))
+	if f.batch > 1 {
+		fmt.Fprintf(b, "| %d | %s | %s | %s |\n", f.batch, num(f.batchW), num(f.batchedPerFrame()), num(f.sinkBatch))
+	}
+	b.WriteString("\n")
+}
