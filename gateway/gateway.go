@@ -7,6 +7,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -220,6 +221,8 @@ type Gateway struct {
 	slowClosed  atomic.Int64 // connections closed with 1008 for a full send buffer
 	backlogged  atomic.Int64 // pushes that found a send buffer full and were read back later
 	rywTimeouts atomic.Int64 // reads answered unavailable: the read model lacked the session's write
+	wsMessages  atomic.Int64 // websocket messages written, each one flush
+	wsFrames    atomic.Int64 // frames written in them: answers, events, read markers
 
 	pmu  sync.Mutex
 	pool map[string]Link
@@ -344,6 +347,8 @@ func (g *Gateway) Collectors() []prometheus.Collector {
 		counter("chatpipe_gateway_slow_readers_closed_total", "Connections closed with 1008 because their send buffer stayed full.", &g.slowClosed),
 		counter("chatpipe_gateway_backlogs_total", "Times pushes found a connection's send buffer full and the session read them back from the read model instead.", &g.backlogged),
 		counter("chatpipe_gateway_read_your_writes_timeouts_total", "Reads answered unavailable because the read model did not include the session's own write in time.", &g.rywTimeouts),
+		counter("chatpipe_gateway_ws_messages_total", "Websocket messages written to devices, each one flush (a batching connection's message carries several frames).", &g.wsMessages),
+		counter("chatpipe_gateway_ws_frames_total", "Frames written to devices in those messages: answers, events, read markers.", &g.wsFrames),
 		g.commands,
 		g.latency,
 	}
@@ -512,14 +517,17 @@ const maxBatchBytes = 64 << 10
 // writeBatch writes first and every frame queued behind it as messages of
 // newline-separated frames, each at most maxBatchBytes unless one frame
 // alone is larger: one write (and one flush) for many events.
-func (s *session) writeBatch(first []byte) error {
+// It returns how many frames and messages it wrote (a queued item may
+// already hold several newline-joined frames; a frame holds no raw newline).
+func (s *session) writeBatch(first []byte) (frames, msgs int64, err error) {
 	buf := append(s.wbuf[:0], first...)
 	for n := len(s.out); n > 0; n-- {
 		b := <-s.out
 		if len(buf)+1+len(b) > maxBatchBytes {
 			if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
-				return err
+				return frames, msgs, err
 			}
+			frames, msgs = frames+int64(bytes.Count(buf, newline))+1, msgs+1
 			buf = buf[:0]
 		} else {
 			buf = append(buf, '\n')
@@ -527,8 +535,13 @@ func (s *session) writeBatch(first []byte) error {
 		buf = append(buf, b...)
 	}
 	s.wbuf = buf
-	return s.c.Write(noDeadline, websocket.MessageText, buf)
+	if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
+		return frames, msgs, err
+	}
+	return frames + int64(bytes.Count(buf, newline)) + 1, msgs + 1, nil
 }
+
+var newline = []byte{'\n'}
 
 // noDeadline is the context of a session's reads and writes. The websocket
 // library registers a callback on a cancellable context for every frame
@@ -564,15 +577,23 @@ func (s *session) run(parent context.Context) {
 			}
 			deadline.Reset(writeTimeout)
 			var err error
+			var frames, msgs int64
 			if s.batch {
-				err = s.writeBatch(b)
+				frames, msgs, err = s.writeBatch(b)
 			} else {
 				err = s.c.Write(noDeadline, websocket.MessageText, b)
 				for n := len(s.out); err == nil && n > 0; n-- {
+					frames++
 					err = s.c.Write(noDeadline, websocket.MessageText, <-s.out)
 				}
+				if err == nil {
+					frames++
+				}
+				msgs = frames
 			}
 			deadline.Stop()
+			s.g.wsMessages.Add(msgs)
+			s.g.wsFrames.Add(frames)
 			if err != nil {
 				if timedOut.Load() && !s.closing.Swap(true) {
 					// The deadline fired: the peer stopped reading (the

@@ -367,7 +367,8 @@ func TestCommandsAreRateLimited(t *testing.T) {
 
 // Deliver sends a user's frames to each of their devices here, in order:
 // one message per frame, or newline-joined for a batching device; other
-// users get nothing. It counts the devices it queued to.
+// users get nothing. It counts the devices it queued to, and the gateway
+// counts the frames and websocket messages it wrote.
 func TestDeliverReachesTheUsersDevices(t *testing.T) {
 	g, srv := readGateway(t, nil, nil)
 	plain := dialWS(t, srv, "u1")
@@ -380,6 +381,7 @@ func TestDeliverReachesTheUsersDevices(t *testing.T) {
 		t.Fatalf("Local(u1) = %v, Local(u3) = %v", g.Local("u1"), g.Local("u3"))
 	}
 	frames := [][]byte{[]byte(`{"op":"event","seq":1}`), []byte(`{"op":"event","seq":2}`), []byte(`{"op":"event","seq":3}`)}
+	frames0, msgs0 := g.wsFrames.Load(), g.wsMessages.Load()
 	if n := g.Deliver("u1", asPushes("c1", frames)); n != 2 {
 		t.Fatalf("Deliver queued to %d devices, want 2", n)
 	}
@@ -393,6 +395,10 @@ func TestDeliverReachesTheUsersDevices(t *testing.T) {
 	}
 	if got, err := batch.readRaw(5 * time.Second); err != nil || got != string(joinFrames(frames)) {
 		t.Fatalf("batching device: %q %v, want the three frames in one message", got, err)
+	}
+	// 3 frames in 3 messages to the plain device, 3 in 1 to the batching one.
+	if !waitFor(5*time.Second, func() bool { return g.wsFrames.Load()-frames0 == 6 && g.wsMessages.Load()-msgs0 == 4 }) {
+		t.Fatalf("counted %d frames in %d messages, want 6 in 4", g.wsFrames.Load()-frames0, g.wsMessages.Load()-msgs0)
 	}
 	if got, err := bystander.readRaw(200 * time.Millisecond); err == nil {
 		t.Fatalf("u2 got %q, meant for u1", got)

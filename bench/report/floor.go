@@ -65,8 +65,12 @@ func (f floor) gatewayWhy(r runFig) string {
 		return ""
 	}
 	perDevice := float64(r.delivered) / r.win.secs / float64(r.rep.Users*r.rep.Devices)
-	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms",
-		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice))
+	shared := ""
+	if r.wsMsgs > 0 {
+		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(float64(r.wsFrames)/float64(r.wsMsgs)))
+	}
+	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms%s",
+		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice), shared)
 }
 
 // loadgenWhy says what the floor's reading side costs loadgen per message.
@@ -79,14 +83,15 @@ func (f floor) loadgenWhy(r runFig) string {
 		num(frames), num(f.sinkOne), num(f.sinkBatch), f.batch, num(frames*f.sinkOne))
 }
 
-// writeFloor writes the floor's section.
-func writeFloor(b *strings.Builder, f floor) {
+// writeFloor writes the floor's section, and what the gateway wrote in
+// each of runs.
+func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 	b.WriteString("## Write floor (same machine, same run)\n\n")
 	if !f.ok() {
 		b.WriteString("Not measured (see logs/floor-1.log).\n\n")
 		return
 	}
-	fmt.Fprintf(b, "`bench/floor`, run after the stack is stopped: one process writes frames of %.0f bytes to %.0f loopback TCP connections, round robin, paced at %s frames a second, from one goroutine (no websocket framing, no encoding, no fan-out); a second process reads them, one goroutine per connection, as devices do. CPU is utime + stime of every thread over %.0f s. A websocket message costs the gateway at least such a write and its device such a read; a plain device gets one message per event frame, a batching one (loadgen's devices ask for `chatpipe.v1.batch`) may get several frames in one, which the second row prices. The gateway does not count the messages it writes, so how many frames shared one in these runs is not measured: read the gateway's µs per delivered event between the two rows.\n\n",
+	fmt.Fprintf(b, "`bench/floor`, run after the stack is stopped: one process writes frames of %.0f bytes to %.0f loopback TCP connections, round robin, paced at %s frames a second, from one goroutine (no websocket framing, no encoding, no fan-out); a second process reads them, one goroutine per connection, as devices do. CPU is utime + stime of every thread over %.0f s. A websocket message costs the gateway at least such a write and its device such a read; a plain device gets one message per event frame, a batching one (loadgen's devices ask for `chatpipe.v1.batch`) may get several frames in one, which the second row prices.\n\n",
 		f.bytes, f.conns, num(f.rate), f.secs)
 	b.WriteString("| frames per write | writer µs per write | writer µs per frame | reader µs per frame |\n|---|---|---|---|\n")
 	fmt.Fprintf(b, "| 1 | %s | %s | %s |\n", num(f.one), num(f.one), num(f.sinkOne))
@@ -94,4 +99,18 @@ func writeFloor(b *strings.Builder, f floor) {
 		fmt.Fprintf(b, "| %d | %s | %s | %s |\n", f.batch, num(f.batchW), num(f.batchedPerFrame()), num(f.sinkBatch))
 	}
 	b.WriteString("\n")
+	var rows []string
+	for _, r := range runs {
+		if r.wsMsgs <= 0 || r.rep.Accepted <= 0 {
+			continue
+		}
+		a := float64(r.rep.Accepted)
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s |", r.name, num(float64(r.wsFrames)/a), num(float64(r.wsMsgs)/a),
+			num(float64(r.wsFrames)/float64(r.wsMsgs)), num(float64(r.wsMsgs)/a*f.one), num(r.roleUS("gateway"))))
+	}
+	if len(rows) > 0 {
+		b.WriteString("What the gateway wrote in each run's window (`chatpipe_gateway_ws_frames_total`, `chatpipe_gateway_ws_messages_total`), per accepted message, and what those writes cost at least at the floor's smallest write:\n\n")
+		b.WriteString("| run | frames per message | websocket messages per message | frames per websocket message | floor µs per message (messages × one-frame write) | gateway µs per message, measured |\n|---|---|---|---|---|---|\n")
+		b.WriteString(strings.Join(rows, "\n") + "\n\n")
+	}
 }

@@ -131,8 +131,14 @@ func promSum(path, metric string) float64 {
 // deliveredEvents is the gateway's event frames queued to devices over a
 // run's CPU window.
 func deliveredEvents(dir, run string) int64 {
-	a := promSum(filepath.Join(dir, "metrics", run+".gateway.send"), "chatpipe_delivery_frames_total")
-	b := promSum(filepath.Join(dir, "metrics", run+".gateway.end"), "chatpipe_delivery_frames_total")
+	return gatewayDelta(dir, run, "chatpipe_delivery_frames_total")
+}
+
+// gatewayDelta is how much the gateway's counter metric grew over run's
+// send window (0 when a snapshot lacks it).
+func gatewayDelta(dir, run, metric string) int64 {
+	a := promSum(filepath.Join(dir, "metrics", run+".gateway.send"), metric)
+	b := promSum(filepath.Join(dir, "metrics", run+".gateway.end"), metric)
 	if math.IsNaN(a) || math.IsNaN(b) {
 		return 0
 	}
@@ -171,6 +177,8 @@ type runFig struct {
 	win       window
 	ok        bool // a CPU window was taken
 	delivered int64
+	wsMsgs    int64  // websocket messages the gateway wrote over the window
+	wsFrames  int64  // the frames in them
 	sw        window // context switches over the window
 	swOK      bool
 }
@@ -271,7 +279,8 @@ func render(dir string) (string, error) {
 	fig := func(run string) runFig {
 		w, ok := cpuWindow(dir, run)
 		sw, swOK := switchWindow(dir, run)
-		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run), sw: sw, swOK: swOK}
+		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run), sw: sw, swOK: swOK,
+			wsMsgs: gatewayDelta(dir, run, "chatpipe_gateway_ws_messages_total"), wsFrames: gatewayDelta(dir, run, "chatpipe_gateway_ws_frames_total")}
 	}
 	lat, mid, sat, one, hot := fig("lat1000"), fig("r3000"), fig("saturation"), fig("one1"), fig("hot")
 	fl := readFloor(dir)
@@ -304,7 +313,11 @@ func render(dir string) (string, error) {
 			s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
 		}
 		w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
-		if fl.ok() && r.delivered > 0 && r.rep.Accepted > 0 {
+		if fl.ok() && r.wsMsgs > 0 && r.rep.Accepted > 0 {
+			msgs, frames := float64(r.wsMsgs)/float64(r.rep.Accepted), float64(r.wsFrames)/float64(r.rep.Accepted)
+			w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run floor of %s µs for the smallest write, those writes alone cost at least %s µs",
+				num(frames), num(msgs), num(fl.one), num(msgs*fl.one))
+		} else if fl.ok() && r.delivered > 0 && r.rep.Accepted > 0 {
 			frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
 			w += fmt.Sprintf("; each message wrote %s frames to devices (its events and the answer): at the same-run write floor of %s µs per write, that alone is %s µs per message at one frame per write, %s at %d per write",
 				num(frames), num(fl.one), num(frames*fl.one), num(frames*fl.batchedPerFrame()), fl.batch)
@@ -411,7 +424,7 @@ func render(dir string) (string, error) {
 	}
 	b.WriteString("\n")
 
-	writeFloor(&b, fl)
+	writeFloor(&b, fl, lat, mid, sat, one, hot)
 
 	// The bare-pipeline ceiling.
 	b.WriteString("## Bare-pipeline ceiling (same broker, same Postgres, same run)\n\n")
