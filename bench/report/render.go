@@ -315,8 +315,9 @@ func render(dir string) (string, error) {
 		w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
 		if fl.ok() && r.wsMsgs > 0 && r.rep.Accepted > 0 {
 			msgs, frames := float64(r.wsMsgs)/float64(r.rep.Accepted), float64(r.wsFrames)/float64(r.rep.Accepted)
-			w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run floor of %s µs for the smallest write, those writes alone cost at least %s µs",
-				num(frames), num(msgs), num(fl.one), num(msgs*fl.one))
+			least, priced := fl.writesUS(r)
+			w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run write floor those writes alone cost at least %s µs, about %s µs priced by their %s frames per write (\"Write floor\")",
+				num(frames), num(msgs), num(least), num(priced), num(frames/msgs))
 		} else if fl.ok() && r.delivered > 0 && r.rep.Accepted > 0 {
 			frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
 			w += fmt.Sprintf("; each message wrote %s frames to devices (its events and the answer): at the same-run write floor of %s µs per write, that alone is %s µs per message at one frame per write, %s at %d per write",
