@@ -220,7 +220,6 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 	if err := f.deliverEvents(ctx, batch, byUser, &users); err != nil {
 		return err
 	}
-	markers := map[string]int64{} // read marker pushes per user, the rest of byUser's are events
 	for _, row := range batch {
 		for i, user := range row.readUsers {
 			if i >= len(row.readConvs) || i >= len(row.readSeqs) || !f.Sink.Local(user) {
@@ -231,14 +230,19 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 				users = append(users, user)
 			}
 			byUser[user] = append(byUser[user], Push{Conv: row.readConvs[i], Seq: row.readSeqs[i], Read: true, Frame: frame})
-			markers[user]++
 		}
 	}
 	for _, user := range users {
 		pushes := byUser[user]
 		devices := int64(f.Sink.Deliver(user, pushes)) // each device gets every push
-		f.delivered.Add(devices * (int64(len(pushes)) - markers[user]))
-		f.markers.Add(devices * markers[user])
+		var markers int64
+		for _, p := range pushes {
+			if p.Read {
+				markers++
+			}
+		}
+		f.delivered.Add(devices * (int64(len(pushes)) - markers))
+		f.markers.Add(devices * markers)
 	}
 	return nil
 }
