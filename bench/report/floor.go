@@ -44,26 +44,33 @@ func readFloor(dir string) floor {
 
 func (f floor) ok() bool { return !math.IsNaN(f.one) && f.one > 0 }
 
-// perWrite estimates the writer's µs for one write of k frames: linear
-// between the floor's two runs (1 and f.batch frames per write), extended
-// past them.
-func (f floor) perWrite(k float64) float64 {
-	if f.batch < 2 || math.IsNaN(f.batchW) {
-		return f.one
+// linear estimates the cost of one write (or read) of k frames from its
+// cost at one frame and at f.batch frames: linear between the floor's two
+// runs, extended past them, and never below the one-frame cost.
+func (f floor) linear(k, atOne, atBatch float64) float64 {
+	if f.batch < 2 || math.IsNaN(atBatch) {
+		return atOne
 	}
-	return f.one + (f.batchW-f.one)*(k-1)/float64(f.batch-1)
+	return max(atOne, atOne+(atBatch-atOne)*(k-1)/float64(f.batch-1))
 }
 
-// writesUS is what r's websocket writes cost per accepted message at the
-// floor: at least (every write at the one-frame write's cost) and priced by
-// their frames per write (perWrite).
+// writesUS is what r's websocket writes cost the floor's writer per
+// accepted message: at least (every write at the one-frame write's cost),
+// and priced by their frames per write (linear). NaN when not counted.
 func (f floor) writesUS(r runFig) (least, priced float64) {
-	if !f.ok() || r.wsMsgs <= 0 || r.rep.Accepted <= 0 {
+	if !f.ok() {
 		return math.NaN(), math.NaN()
 	}
-	msgs := float64(r.wsMsgs) / float64(r.rep.Accepted)
-	k := float64(r.wsFrames) / float64(r.wsMsgs)
-	return msgs * f.one, msgs * max(f.one, f.perWrite(k))
+	return r.writesPerMsg() * f.one, r.writesPerMsg() * f.linear(r.framesPerWrite(), f.one, f.batchW)
+}
+
+// readsUS is what reading them cost the floor's reader per accepted
+// message, priced the same way.
+func (f floor) readsUS(r runFig) float64 {
+	if !f.ok() || math.IsNaN(f.sinkOne) {
+		return math.NaN()
+	}
+	return r.writesPerMsg() * f.linear(r.framesPerWrite(), f.sinkOne, f.sinkBatch*float64(f.batch))
 }
 
 // batchedPerFrame is the writer's µs per frame at f.batch frames per write.
@@ -88,21 +95,22 @@ func (f floor) gatewayWhy(r runFig) string {
 	}
 	perDevice := float64(r.delivered) / r.win.secs / float64(r.rep.Users*r.rep.Devices)
 	shared := ""
-	if r.wsMsgs > 0 {
-		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(float64(r.wsFrames)/float64(r.wsMsgs)))
+	if k := r.framesPerWrite(); !math.IsNaN(k) {
+		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(k))
 	}
 	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms%s",
 		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice), shared)
 }
 
-// loadgenWhy says what the floor's reading side costs loadgen per message.
+// loadgenWhy says what the floor's reading side costs loadgen per message:
+// its devices read what the gateway wrote.
 func (f floor) loadgenWhy(r runFig) string {
-	if !f.ok() || math.IsNaN(f.sinkOne) || r.delivered <= 0 || r.rep.Accepted <= 0 {
+	reads := f.readsUS(r)
+	if math.IsNaN(reads) {
 		return ""
 	}
-	frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
-	return fmt.Sprintf("; loadgen reads %s frames per message (its events and the answer), and the floor's bare reader spent %s µs per frame (%s at %d frames per write), %s µs per message before any decoding",
-		num(frames), num(f.sinkOne), num(f.sinkBatch), f.batch, num(frames*f.sinkOne))
+	return fmt.Sprintf("; loadgen read %s frames per message (its events, read markers and the answer) in %s websocket messages, and the floor's bare reader spent %s µs per frame at one frame per read, %s at %d: priced by their %s frames per websocket message as the gateway's writes are, %s µs per message before any decoding",
+		num(r.framesPerMsg()), num(r.writesPerMsg()), num(f.sinkOne), num(f.sinkBatch), f.batch, num(r.framesPerWrite()), num(reads))
 }
 
 // writeFloor writes the floor's section, and what the gateway wrote in
@@ -123,13 +131,12 @@ func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 	b.WriteString("\n")
 	var rows []string
 	for _, r := range runs {
-		if r.wsMsgs <= 0 || r.rep.Accepted <= 0 {
+		least, priced := f.writesUS(r)
+		if math.IsNaN(least) {
 			continue
 		}
-		a := float64(r.rep.Accepted)
-		least, priced := f.writesUS(r)
-		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |", r.name, num(float64(r.wsFrames)/a), num(float64(r.wsMsgs)/a),
-			num(float64(r.wsFrames)/float64(r.wsMsgs)), num(least), num(priced), num(r.roleUS("gateway"))))
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |", r.name, num(r.framesPerMsg()), num(r.writesPerMsg()),
+			num(r.framesPerWrite()), num(least), num(priced), num(r.roleUS("gateway"))))
 	}
 	if len(rows) > 0 {
 		fmt.Fprintf(b, "What the gateway wrote in each run's window (`chatpipe_gateway_ws_frames_total`, `chatpipe_gateway_ws_messages_total`), per accepted message, and what those writes would cost the floor's writer: at least (every write priced as a one-frame write), and priced by their frames per write, linear between the two rows above (an estimate; past %d frames per write, extended):\n\n", f.batch)

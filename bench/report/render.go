@@ -183,6 +183,20 @@ type runFig struct {
 	swOK      bool
 }
 
+// writesPerMsg is the websocket messages the gateway wrote per accepted
+// message, framesPerMsg the frames in them, framesPerWrite their ratio
+// (NaN when not counted).
+func (r runFig) writesPerMsg() float64   { return perOf(r.wsMsgs, r.rep.Accepted) }
+func (r runFig) framesPerMsg() float64   { return perOf(r.wsFrames, r.rep.Accepted) }
+func (r runFig) framesPerWrite() float64 { return perOf(r.wsFrames, r.wsMsgs) }
+
+func perOf(n, of int64) float64 {
+	if n <= 0 || of <= 0 {
+		return math.NaN()
+	}
+	return float64(n) / float64(of)
+}
+
 // switchesPer is the named processes' context switches per accepted
 // message (all processes when none is named).
 func (r runFig) switchesPer(names ...string) float64 {
@@ -313,15 +327,9 @@ func render(dir string) (string, error) {
 			s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
 		}
 		w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
-		if fl.ok() && r.wsMsgs > 0 && r.rep.Accepted > 0 {
-			msgs, frames := float64(r.wsMsgs)/float64(r.rep.Accepted), float64(r.wsFrames)/float64(r.rep.Accepted)
-			least, priced := fl.writesUS(r)
+		if least, priced := fl.writesUS(r); !math.IsNaN(least) {
 			w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run write floor those writes alone cost at least %s µs, about %s µs priced by their %s frames per write (\"Write floor\")",
-				num(frames), num(msgs), num(least), num(priced), num(frames/msgs))
-		} else if fl.ok() && r.delivered > 0 && r.rep.Accepted > 0 {
-			frames := float64(r.delivered)/float64(r.rep.Accepted) + 1
-			w += fmt.Sprintf("; each message wrote %s frames to devices (its events and the answer): at the same-run write floor of %s µs per write, that alone is %s µs per message at one frame per write, %s at %d per write",
-				num(frames), num(fl.one), num(frames*fl.one), num(frames*fl.batchedPerFrame()), fl.batch)
+				num(r.framesPerMsg()), num(r.writesPerMsg()), num(least), num(priced), num(r.framesPerWrite()))
 		}
 		return w
 	}
