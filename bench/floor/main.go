@@ -25,6 +25,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -88,7 +89,7 @@ func runSink(in io.Reader, out io.Writer) error {
 	}
 	defer ln.Close()
 	fmt.Fprintln(out, ln.Addr().String())
-	var bytes atomic.Int64
+	var read atomic.Int64
 	go func() { // ends when ln closes (at return)
 		for {
 			c, err := ln.Accept()
@@ -100,7 +101,7 @@ func runSink(in io.Reader, out io.Writer) error {
 				buf := make([]byte, 64<<10)
 				for {
 					n, err := c.Read(buf)
-					bytes.Add(int64(n))
+					read.Add(int64(n))
 					if err != nil {
 						return
 					}
@@ -111,7 +112,7 @@ func runSink(in io.Reader, out io.Writer) error {
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		u := self()
-		fmt.Fprintf(out, "%d %d %d\n", u.cpu.Nanoseconds(), u.switches, bytes.Load())
+		fmt.Fprintf(out, "%d %d %d\n", u.cpu.Nanoseconds(), u.switches, read.Load())
 	}
 	return sc.Err()
 }
@@ -173,13 +174,9 @@ func runWriter(out io.Writer, conns, rate, batch, size int, warmup, duration tim
 		}
 		defer cs[i].Close()
 	}
-	frames := make([]byte, size*batch)
-	for i := range frames {
-		frames[i] = 'x'
-	}
+	frames := bytes.Repeat([]byte{'x'}, size*batch)
 
 	// Paced: every millisecond, write what is due since the start.
-	perWrite := float64(batch)
 	start := time.Now()
 	writes, next := int64(0), 0
 	tick := time.NewTicker(time.Millisecond)
@@ -199,7 +196,7 @@ func runWriter(out io.Writer, conns, rate, batch, size int, warmup, duration tim
 		if el >= warmup+duration {
 			break
 		}
-		due := int64(el.Seconds() * float64(rate) / perWrite)
+		due := int64(el.Seconds() * float64(rate) / float64(batch))
 		for ; writes < due; writes++ {
 			if _, err := cs[next].Write(frames); err != nil {
 				return fmt.Errorf("write: %w", err)
@@ -217,7 +214,7 @@ func runWriter(out io.Writer, conns, rate, batch, size int, warmup, duration tim
 	fmt.Fprintf(out, "floor_writes_per_sec %.0f\n", n/secs)
 	fmt.Fprintf(out, "floor_frames_per_write %d\n", batch)
 	fmt.Fprintf(out, "floor_writer_us_per_write %.2f\n", float64((w1.cpu-w0.cpu).Microseconds())/n)
-	fmt.Fprintf(out, "floor_writer_us_per_frame %.2f\n", float64((w1.cpu-w0.cpu).Microseconds())/n/perWrite)
+	fmt.Fprintf(out, "floor_writer_us_per_frame %.2f\n", float64((w1.cpu-w0.cpu).Microseconds())/n/float64(batch))
 	fmt.Fprintf(out, "floor_writer_switches_per_write %.2f\n", float64(w1.switches-w0.switches)/n)
 	fmt.Fprintf(out, "floor_sink_us_per_frame %.2f\n", float64((s1.cpu-s0.cpu).Microseconds())/nf)
 	fmt.Fprintf(out, "floor_sink_switches_per_frame %.2f\n", float64(s1.switches-s0.switches)/nf)
