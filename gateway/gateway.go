@@ -521,13 +521,19 @@ const maxBatchBytes = 64 << 10
 // already hold several newline-joined frames; a frame holds no raw newline).
 func (s *session) writeBatch(first []byte) (frames, msgs int64, err error) {
 	buf := append(s.wbuf[:0], first...)
+	flush := func() error {
+		if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
+			return err
+		}
+		frames, msgs = frames+int64(bytes.Count(buf, newline))+1, msgs+1
+		return nil
+	}
 	for n := len(s.out); n > 0; n-- {
 		b := <-s.out
 		if len(buf)+1+len(b) > maxBatchBytes {
-			if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
+			if err := flush(); err != nil {
 				return frames, msgs, err
 			}
-			frames, msgs = frames+int64(bytes.Count(buf, newline))+1, msgs+1
 			buf = buf[:0]
 		} else {
 			buf = append(buf, '\n')
@@ -535,10 +541,8 @@ func (s *session) writeBatch(first []byte) (frames, msgs int64, err error) {
 		buf = append(buf, b...)
 	}
 	s.wbuf = buf
-	if err := s.c.Write(noDeadline, websocket.MessageText, buf); err != nil {
-		return frames, msgs, err
-	}
-	return frames + int64(bytes.Count(buf, newline)) + 1, msgs + 1, nil
+	err = flush()
+	return frames, msgs, err
 }
 
 var newline = []byte{'\n'}
@@ -580,14 +584,16 @@ func (s *session) run(parent context.Context) {
 			var frames, msgs int64
 			if s.batch {
 				frames, msgs, err = s.writeBatch(b)
-			} else {
-				err = s.c.Write(noDeadline, websocket.MessageText, b)
-				for n := len(s.out); err == nil && n > 0; n-- {
+			} else { // b and what is queued behind it, one message each
+				for n := len(s.out); ; n-- {
+					if err = s.c.Write(noDeadline, websocket.MessageText, b); err != nil {
+						break
+					}
 					frames++
-					err = s.c.Write(noDeadline, websocket.MessageText, <-s.out)
-				}
-				if err == nil {
-					frames++
+					if n == 0 {
+						break
+					}
+					b = <-s.out
 				}
 				msgs = frames
 			}
