@@ -20,8 +20,7 @@ import (
 // message costs a lookup; merged under load, one round trip answers the
 // loads of many vshards. Each load gets exactly the conversations and keys
 // it asked for, as fetchState would have answered them alone: the merged
-// statements read one snapshot, and a conversation belongs to one vshard,
-// whose writer has at most one load in flight.
+// statements read one snapshot, and every load gets states of its own.
 type loader struct {
 	db       *pgxpool.Pool
 	timeout  time.Duration
@@ -142,16 +141,30 @@ func (l *loader) takeLocked() []*loadReq {
 	return batch
 }
 
-// answer makes one round trip for batch and gives each load its part.
+// answer makes one round trip for batch and gives each load its part. A
+// conversation two loads ask for (an overridden one, which its hashed
+// vshard's writer and a dedicated one's may both load) is read once, and
+// each load gets a state of its own.
 func (l *loader) answer(batch []*loadReq) {
 	var convs []string
 	var keys []shardcore.DedupeKey
+	seenConv, seenKey := map[string]bool{}, map[shardcore.DedupeKey]bool{}
 	for _, r := range batch {
-		convs = append(convs, r.convs...)
-		keys = append(keys, r.keys...)
+		for _, c := range r.convs {
+			if !seenConv[c] {
+				seenConv[c] = true
+				convs = append(convs, c)
+			}
+		}
+		for _, k := range r.keys {
+			if !seenKey[k] {
+				seenKey[k] = true
+				keys = append(keys, k)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-	loaded, found, err := fetchState(ctx, l.db, convs, keys)
+	st, err := queryState(ctx, l.db, convs, keys)
 	cancel()
 	l.trips.Add(1)
 	l.loads.Add(int64(len(batch)))
@@ -160,16 +173,12 @@ func (l *loader) answer(batch []*loadReq) {
 			r.res <- loadRes{err: err}
 			continue
 		}
-		if len(batch) == 1 {
-			r.res <- loadRes{convs: loaded, found: found}
-			continue
-		}
 		res := loadRes{convs: make(map[string]*shardcore.Conv, len(r.convs)), found: map[shardcore.DedupeKey]shardcore.First{}}
 		for _, c := range r.convs {
-			res.convs[c] = loaded[c]
+			res.convs[c] = st.conv(c)
 		}
 		for _, k := range r.keys {
-			if f, ok := found[k]; ok {
+			if f, ok := st.found[k]; ok {
 				res.found[k] = f
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
+	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
@@ -88,5 +89,77 @@ func TestLoaderMergesLoads(t *testing.T) {
 	l.stop()
 	if _, _, err := l.load(ctx, []string{"c0"}, nil); err != errLoaderStopped {
 		t.Fatalf("load after the loader stopped: %v, want errLoaderStopped", err)
+	}
+}
+
+// TestLoaderMergedLoadsOfOneConversation: an overridden conversation may
+// be loaded by two writers at once (its hashed vshard's and a dedicated
+// one's). Merged into one round trip, each load still gets a state of its
+// own, equal to what fetchState gives it alone: a writer that applies its
+// events must not change the other writer's state.
+func TestLoaderMergedLoadsOfOneConversation(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, members, user_id, client_message_id, created_at, vshard, epoch, log_partition, log_offset)
+		VALUES ('c', 1, 'create', 'm1', 'u1', '{u1,u2}', NULL, 'k0', now(), 0, 1, 0, 0),
+		       ('c', 2, 'join', 'm2', 'u1', NULL, 'u3', 'k1', now(), 0, 1, 0, 1),
+		       ('c', 3, 'message', 'm3', 'u2', NULL, NULL, 'k2', now(), 0, 1, 0, 2)`); err != nil {
+		t.Fatal(err)
+	}
+	alone, aloneFound, err := fetchState(ctx, db, []string{"c"}, []shardcore.DedupeKey{{Conv: "c", CMID: "k2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trips, loads atomic.Int64
+	l := newLoader(db, 10*time.Second, &trips, &loads)
+	l.maxTrips, l.inflight = 1, 1 // the slot is held: both loads queue and merge
+	type res struct {
+		convs map[string]*shardcore.Conv
+		found map[shardcore.DedupeKey]shardcore.First
+	}
+	got := make([]res, 2)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, f, err := l.load(ctx, []string{"c"}, []shardcore.DedupeKey{{Conv: "c", CMID: "k2"}})
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = res{c, f}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.mu.Lock()
+		queued := len(l.queue)
+		l.mu.Unlock()
+		if queued == len(got) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d loads of conversation c queued after 10 s", queued, len(got))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	l.finish()
+	wg.Wait()
+	if trips.Load() != 1 {
+		t.Fatalf("%d round trips, want the two loads merged into 1", trips.Load())
+	}
+	for i, g := range got {
+		if !reflect.DeepEqual(g.convs["c"], alone["c"]) || !reflect.DeepEqual(g.found, aloneFound) {
+			t.Fatalf("merged load %d of conversation c got %+v %+v, want what fetchState gives it alone: %+v %+v", i, g.convs["c"], g.found, alone["c"], aloneFound)
+		}
+	}
+	a, b := got[0].convs["c"], got[1].convs["c"]
+	if a == b {
+		t.Fatal("both writers were handed the same *Conv of conversation c")
+	}
+	// One writer deciding on its state leaves the other's as loaded.
+	shardcore.Apply(a, &logrecord.Event{Kind: logrecord.KindKick, ConversationID: "c", Seq: 4, Sender: "u1", UserID: "u3"})
+	if !reflect.DeepEqual(b, alone["c"]) {
+		t.Fatalf("applying a kick to one writer's state of c changed the other's: %+v, want %+v", b, alone["c"])
 	}
 }

@@ -42,19 +42,56 @@ JOIN events e ON e.conversation_id = k.c AND e.client_message_id = k.m`
 // fetchState loads the conversations in convs (new states) and looks up the
 // client_message_ids in keys, in one round trip.
 func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []shardcore.DedupeKey) (map[string]*shardcore.Conv, map[shardcore.DedupeKey]shardcore.First, error) {
-	loaded := make(map[string]*shardcore.Conv, len(convs))
-	found := map[shardcore.DedupeKey]shardcore.First{}
-	// Each loaded conversation's events in seq order: membership events
-	// and its last event from events, merged with dead-lettered ones.
-	type row struct {
-		e    *logrecord.Event
-		full bool // a whole event (dead-lettered), not just its seq
+	st, err := queryState(ctx, db, convs, keys)
+	if err != nil {
+		return nil, nil, err
 	}
-	rows := map[string][]row{}
+	loaded := make(map[string]*shardcore.Conv, len(convs))
+	for _, c := range convs {
+		loaded[c] = st.conv(c)
+	}
+	return loaded, st.found, nil
+}
+
+// stateRow is one event of a loaded conversation.
+type stateRow struct {
+	e    *logrecord.Event
+	full bool // a whole event (dead-lettered), not just its seq
+}
+
+// loadedState is what one round trip read: each conversation's events
+// (membership events and its last event from events, merged with
+// dead-lettered ones) and the keys found. conv builds a state from it, a
+// new one on every call, so that loads merged into one round trip never
+// share a *Conv.
+type loadedState struct {
+	rows  map[string][]stateRow // in seq order
+	found map[shardcore.DedupeKey]shardcore.First
+}
+
+// conv is a new state of conversation cid as the round trip read it.
+func (st *loadedState) conv(cid string) *shardcore.Conv {
+	c := shardcore.NewConv()
+	for _, r := range st.rows[cid] {
+		if r.full || r.e.Kind != logrecord.KindMessage {
+			shardcore.Apply(c, r.e)
+		} else {
+			shardcore.ObserveSeq(c, r.e.Seq)
+		}
+	}
+	return c
+}
+
+// queryState reads the events of convs and looks up keys, in one round
+// trip. convs and keys must not repeat.
+func queryState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []shardcore.DedupeKey) (*loadedState, error) {
+	st := &loadedState{rows: map[string][]stateRow{}, found: map[shardcore.DedupeKey]shardcore.First{}}
+	isLoaded := make(map[string]bool, len(convs))
+	rows, found := st.rows, st.found
 	var b pgx.Batch
 	if len(convs) > 0 {
 		for _, c := range convs {
-			loaded[c] = shardcore.NewConv()
+			isLoaded[c] = true
 		}
 		b.Queue(loadConvsSQL, convs).Query(func(rs pgx.Rows) error {
 			var cid, kind, sender, user string
@@ -68,7 +105,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 					t := int(to)
 					e.ToVShard = &t
 				}
-				rows[cid] = append(rows[cid], row{e: e})
+				rows[cid] = append(rows[cid], stateRow{e: e})
 				return nil
 			})
 			return err
@@ -90,7 +127,7 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 		})
 	}
 	if b.Len() == 0 {
-		return loaded, found, nil
+		return st, nil
 	}
 	all := append([]string(nil), convs...)
 	wanted := map[shardcore.DedupeKey]bool{}
@@ -107,13 +144,13 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 			if err != nil || e.ConversationID != cid || e.Seq != seq {
 				// Only its place is known: the seq stays taken.
 				e = &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: cid, Seq: seq}
-				if _, ok := loaded[cid]; ok {
-					rows[cid] = append(rows[cid], row{e: e})
+				if isLoaded[cid] {
+					rows[cid] = append(rows[cid], stateRow{e: e})
 				}
 				return nil
 			}
-			if _, ok := loaded[cid]; ok {
-				rows[cid] = append(rows[cid], row{e: e, full: true})
+			if isLoaded[cid] {
+				rows[cid] = append(rows[cid], stateRow{e: e, full: true})
 			}
 			if k := (shardcore.DedupeKey{Conv: cid, CMID: e.ClientMessageID}); e.ClientMessageID != "" && wanted[k] {
 				if _, ok := found[k]; !ok {
@@ -125,18 +162,10 @@ func fetchState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 		return err
 	})
 	if err := db.SendBatch(ctx, &b).Close(); err != nil {
-		return nil, nil, fmt.Errorf("shardworker: load state: %w", err)
+		return nil, fmt.Errorf("shardworker: load state: %w", err)
 	}
-	for cid, rs := range rows {
-		c := loaded[cid]
+	for _, rs := range rows {
 		sort.SliceStable(rs, func(i, j int) bool { return rs[i].e.Seq < rs[j].e.Seq })
-		for _, r := range rs {
-			if r.full || r.e.Kind != logrecord.KindMessage {
-				shardcore.Apply(c, r.e)
-			} else {
-				shardcore.ObserveSeq(c, r.e.Seq)
-			}
-		}
 	}
-	return loaded, found, nil
+	return st, nil
 }
