@@ -51,13 +51,6 @@ type Conv struct {
 	// order lists Dedupe's keys oldest first, from head on.
 	order []string
 	head  int
-	// Refused holds the final rejections of keyed commands decided in the
-	// last while (RememberRefusal, TrimRefusals): another attempt of the
-	// same key by the same sender gets the same rejection instead of being
-	// decided again, so an attempt that reaches the writer late cannot
-	// take effect after the client was told the command was refused.
-	Refused      map[string]Refusal
-	refusedOrder []string
 	// Moved: a moved event was applied, and At is the vshard it moved the
 	// conversation to. Without one the conversation is at its hashed
 	// vshard.
@@ -83,54 +76,35 @@ func (st Stamp) Holds(c *Conv, cid string) bool {
 	return true
 }
 
-// Refusal is a remembered final rejection of a keyed command.
-type Refusal struct {
+// Verdict is the answer to a command with a client_message_id that wrote
+// nothing and is final for the key: a rejection, or the acceptance of a
+// join of a current member. The log keeps no trace of either, so the
+// driver remembers it for a while (Decision.Keep) and hands it to
+// DecideWith for another attempt of the key: one that reaches the writer
+// late then gets the same answer instead of being decided again against a
+// state that changed since (docs/protocol.md, "Attempts in flight").
+type Verdict struct {
 	Sender string
 	Op     string
-	Err    *protocol.Error
-	At     time.Time
+	// Err is the rejection; nil: accepted without a write, at Seq (the
+	// join that made the user a member).
+	Err *protocol.Error
+	Seq int64
+	// At is when it was decided.
+	At time.Time
 }
 
-// RememberRefusal records r as the rejection of client_message_id cmid,
-// unless one is remembered already.
-func RememberRefusal(c *Conv, cmid string, r Refusal) {
-	if c.Refused == nil {
-		c.Refused = map[string]Refusal{}
-	}
-	if _, ok := c.Refused[cmid]; ok {
-		return
-	}
-	c.Refused[cmid] = r
-	c.refusedOrder = append(c.refusedOrder, cmid)
+// VerdictOf is the verdict d, decided for cmd at now, leaves for cmd's key
+// (meaningful when d.Keep).
+func VerdictOf(cmd *Command, d Decision, now time.Time) Verdict {
+	return Verdict{Sender: cmd.Sender, Op: cmd.Op, Err: d.Reject, Seq: d.Seq, At: now}
 }
 
-// Refuse records that cmd was rejected with e at now, when it carries a
-// key, for memory (forgetting the ones older than that): the driver calls
-// it for every rejection Decide returns.
-func Refuse(c *Conv, cmd *Command, e *protocol.Error, now time.Time, memory time.Duration) {
-	if cmd.ClientMessageID == "" || e == nil {
-		return
+func (v *Verdict) decision() Decision {
+	if v.Err != nil {
+		return Decision{Reject: v.Err}
 	}
-	TrimRefusals(c, now.Add(-memory))
-	RememberRefusal(c, cmd.ClientMessageID, Refusal{Sender: cmd.Sender, Op: cmd.Op, Err: e, At: now})
-}
-
-// TrimRefusals forgets the rejections decided before cutoff. It returns
-// how many it dropped.
-func TrimRefusals(c *Conv, cutoff time.Time) int {
-	n := 0
-	for n < len(c.refusedOrder) {
-		k := c.refusedOrder[n]
-		if r, ok := c.Refused[k]; ok && !r.At.Before(cutoff) {
-			break
-		}
-		delete(c.Refused, k)
-		n++
-	}
-	if n > 0 {
-		c.refusedOrder = append(c.refusedOrder[:0], c.refusedOrder[n:]...)
-	}
-	return n
+	return Decision{Seq: v.Seq}
 }
 
 // NewConv returns the state of a conversation with no events.
@@ -206,6 +180,11 @@ type Decision struct {
 	// away, or has not arrived yet); nothing was written, and the command
 	// may be sent again to where it is routed then.
 	Retry bool
+	// Keep: the command carries a client_message_id and the answer, which
+	// wrote nothing, is final for it (a rejection, or a join of a current
+	// member): the driver remembers it as the key's Verdict (VerdictOf)
+	// and passes it to DecideWith for the key's other attempts.
+	Keep bool
 }
 
 // Limits the core enforces.
@@ -223,8 +202,15 @@ func NeedsDedupeLookup(c *Conv, cmd *Command) bool {
 	return !ok
 }
 
-// Decide returns what to do with cmd given c. It changes nothing.
+// Decide returns what to do with cmd given c, as a first attempt of its
+// key: DecideWith without a remembered verdict. It changes nothing.
 func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
+	return DecideWith(c, cmd, st, lim, nil)
+}
+
+// DecideWith returns what to do with cmd given c and prior, the verdict the
+// driver remembers for cmd's key (nil: none). It changes nothing.
+func DecideWith(c *Conv, cmd *Command, st Stamp, lim Limits, prior *Verdict) Decision {
 	// Dedupe answers before any other check (docs/protocol.md): a retried
 	// command gets its first result, whatever happened since, so one
 	// command never takes effect twice.
@@ -242,22 +228,31 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 	// A conversation that moved away (or has not arrived) is decided by
 	// its new vshard's writer alone, from the state this one committed up
 	// to its moved record. A first result above is still true here: it
-	// never changes. A remembered rejection is not: the new writer may
-	// have accepted the key since.
+	// never changes. A remembered verdict is not: the new writer may
+	// have decided the key since.
 	if !st.Holds(c, cmd.ConversationID) {
 		e := protocol.Errorf(protocol.CodeUnavailable, "%s is moving between vshards; retry with the same ids", cmd.ConversationID)
 		e.RetryAfterMS = 50
 		return Decision{Reject: e, Retry: true}
 	}
-	// A rejection of this key decided a moment ago stands: the client
-	// may have been told it, and an attempt that arrives late (one the
-	// gateway gave up on, or that a client's re-send overtook) must not be
-	// accepted after it (docs/protocol.md, "Attempts in flight").
-	if cmd.ClientMessageID != "" {
-		if r, ok := c.Refused[cmd.ClientMessageID]; ok && r.Sender == cmd.Sender && r.Op == cmd.Op {
-			return Decision{Reject: r.Err}
-		}
+	// An answer to this key decided a moment ago that wrote nothing
+	// stands: the client may have been told it, and an attempt that
+	// arrives late (one the gateway gave up on, or that a client's re-send
+	// overtook) must neither be accepted after a rejection nor take effect
+	// after "accepted, nothing to do" (docs/protocol.md, "Attempts in
+	// flight").
+	if prior != nil && cmd.ClientMessageID != "" && prior.Sender == cmd.Sender && prior.Op == cmd.Op {
+		return prior.decision()
 	}
+	d := decideState(c, cmd, st, lim)
+	// What writes nothing here is a rejection or a join of a member.
+	d.Keep = cmd.ClientMessageID != "" && d.Event == nil
+	return d
+}
+
+// decideState decides cmd from c's state alone: dedupe, the location and a
+// remembered verdict have been looked at.
+func decideState(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 	_, isMember := c.Members[cmd.Sender]
 	ev := &logrecord.Event{
 		V:              logrecord.VersionOf(logrecord.KindMessage),
@@ -289,6 +284,8 @@ func Decide(c *Conv, cmd *Command, st Stamp, lim Limits) Decision {
 			return reject(protocol.CodeForbidden, "%s is not a member of %s", cmd.Sender, cmd.ConversationID)
 		}
 		if seq, ok := c.Members[cmd.UserID]; ok {
+			// Nothing to do: answered with the join that made them a
+			// member (kept as the key's verdict when keyed).
 			return Decision{Seq: seq}
 		}
 		if len(c.Members)+1 > lim.MaxMembers {

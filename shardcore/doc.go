@@ -11,5 +11,9 @@
 //
 // Decide requires that the driver has resolved dedupe for the command first:
 // the conversation's Dedupe map must hold the command's client_message_id if
-// the durable state has it (see NeedsDedupeLookup).
+// the durable state has it (see NeedsDedupeLookup). An answer that wrote
+// nothing and is final for its key (a rejection, or a join of a current
+// member: Decision.Keep) leaves no trace in the log; a driver that
+// remembers it as the key's Verdict passes it to DecideWith, so that the
+// key's other attempts get it again.
 package shardcore

@@ -74,6 +74,15 @@ type Writer struct {
 	stored   map[string]*storedSeq
 	lastTrim time.Time
 	rates    map[string]*rate.Limiter
+	// verdicts are the answers of keyed commands that wrote nothing,
+	// remembered for RefusalMemory (at most MaxVerdicts), for the whole
+	// epoch: a session that fails and opens again under the same owner
+	// row keeps them, for nobody else wrote in between. batchVerdicts
+	// are the ones decided in the batch in hand, in batchVerdictOrder,
+	// remembered only once its answers are given.
+	verdicts          verdictTable
+	batchVerdicts     map[DedupeKey]Verdict
+	batchVerdictOrder []DedupeKey
 
 	// moves are the conversations the owner table routes elsewhere that
 	// may be here: each is moved (a moved event committed) once this
@@ -116,11 +125,21 @@ type WriterConfig struct {
 	ConvRate  float64 // new messages/s per conversation (0: no limit)
 	ConvBurst int
 
-	RefusalMemory time.Duration // how long a keyed rejection answers the key's other attempts
-	DedupeMemory  time.Duration // dedupe results older than this may be dropped once stored
-	DedupeKeep    int           // … and so may any beyond this many per conversation
-	MaxConvs      int           // conversations cached before eviction (plus persist's lag)
-	TrimInterval  time.Duration // how often a committing writer trims its memory
+	// RefusalMemory is how long the answer of a keyed command that wrote
+	// nothing (a rejection, or a join of a current member) answers the
+	// key's other attempts by the same sender for the same op.
+	RefusalMemory time.Duration
+	// MaxVerdicts bounds how many such answers are remembered (default
+	// DefaultMaxVerdicts). When it is reached the oldest is forgotten
+	// before its RefusalMemory is up (Notice.VerdictsDropped), and a late
+	// attempt of its key is decided again against the state it finds, as
+	// one past the memory is. They are kept apart from the cached
+	// conversations: evicting a conversation forgets none of them.
+	MaxVerdicts  int
+	DedupeMemory time.Duration // dedupe results older than this may be dropped once stored
+	DedupeKeep   int           // … and so may any beyond this many per conversation
+	MaxConvs     int           // conversations cached before eviction (plus persist's lag)
+	TrimInterval time.Duration // how often a committing writer trims its memory
 
 	Backoff    time.Duration // first wait before re-checking ownership after a failure
 	BackoffMax time.Duration
@@ -312,6 +331,10 @@ type Notice struct {
 	Trimmed    int
 	Evicted    int
 	DedupeHeld int
+	// VerdictsDropped is how many remembered answers of keyed commands
+	// were forgotten before their RefusalMemory was up, MaxVerdicts being
+	// held.
+	VerdictsDropped int
 	// Moved lists the conversations whose moved event was committed.
 	Moved []string
 	// Arrived holds, for each conversation that was not here and is now
@@ -340,6 +363,9 @@ func NewWriter(cfg WriterConfig, now time.Time) *Writer {
 	}
 	if cfg.MoveRetry <= 0 {
 		cfg.MoveRetry = time.Second
+	}
+	if cfg.MaxVerdicts <= 0 {
+		cfg.MaxVerdicts = DefaultMaxVerdicts
 	}
 	cfg.MoveRetryMax = max(cfg.MoveRetryMax, cfg.MoveRetry)
 	if cfg.MoveRetryMax == cfg.MoveRetry && cfg.MoveRetry == time.Second {
@@ -625,9 +651,6 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 		}
 		for cid, conv := range convs {
 			if old := m.convs[cid]; old != nil {
-				// Loaded again (it was not here): its remembered
-				// rejections still stand.
-				conv.Refused, conv.refusedOrder = old.Refused, old.refusedOrder
 				if !m.here(old, cid) && m.here(conv, cid) && conv.Moved {
 					m.notice.Arrived = append(m.notice.Arrived, now.Sub(conv.MovedAt))
 				}
@@ -791,6 +814,7 @@ func (m *Writer) finish() {
 		m.answer(c, Unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
 	}
 	m.queue, m.convs, m.tail, m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil, nil, nil, nil
+	m.verdicts, m.batchVerdicts, m.batchVerdictOrder = verdictTable{}, nil, nil
 	m.effect, m.wake = nil, time.Time{}
 	m.phase = PhaseDone
 }

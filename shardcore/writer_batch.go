@@ -120,9 +120,15 @@ func (m *Writer) decide(now time.Time) {
 		if m.cfg.Faults.AcceptBeforeMoved && m.inbound[c.Cmd.ConversationID] && !m.here(conv, c.Cmd.ConversationID) {
 			conv.Moved, conv.At = true, m.cfg.VShard
 		}
+		// A remembered answer of the key, for Decide; one is given again
+		// at no cost to the bucket, like a dedupe answer.
+		var prior *Verdict
+		if v, ok := m.recall(c, now); ok {
+			prior = &v
+		}
 		// (A conversation that is not here is answered retry by Decide
 		// and costs its bucket nothing.)
-		if wait, ok := m.allowSend(conv, &c.Cmd, now); !ok {
+		if wait, ok := m.allowSend(conv, &c.Cmd, prior, now); !ok {
 			e := protocol.Errorf(protocol.CodeRateLimited, "more than %g messages/s in %s", m.cfg.ConvRate, c.Cmd.ConversationID)
 			e.RetryAfterMS = max(wait.Milliseconds(), 1)
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, e)}
@@ -139,7 +145,13 @@ func (m *Writer) decide(now time.Time) {
 			stale.Members = c.members
 			seen = &stale
 		}
-		d := Decide(seen, &c.Cmd, m.stamp(now, id), m.cfg.Limits)
+		d := DecideWith(seen, &c.Cmd, m.stamp(now, id), m.cfg.Limits, prior)
+		if d.Keep {
+			// Another attempt of the key gets this answer too, for a
+			// while: one decided later must neither be accepted after a
+			// rejection nor take effect after "nothing to do".
+			m.stageVerdict(c, VerdictOf(&c.Cmd, d, now))
+		}
 		switch {
 		case d.Retry:
 			// Not here: nothing is decided from this state.
@@ -148,9 +160,6 @@ func (m *Writer) decide(now time.Time) {
 			continue
 		case d.Reject != nil:
 			m.replies[i] = Answer{Call: c, Reply: protocol.Rejected(c.ReqID, d.Reject)}
-			// Another attempt of the key gets this answer too, for a
-			// while: one decided later must not be accepted after it.
-			Refuse(conv, &c.Cmd, d.Reject, now, m.cfg.RefusalMemory)
 		case d.Event != nil:
 			Apply(conv, d.Event)
 			m.events = append(m.events, d.Event)
@@ -180,6 +189,7 @@ func (m *Writer) decide(now time.Time) {
 		for _, r := range m.replies {
 			m.answers = append(m.answers, r)
 		}
+		m.keepVerdicts(now)
 		m.endBatch()
 		m.housekeepOrIdle(now, false)
 		return
@@ -241,6 +251,7 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 		return
 	}
 	m.answers = append(m.answers, m.replies...)
+	m.keepVerdicts(now)
 	for i, e := range m.events {
 		if e.HasSeq() && i < len(offsets) {
 			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
@@ -299,16 +310,39 @@ func (m *Writer) failBatch(now time.Time, err error) {
 	// (With AcceptedBeforeCommit the batch was answered when its commit
 	// was sent.)
 	if !(m.cfg.Faults.AcceptedBeforeCommit && m.phase == PhaseCommitting) {
-		for _, c := range m.batch {
-			m.answer(c, Unavailable(c.ReqID, "the writer failed; retry with the same ids"), false, false)
+		// Only a commit that was sent may have written the batch's events.
+		sent := m.phase == PhaseCommitting
+		for i, c := range m.batch {
+			wrote := sent && i < len(m.replies) && m.replies[i].Wrote
+			m.answer(c, failedReply(c, wrote), false, false)
 		}
 	}
 	m.endBatch()
 	m.fail(now, err)
 }
 
+// failedReply is the answer to call c of a batch that failed; wrote: c's
+// event was in a commit whose outcome is unknown. Another attempt with the
+// same ids is safe unless it might apply c a second time: a command
+// without a key is not deduplicated, so its client must look at the
+// conversation first (docs/protocol.md, "Unknown outcomes"), as the
+// gateway tells it when a worker does not answer.
+func failedReply(c *Call, wrote bool) *protocol.Reply {
+	switch {
+	case !wrote:
+		return Unavailable(c.ReqID, "the writer failed; nothing was written for this command; retry with the same ids")
+	case c.Cmd.ClientMessageID != "" || c.Cmd.Op == protocol.OpRead:
+		// Dedupe answers a retry with the first result; a read marker
+		// recorded twice is recorded once.
+		return Unavailable(c.ReqID, "the writer failed while committing this command; retry with the same ids")
+	}
+	return Unavailable(c.ReqID, "the outcome of this command is unknown; look at the conversation before sending it again")
+}
+
 func (m *Writer) endBatch() {
 	m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil
+	clear(m.batchVerdicts)
+	m.batchVerdictOrder = m.batchVerdictOrder[:0]
 }
 
 // afterBatch returns to accepting once a batch is over.

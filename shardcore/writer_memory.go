@@ -14,8 +14,9 @@ import (
 
 // housekept bounds the writer's memory once persist's offset is known: it
 // forgets what persist has stored, trims every cached conversation's
-// dedupe to the configured bounds, and evicts conversations beyond
-// MaxConvs. Without persist's offset it trims nothing.
+// dedupe to the configured bounds, forgets the verdicts past
+// RefusalMemory, and evicts conversations beyond MaxConvs. Without
+// persist's offset it trims nothing.
 func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
 	defer m.afterBatch(now)
 	if !ok {
@@ -34,13 +35,12 @@ func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
 		m.unstored = append(m.unstored[:0], m.unstored[n:]...)
 	}
 	cutoff := now.Add(-m.cfg.DedupeMemory)
-	refusedBefore := now.Add(-m.cfg.RefusalMemory)
 	trimmed, held := 0, 0
 	for cid, conv := range m.convs {
 		trimmed += TrimDedupe(conv, m.storedUpTo(cid, conv), m.cfg.DedupeKeep, cutoff)
 		held += len(conv.Dedupe)
-		TrimRefusals(conv, refusedBefore)
 	}
+	m.verdicts.trim(now.Add(-m.cfg.RefusalMemory))
 	m.notice.Trimmed, m.notice.DedupeHeld = trimmed, held
 	if len(m.convs) > m.cfg.MaxConvs {
 		m.notice.Evicted = m.evict()
@@ -48,11 +48,13 @@ func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
 }
 
 // evict drops cached conversations whose events are all in durable state
-// (none listed unstored, as of the last read of persist's offset) and that
-// remember no rejection, until the cache is at 3/4 of MaxConvs; they are
-// reloaded on their next command. Conversations persist has not caught up
-// with stay: reloading them would miss their newest events, so the cache
-// is bounded by MaxConvs plus persist's lag.
+// (none listed unstored, as of the last read of persist's offset) until
+// the cache is at 3/4 of MaxConvs; they are reloaded on their next
+// command. Conversations persist has not caught up with stay: reloading
+// them would miss their newest events, so the cache is bounded by
+// MaxConvs plus persist's lag. The verdicts remembered for a
+// conversation's keys are the writer's, not the cached state's: evicting
+// it forgets none of them.
 func (m *Writer) evict() int {
 	target := m.cfg.MaxConvs * 3 / 4
 	n := 0
@@ -60,9 +62,7 @@ func (m *Writer) evict() int {
 		if len(m.convs) <= target {
 			break
 		}
-		// A conversation with remembered rejections stays: reloaded, it
-		// would decide their keys again (they expire within RefusalMemory).
-		if m.stored[cid] == nil && len(m.convs[cid].Refused) == 0 {
+		if m.stored[cid] == nil {
 			delete(m.convs, cid)
 			delete(m.rates, cid)
 			n++
@@ -109,10 +109,11 @@ func (m *Writer) storedUpTo(cid string, conv *Conv) int64 {
 }
 
 // allowSend takes a token from the conversation's message bucket for a new
-// send; a retry that dedupe answers costs nothing (it writes nothing). It
-// runs in the mailbox, before any seq is assigned.
-func (m *Writer) allowSend(conv *Conv, cmd *Command, now time.Time) (time.Duration, bool) {
-	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 || !m.here(conv, cmd.ConversationID) {
+// send; a retry that dedupe or its remembered verdict (prior) answers
+// costs nothing (it writes nothing). It runs in the mailbox, before any
+// seq is assigned.
+func (m *Writer) allowSend(conv *Conv, cmd *Command, prior *Verdict, now time.Time) (time.Duration, bool) {
+	if cmd.Op != protocol.OpSend || m.cfg.ConvRate <= 0 || prior != nil || !m.here(conv, cmd.ConversationID) {
 		return 0, true
 	}
 	if _, dup := conv.Dedupe[cmd.ClientMessageID]; dup {
