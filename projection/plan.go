@@ -30,13 +30,19 @@ type ReadOp struct {
 
 // Plan is what one batch of committed records does to the read model.
 type Plan struct {
-	Members []MemberOp // in log order
-	Convs   []Touched  // sorted by conversation id
-	Reads   []ReadOp   // one per (conversation, user), sorted
+	Members []MemberOp // by conversation, in seq order
+	// Seqs lists the conversation and seq of every event of the batch
+	// that takes a seq, for the projection's check that it applies each
+	// conversation's events in seq order (gapSQL).
+	SeqConvs []string
+	Seqs     []int64
+	Convs    []Touched // sorted by conversation id
+	Reads    []ReadOp  // one per (conversation, user), sorted
 }
 
 // PlanBatch turns a batch of decoded events (in log order per partition)
-// into membership changes and each conversation's seq range. It is pure:
+// into membership changes (each conversation's in seq order) and each
+// conversation's seq range. It is pure:
 // the projection applies the plan in one Postgres transaction.
 //
 // create opens a period for every listed member and the sender; join opens
@@ -66,6 +72,7 @@ func PlanBatch(events []*logrecord.Event) Plan {
 		if !e.HasSeq() || e.ConversationID == "" {
 			continue
 		}
+		p.SeqConvs, p.Seqs = append(p.SeqConvs, e.ConversationID), append(p.Seqs, e.Seq)
 		switch e.Kind {
 		case logrecord.KindCreate:
 			seen := map[string]bool{}
@@ -93,6 +100,14 @@ func PlanBatch(events []*logrecord.Event) Plan {
 			t.LastAt = e.CreatedAt
 		}
 	}
+	// A batch may hold a moved conversation's records of two partitions,
+	// the newer vshard's first: its membership changes apply in seq order.
+	sort.SliceStable(p.Members, func(a, b int) bool {
+		if p.Members[a].Conv != p.Members[b].Conv {
+			return p.Members[a].Conv < p.Members[b].Conv
+		}
+		return p.Members[a].Seq < p.Members[b].Seq
+	})
 	sort.Slice(p.Convs, func(a, b int) bool { return p.Convs[a].Conv < p.Convs[b].Conv })
 	sort.Slice(p.Reads, func(a, b int) bool {
 		if p.Reads[a].Conv != p.Reads[b].Conv {

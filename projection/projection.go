@@ -263,6 +263,46 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 
 // Statements of a batch, in the order apply queues them.
 const (
+	// gapSQL keeps the rule that a conversation's membership periods are
+	// those of its events in seq order, through every seq up to its
+	// projected last_seq, when a move spreads its events over two
+	// partitions that the projection may apply in either order. For each
+	// conversation of the batch ($1/$2: one row per event with a seq)
+	// whose seqs after its projected last_seq leave a hole below the
+	// batch's highest seq (hi) — a newer partition applied before the
+	// older one's tail — it writes every period from the events persist
+	// stored up to hi. Those are all there: the vshard a conversation
+	// moved to decides nothing for it until Postgres holds its moved
+	// record, and persist stores each partition in log order, so every
+	// earlier seq was stored before the first one on the new partition
+	// was written; and the projection applies a batch only once persist
+	// stored it. The batch's own changes then apply over it (they are
+	// idempotent), and the older partition's tail, applied later, changes
+	// nothing.
+	gapSQL = `WITH b AS (
+		  SELECT * FROM unnest($1::text[], $2::bigint[]) AS b(c, s)
+		), per AS (
+		  SELECT b.c, max(b.s) AS hi, coalesce(max(cv.last_seq), 0) AS lo,
+		         count(DISTINCT b.s) FILTER (WHERE b.s > coalesce(cv.last_seq, 0)) AS n
+		  FROM b LEFT JOIN conversations cv ON cv.conversation_id = b.c
+		  GROUP BY b.c
+		), gapped AS (
+		  SELECT c, hi FROM per WHERE hi > lo AND n < hi - lo
+		), ev AS (
+		  SELECT e.conversation_id AS c, e.seq, e.kind, e.sender, e.user_id, e.members
+		  FROM gapped g JOIN events e ON e.conversation_id = g.c AND e.seq <= g.hi
+		  WHERE e.kind IN ('create', 'join', 'kick', 'leave')
+		), joins AS (
+		  SELECT c, seq, user_id AS u FROM ev WHERE kind = 'join'
+		  UNION
+		  SELECT ev.c, ev.seq, m.u FROM ev, unnest(array_prepend(ev.sender, coalesce(ev.members, '{}'))) AS m(u)
+		  WHERE ev.kind = 'create' AND m.u <> ''
+		)
+		INSERT INTO memberships (conversation_id, user_id, joined_seq, left_seq)
+		SELECT j.c, j.u, j.seq, (SELECT min(l.seq) FROM ev l
+		  WHERE l.c = j.c AND l.user_id = j.u AND l.kind IN ('kick', 'leave') AND l.seq > j.seq)
+		FROM joins j
+		ON CONFLICT (conversation_id, user_id, joined_seq) DO UPDATE SET left_seq = EXCLUDED.left_seq`
 	joinSQL = `INSERT INTO memberships (conversation_id, user_id, joined_seq) VALUES ($1, $2, $3)
 		ON CONFLICT DO NOTHING`
 	leaveSQL = `UPDATE memberships SET left_seq = $3
@@ -318,6 +358,10 @@ const (
 func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
 	start := time.Now()
 	plan := PlanBatch(events)
+	gap := len(plan.Seqs) > 0
+	if gap {
+		b.Queue(gapSQL, plan.SeqConvs, plan.Seqs)
+	}
 	for _, m := range plan.Members {
 		if m.Join {
 			b.Queue(joinSQL, m.Conv, m.User, m.Seq)
@@ -346,6 +390,11 @@ func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 		}
 	}
 	read := func(br pgx.BatchResults) error {
+		if gap {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("projection: memberships before the batch: %w", err)
+			}
+		}
 		for range plan.Members {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("projection: memberships: %w", err)
