@@ -147,6 +147,10 @@ func TestIsolateUnderLoad(t *testing.T) {
 	retryEarlier("after releasing")
 	close(stop)
 	wg.Wait()
+	// Moved there and back, the conversation takes writes at once.
+	if r, err := owner.sendRetrying(hot, "after-the-moves", "still here"); err != nil || r.Op != protocol.OpAccepted {
+		t.Errorf("a send to %s after both moves answered %+v, %v; want accepted", hot, r, err)
+	}
 	accepted := l.finish()
 	checkWorld(t, dev.ep, accepted)
 
@@ -213,6 +217,14 @@ func TestIsolateUnderLoad(t *testing.T) {
 
 	// The watcher's device converges on the log, moved records included.
 	waitProjected(t, dev.ep, len(logRows))
+
+	// The read model agrees with the log across both moves: the
+	// projection applied the conversation's events of three partitions in
+	// seq order, so every membership period — the kicked member's above
+	// all — is the log's.
+	if got, want := projectedPeriods(t, dev.ep)[hot], periods(mine)[hot]; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("%s's membership periods in Postgres differ from the log's:\n got %v\nwant %v", hot, got, want)
+	}
 	last := mine[len(mine)-1].Seq
 	waitFor(t, 60*time.Second, "the watcher's device to hold the whole conversation", func() bool {
 		s := watcher.seqs(hot)

@@ -81,40 +81,11 @@ func TestKilledProjectionResumes(t *testing.T) {
 	rows := readLog(t, dev.ep)
 	waitProjected(t, dev.ep, len(rows))
 	want := periods(rows)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	got := map[string]map[string][][2]int64{}
-	var conv, user string
-	var joined int64
-	var left *int64
-	prows, err := conn.Query(ctx, `SELECT conversation_id, user_id, joined_seq, left_seq FROM memberships ORDER BY conversation_id, user_id, joined_seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n = 0
-	if _, err := pgx.ForEachRow(prows, []any{&conv, &user, &joined, &left}, func() error {
-		n++
-		if got[conv] == nil {
-			got[conv] = map[string][][2]int64{}
-		}
-		to := int64(1 << 62)
-		if left != nil {
-			to = *left
-		}
-		got[conv][user] = append(got[conv][user], [2]int64{joined, to})
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := projectedPeriods(t, dev.ep)
 	if fmt.Sprint(sortedPeriods(got)) != fmt.Sprint(sortedPeriods(want)) {
 		t.Errorf("membership periods in Postgres differ from the log's:\n got %v\nwant %v", sortedPeriods(got), sortedPeriods(want))
 	}
-	t.Logf("%d membership periods, %d of them in pk: %v", n, len(got["pk"]), got["pk"])
+	t.Logf("%d periods in pk: %v", len(got["pk"]), got["pk"])
 
 	byConv := map[string][]row{}
 	for _, r := range rows {
@@ -158,4 +129,39 @@ func sortedPeriods(m map[string]map[string][][2]int64) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// projectedPeriods reads the projection's membership periods, in the shape
+// periods gives the log's.
+func projectedPeriods(t *testing.T, ep endpoints) map[string]map[string][][2]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, ep.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	got := map[string]map[string][][2]int64{}
+	var conv, user string
+	var joined int64
+	var left *int64
+	prows, err := conn.Query(ctx, `SELECT conversation_id, user_id, joined_seq, left_seq FROM memberships ORDER BY conversation_id, user_id, joined_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.ForEachRow(prows, []any{&conv, &user, &joined, &left}, func() error {
+		if got[conv] == nil {
+			got[conv] = map[string][][2]int64{}
+		}
+		to := int64(1 << 62)
+		if left != nil {
+			to = *left
+		}
+		got[conv][user] = append(got[conv][user], [2]int64{joined, to})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
