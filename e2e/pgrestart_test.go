@@ -454,27 +454,7 @@ func checkReadModel(t *testing.T, ep endpoints) {
 	}
 	defer conn.Close(context.Background())
 
-	got := map[string]map[string][][2]int64{}
-	var conv, user string
-	var joined int64
-	var left *int64
-	mrows, err := conn.Query(ctx, `SELECT conversation_id, user_id, joined_seq, left_seq FROM memberships ORDER BY conversation_id, user_id, joined_seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pgx.ForEachRow(mrows, []any{&conv, &user, &joined, &left}, func() error {
-		if got[conv] == nil {
-			got[conv] = map[string][][2]int64{}
-		}
-		to := int64(1 << 62)
-		if left != nil {
-			to = *left
-		}
-		got[conv][user] = append(got[conv][user], [2]int64{joined, to})
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := projectedPeriods(t, ep)
 	if g, w := fmt.Sprint(sortedPeriods(got)), fmt.Sprint(sortedPeriods(periods(rows))); g != w {
 		t.Errorf("membership periods in Postgres differ from the log's:\n got %s\nwant %s", g, w)
 	}
