@@ -18,6 +18,9 @@ import (
 type Override struct {
 	VShard int       `json:"vshard"`
 	Since  time.Time `json:"since"`
+	// Rev is the key's mod revision as read (not stored in the value): a
+	// compare-and-swap on the override names it.
+	Rev int64 `json:"-"`
 }
 
 func routesPrefix(prefix string) string { return prefix + "routes/" }
@@ -37,6 +40,7 @@ func Overrides(ctx context.Context, cli *clientv3.Client, prefix string) (map[st
 		if err := json.Unmarshal(kv.Value, &o); err != nil {
 			return nil, fmt.Errorf("lease: decode override %s: %w", kv.Key, err)
 		}
+		o.Rev = kv.ModRevision
 		out[strings.TrimPrefix(string(kv.Key), routesPrefix(prefix))] = o
 	}
 	return out, nil
@@ -70,6 +74,28 @@ func DeleteOverride(ctx context.Context, cli *clientv3.Client, prefix, cid strin
 	return resp.Succeeded, nil
 }
 
+// ReleaseOverride deletes conversation cid's override if it is still at
+// mod revision rev and the owner row of vshard v is still at mod revision
+// ownerRev; it reports whether it did. The writer of the conversation's
+// hashed vshard calls it once its state holds the conversation and the
+// override names that vshard (a release): only the writer that holds a
+// conversation moves it, and one that has read the override naming its
+// own vshard moves it nowhere, so no move decided on an older route can
+// follow. The owner row's revision keeps a writer that lost the vshard
+// (its row was written since) from deleting it for the new owner, whose
+// view may not have reached the override yet.
+func ReleaseOverride(ctx context.Context, cli *clientv3.Client, prefix, cid string, rev int64, v int, ownerRev int64) (bool, error) {
+	key := RouteKey(prefix, cid)
+	resp, err := cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(key), "=", rev),
+		clientv3.Compare(clientv3.ModRevision(shardKey(prefix, v)), "=", ownerRev),
+	).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return false, fmt.Errorf("lease: release override of %s: %w", cid, err)
+	}
+	return resp.Succeeded, nil
+}
+
 // OverrideRev reads conversation cid's override and its mod revision (0:
 // none).
 func OverrideRev(ctx context.Context, cli *clientv3.Client, prefix, cid string) (Override, int64, error) {
@@ -84,5 +110,6 @@ func OverrideRev(ctx context.Context, cli *clientv3.Client, prefix, cid string) 
 	if err := json.Unmarshal(resp.Kvs[0].Value, &o); err != nil {
 		return Override{}, 0, fmt.Errorf("lease: decode override of %s: %w", cid, err)
 	}
-	return o, resp.Kvs[0].ModRevision, nil
+	o.Rev = resp.Kvs[0].ModRevision
+	return o, o.Rev, nil
 }

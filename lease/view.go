@@ -210,6 +210,7 @@ func (w *Watcher) applyLocked(v *View, key string, val []byte, modRev int64, del
 			w.log.Error("bad override", "key", key, "err", err)
 			return
 		}
+		o.Rev = modRev
 		if w.routes == nil {
 			w.routes = map[string]Override{}
 		}

@@ -220,3 +220,64 @@ func BenchmarkHolds(b *testing.B) {
 		st.Holds(c, "conversation-0123456789")
 	}
 }
+
+// An override that names a conversation's hashed vshard is a release:
+// that vshard's writer reports it (Notice.Released) only once its state
+// says the conversation is here, which is once durable state holds the
+// moved record that brings it home; until then it looks again, less and
+// less often. A dedicated writer that an override names reports nothing.
+func TestWriterReleasesOnlyWhatIsHere(t *testing.T) {
+	h := newHarness(t, func(c *WriterConfig) { c.VShards, c.MoveRetry, c.MoveRetryMax = 4, time.Second, 4*time.Second })
+	c1 := convAt(3, 4)
+	h.takeOver()
+	h.m.Route(h.now, c1, 3)
+	look := func(conv *Conv) Ready {
+		t.Helper()
+		h.tick()
+		h.want(EffectLoadState)
+		h.m.StateLoaded(h.now, map[string]*Conv{c1: conv}, nil, nil)
+		return h.ready()
+	}
+	away := func(seq int64, to int) *Conv {
+		conv := NewConv()
+		Apply(conv, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: c1, Seq: 1, Sender: "u1", Members: []string{"u1"}})
+		for i, v := range []int{6, to} {
+			Apply(conv, &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: c1, Seq: seq + int64(i), ToVShard: &v})
+		}
+		return conv
+	}
+	// Durable state has it at vshard 6 still (the move home is not
+	// stored yet): nothing to release, look again later.
+	for _, wait := range []time.Duration{time.Second, 2 * time.Second} {
+		rd := look(away(2, 6))
+		if len(rd.Notice.Released) != 0 || h.last != nil || !rd.Wake.Equal(h.now.Add(wait)) {
+			t.Fatalf("released %v, effect %v, wake in %v; want nothing until the move home is stored, a look in %v", rd.Notice.Released, h.last, rd.Wake.Sub(h.now), wait)
+		}
+		h.now = rd.Wake
+	}
+	// The moved record home is stored: released, without writing.
+	rd := look(away(2, 3))
+	if fmt.Sprint(rd.Notice.Released) != "["+c1+"]" || h.last != nil {
+		t.Fatalf("released %v, effect %v; want %s released, nothing written", rd.Notice.Released, h.last, c1)
+	}
+	// Until Unroute, each look reports it again (a failed delete is
+	// tried again); after it, nothing is looked at.
+	h.now = rd.Wake
+	rd = h.tick() // (cached and here: nothing to load)
+	if fmt.Sprint(rd.Notice.Released) != "["+c1+"]" {
+		t.Fatalf("second look: released %v", rd.Notice.Released)
+	}
+	h.m.Unroute(c1)
+	if h.m.Moving() != 0 {
+		t.Fatalf("moving %d after Unroute", h.m.Moving())
+	}
+
+	// A dedicated vshard named by its conversation's override is where it
+	// is isolated to, not a release.
+	d := newHarness(t, func(c *WriterConfig) { c.VShard, c.VShards, c.Dedicated = 6, 4, true })
+	d.takeOver()
+	d.m.Route(d.now, c1, 6)
+	if d.m.Moving() != 0 {
+		t.Fatalf("a dedicated writer looks after %d conversations routed to it", d.m.Moving())
+	}
+}

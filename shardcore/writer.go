@@ -91,10 +91,16 @@ type Writer struct {
 	// it here — so it is looked at again, less and less often (moveWait),
 	// while the override stands. batchMoves are the ones the batch in
 	// hand looks at.
-	moves      map[string]int
-	moveAt     time.Time
-	moveWait   time.Duration
-	batchMoves []string
+	//
+	// A conversation released to this vshard (its hashed one) is looked
+	// after the same way, in moves with this vshard as its target: each
+	// look that finds it here reports it (Notice.Released) once its batch
+	// is over; batchReleased are the ones the batch in hand found here.
+	moves         map[string]int
+	moveAt        time.Time
+	moveWait      time.Duration
+	batchMoves    []string
+	batchReleased []string
 	// unpin: a batch met a conversation that is not here and that events
 	// persist may not have stored keep cached; persist's offset is read
 	// at the next housekeeping pass even without a commit.
@@ -337,6 +343,11 @@ type Notice struct {
 	VerdictsDropped int
 	// Moved lists the conversations whose moved event was committed.
 	Moved []string
+	// Released lists the conversations whose override names this vshard,
+	// their hashed one, and whose state here says they are here: their
+	// override may be deleted (lease.ReleaseOverride). Reported after each
+	// look that finds them here, until Unroute.
+	Released []string
 	// Arrived holds, for each conversation that was not here and is now
 	// (loaded again after its moved record was stored), how long after
 	// that record's created_at it arrived.
@@ -474,8 +485,14 @@ func (m *Writer) Tick(now time.Time) {
 // every override of a conversation that may be here — at its hashed
 // vshard and at every dedicated one — when the writer starts and whenever
 // the override changes.
+//
+// An override that names this writer's vshard when that is the
+// conversation's hashed vshard is a release in progress: once this
+// writer's state holds the conversation it reports it in
+// Notice.Released, and the driver deletes the override
+// (lease.ReleaseOverride). It looks, like at a move, until Unroute.
 func (m *Writer) Route(now time.Time, cid string, to int) {
-	if to == m.cfg.VShard {
+	if to == m.cfg.VShard && !m.isHome(cid) {
 		delete(m.moves, cid)
 		if m.cfg.Faults.AcceptBeforeMoved {
 			if m.inbound == nil {
@@ -496,6 +513,12 @@ func (m *Writer) Route(now time.Time, cid string, to int) {
 	}
 }
 
+// isHome reports whether this writer's vshard is conversation cid's
+// hashed vshard (with VShards 0: whether it is not dedicated).
+func (m *Writer) isHome(cid string) bool {
+	return !m.cfg.Dedicated && (m.cfg.VShards == 0 || logrecord.VShard(cid, m.cfg.VShards) == m.cfg.VShard)
+}
+
 // Unroute tells the writer that no override names conversation cid any
 // more.
 func (m *Writer) Unroute(cid string) {
@@ -503,8 +526,8 @@ func (m *Writer) Unroute(cid string) {
 	delete(m.inbound, cid)
 }
 
-// Moving is the number of conversations routed elsewhere that the writer
-// still looks after.
+// Moving is the number of conversations routed elsewhere, or released
+// to this vshard, that the writer still looks after.
 func (m *Writer) Moving() int { return len(m.moves) }
 
 func (m *Writer) movesDue(now time.Time) bool {
@@ -813,7 +836,7 @@ func (m *Writer) finish() {
 	for _, c := range m.queue {
 		m.answer(c, Unavailable(c.ReqID, "vshard %d is moving to another worker", m.cfg.VShard), true, false)
 	}
-	m.queue, m.convs, m.tail, m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil, nil, nil, nil
+	m.queue, m.convs, m.tail, m.batch, m.replies, m.events, m.batchMoves, m.batchReleased = nil, nil, nil, nil, nil, nil, nil, nil
 	m.verdicts, m.batchVerdicts, m.batchVerdictOrder = verdictTable{}, nil, nil
 	m.effect, m.wake = nil, time.Time{}
 	m.phase = PhaseDone

@@ -190,6 +190,7 @@ func (m *Writer) decide(now time.Time) {
 			m.answers = append(m.answers, r)
 		}
 		m.keepVerdicts(now)
+		m.notice.Released = append(m.notice.Released, m.batchReleased...)
 		m.endBatch()
 		m.housekeepOrIdle(now, false)
 		return
@@ -212,7 +213,8 @@ func (m *Writer) decide(now time.Time) {
 
 // decideMoves looks at the batch's conversations routed elsewhere: one
 // that is here gets its moved event (after the batch's commands, which
-// were decided here). It returns how many moved events it added.
+// were decided here); one released to this vshard that is here is noted
+// for Notice.Released. It returns how many moved events it added.
 func (m *Writer) decideMoves(now time.Time) (int, error) {
 	n := 0
 	for _, cid := range m.batchMoves {
@@ -227,6 +229,12 @@ func (m *Writer) decideMoves(now time.Time) (int, error) {
 		}
 		if !m.here(conv, cid) {
 			m.notHerePinned(cid)
+			continue
+		}
+		if to == m.cfg.VShard {
+			// Released to this vshard, and here: the override has done
+			// its work.
+			m.batchReleased = append(m.batchReleased, cid)
 			continue
 		}
 		{
@@ -252,6 +260,7 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 	}
 	m.answers = append(m.answers, m.replies...)
 	m.keepVerdicts(now)
+	m.notice.Released = append(m.notice.Released, m.batchReleased...)
 	for i, e := range m.events {
 		if e.HasSeq() && i < len(offsets) {
 			m.markUnstored(e.ConversationID, e.Seq, offsets[i])
@@ -340,7 +349,7 @@ func failedReply(c *Call, wrote bool) *protocol.Reply {
 }
 
 func (m *Writer) endBatch() {
-	m.batch, m.replies, m.events, m.batchMoves = nil, nil, nil, nil
+	m.batch, m.replies, m.events, m.batchMoves, m.batchReleased = nil, nil, nil, nil, nil
 	clear(m.batchVerdicts)
 	m.batchVerdictOrder = m.batchVerdictOrder[:0]
 }

@@ -39,8 +39,12 @@ type shard struct {
 	w     *Worker
 	v     int
 	epoch int64
-	part  int32
-	log   *slog.Logger
+	// ownerRev is the mod revision of the owner row that started this
+	// writer (the row changes only with the epoch): releasing an override
+	// is conditional on it.
+	ownerRev int64
+	part     int32
+	log      *slog.Logger
 
 	in     chan *shardcore.Call
 	ctx    context.Context
@@ -63,6 +67,11 @@ type shard struct {
 	rmu      sync.Mutex
 	routeQ   []routeUpdate
 	routeSig chan struct{}
+	// told is the last override of each conversation handed to the
+	// writer (owned by run's loop): a release deletes the override only
+	// at the revision the writer last heard of, so that no older route it
+	// has yet to act on can follow the delete.
+	told map[string]lease.Override
 }
 
 // routeUpdate is one override change for the writer (shardcore's Route
@@ -70,6 +79,7 @@ type shard struct {
 type routeUpdate struct {
 	conv   string
 	to     int
+	rev    int64 // the override's mod revision
 	routed bool
 }
 
@@ -93,19 +103,46 @@ func (s *shard) takeRoutes() {
 	now := time.Now()
 	for _, u := range q {
 		if u.routed {
+			s.told[u.conv] = lease.Override{VShard: u.to, Rev: u.rev}
 			s.m.Route(now, u.conv, u.to)
 		} else {
+			delete(s.told, u.conv)
 			s.m.Unroute(u.conv)
 		}
 	}
 }
 
-func newShard(w *Worker, v int, epoch int64) *shard {
+// release deletes conversation cid's override, which the writer reports
+// here and released to this vshard (Notice.Released), if it is still the
+// override the writer last heard of and this writer's owner row is
+// unchanged (lease.ReleaseOverride). A delete that fails leaves the
+// override: the writer reports it again at its next look.
+func (s *shard) release(cid string) {
+	o, ok := s.told[cid]
+	if !ok || o.VShard != s.v {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 3*time.Second)
+	defer cancel()
+	done, err := lease.ReleaseOverride(ctx, s.w.cfg.Etcd, s.w.cfg.Prefix, cid, o.Rev, s.v, s.ownerRev)
+	switch {
+	case err != nil:
+		s.log.Warn("cannot remove the override of a conversation that is home; trying again at the next look", "conversation", cid, "err", err)
+	case done:
+		s.w.stats.Releases.Add(1)
+		s.log.Info("conversation home: override removed", "conversation", cid)
+	default:
+		s.log.Debug("override changed before its release", "conversation", cid)
+	}
+}
+
+func newShard(w *Worker, v int, row lease.Row) *shard {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &shard{
-		w: w, v: v, epoch: epoch, part: w.layout().Partition(v), routeSig: make(chan struct{}, 1),
-		log: w.log.With("vshard", v, "epoch", epoch),
-		in:  make(chan *shardcore.Call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		w: w, v: v, epoch: row.Epoch, ownerRev: row.ModRevision, part: w.layout().Partition(v), routeSig: make(chan struct{}, 1),
+		told: map[string]lease.Override{},
+		log:  w.log.With("vshard", v, "epoch", row.Epoch),
+		in:   make(chan *shardcore.Call, w.cfg.QueueLen), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		entropy: ulid.Monotonic(rand.Reader, 0),
 	}
 }
@@ -286,6 +323,9 @@ func (s *shard) act(rd *shardcore.Ready) {
 	for _, cid := range n.Moved {
 		s.w.stats.ConvMoves.Add(1)
 		s.log.Info("conversation moved out", "conversation", cid)
+	}
+	for _, cid := range n.Released {
+		s.release(cid)
 	}
 	for _, d := range n.Arrived {
 		s.w.arrivalSeconds.Observe(d.Seconds())

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
@@ -16,7 +17,7 @@ import (
 func TestShardWaitsForItsTurnToTakeOver(t *testing.T) {
 	w := &Worker{cfg: Config{QueueLen: 4, VShards: 8, Partitions: 2}, log: slog.New(slog.DiscardHandler), takeovers: make(chan struct{}, 1)}
 	w.takeovers <- struct{}{} // another vshard's turn
-	s := newShard(w, 3, 1)
+	s := newShard(w, 3, lease.Row{Owner: lease.Owner{Epoch: 1}})
 	var got *protocol.Reply
 	var retry bool
 	if !s.submit(&shardcore.Call{ReqID: "r1", Tag: replyFunc(func(r *protocol.Reply, rt bool) { got, retry = r, rt })}) {

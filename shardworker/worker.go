@@ -198,6 +198,9 @@ type Stats struct {
 	// ConvMoves counts the moved records this worker's writers committed
 	// (a conversation isolated to, or released from, a dedicated vshard).
 	ConvMoves atomic.Int64
+	// Releases counts the overrides this worker's writers removed: a
+	// released conversation was home (lease.ReleaseOverride).
+	Releases atomic.Int64
 }
 
 // Worker owns some vshards and runs their writers.
@@ -281,6 +284,7 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
 			func() float64 { return float64(len(w.Owned())) }),
 		counter("chatpipe_worker_conversation_moves_total", "Moved records committed: conversations isolated to or released from a dedicated vshard.", &w.stats.ConvMoves),
+		counter("chatpipe_worker_overrides_released_total", "Overrides removed by the writer of a released conversation's hashed vshard once it held the conversation again.", &w.stats.Releases),
 		w.takeoverSeconds,
 		w.commitSeconds,
 		w.arrivalSeconds,
@@ -443,9 +447,9 @@ func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *l
 				cur = nil
 			}
 			if mine && cur == nil {
-				s := newShard(w, v, row.Epoch)
+				s := newShard(w, v, row)
 				for cid, o := range now {
-					w.tell(s, cid, o.VShard, true)
+					w.tell(s, cid, o, true)
 				}
 				w.shards[v] = s
 				w.wg.Add(1)
@@ -453,12 +457,12 @@ func (w *Worker) manage(ctx context.Context, reg *lease.Registration, watcher *l
 			} else if cur != nil {
 				for cid, o := range now {
 					if prev, ok := routes[cid]; !ok || prev != o {
-						w.tell(cur, cid, o.VShard, true)
+						w.tell(cur, cid, o, true)
 					}
 				}
 				for cid := range routes {
 					if _, ok := now[cid]; !ok {
-						w.tell(cur, cid, 0, false)
+						w.tell(cur, cid, lease.Override{}, false)
 					}
 				}
 			}
@@ -492,12 +496,12 @@ func (w *Worker) layout() logrecord.Layout {
 	return logrecord.Layout{VShards: w.cfg.VShards, Partitions: w.cfg.Partitions, Dedicated: w.cfg.Dedicated}
 }
 
-// tell feeds shard s an override of conversation cid (routed: to vshard
-// to; else removed) if the conversation may be at s's vshard: its hashed
-// one, or any dedicated one.
-func (w *Worker) tell(s *shard, cid string, to int, routed bool) {
+// tell feeds shard s override o of conversation cid (routed; else it was
+// removed) if the conversation may be at s's vshard: its hashed one, or
+// any dedicated one.
+func (w *Worker) tell(s *shard, cid string, o lease.Override, routed bool) {
 	if w.layout().MayHold(s.v, cid) {
-		s.route(routeUpdate{conv: cid, to: to, routed: routed})
+		s.route(routeUpdate{conv: cid, to: o.VShard, rev: o.Rev, routed: routed})
 	}
 }
 
