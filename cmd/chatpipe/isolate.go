@@ -22,7 +22,7 @@ type isolateFlags struct {
 }
 
 func addIsolateFlags(fs *flag.FlagSet) isolateFlags {
-	f := isolateFlags{inf: addInfraFlags(fs), wait: fs.Duration("wait", 30*time.Second, "how long to wait for the move to be committed and stored (needs --database-url)")}
+	f := isolateFlags{inf: addInfraFlags(fs), wait: fs.Duration("wait", 30*time.Second, "how long to wait for the move: isolate, for its moved record to be stored (needs --database-url); unisolate, for the conversation to be home")}
 	checkFlags(fs, positive("wait"))
 	return f
 }
@@ -108,7 +108,7 @@ func adminIsolate(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s's override changed meanwhile; run the command again", cid)
 		}
 	}
-	return waitMoved(ctx, db, cid, target, false, *f.wait)
+	return waitMoved(ctx, db, cid, target, *f.wait)
 }
 
 // pickDedicated is the dedicated vshard to isolate cid to: want if given
@@ -139,8 +139,10 @@ func pickDedicated(l logrecord.Layout, routes map[string]lease.Override, cid str
 }
 
 // adminUnisolate routes a conversation back to its hashed vshard: the
-// override names the hashed vshard until the conversation is there, then
-// it is deleted.
+// override names the hashed vshard, the writer that has the conversation
+// moves it there, and that vshard's writer deletes the override once its
+// state holds the conversation (docs/architecture.md rule 22). It waits
+// for the delete.
 func adminUnisolate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin unisolate", flag.ContinueOnError)
 	f := addIsolateFlags(fs)
@@ -149,7 +151,7 @@ func adminUnisolate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer r.close()
-	cli, db, cid := r.cli, r.db, r.cid
+	cli, cid := r.cli, r.cid
 	home := logrecord.VShard(cid, r.cfg.VShards)
 	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
 	if err != nil {
@@ -170,20 +172,32 @@ func adminUnisolate(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if db == nil {
-		fmt.Printf("%s is routed to its hashed vshard %d; run this again with --database-url once it is there to remove the override\n", cid, home)
-		return nil
+	return waitReleased(ctx, cli, cid, home, rev, *f.wait)
+}
+
+// waitReleased waits until conversation cid's override, naming its hashed
+// vshard home at mod revision rev, is deleted: by the writer of home, once
+// its state holds the conversation.
+func waitReleased(ctx context.Context, cli *clientv3.Client, cid string, home int, rev int64, wait time.Duration) error {
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), wait)
+	defer cancel()
+	for resp := range cli.Watch(wctx, lease.RouteKey(lease.DefaultPrefix, cid), clientv3.WithRev(rev+1)) {
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("watch %s's override: %w", cid, err)
+		}
+		for _, ev := range resp.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				fmt.Printf("%s is home at vshard %d: its writer removed the override %v after it was set\n", cid, home, time.Since(start).Round(time.Millisecond))
+				return nil
+			}
+			return fmt.Errorf("%s's override changed meanwhile (%s); it was not released", cid, ev.Kv.Value)
+		}
 	}
-	if err := waitMoved(ctx, db, cid, home, true, *f.wait); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	if ok, err := lease.DeleteOverride(ctx, cli, lease.DefaultPrefix, cid, rev); err != nil {
-		return err
-	} else if !ok {
-		return fmt.Errorf("%s's override changed meanwhile; it was left in place", cid)
-	}
-	fmt.Printf("%s: override removed\n", cid)
-	return nil
+	return fmt.Errorf("%s is routed to its hashed vshard %d, but is not back there after %v: the override stays, the writers keep moving it home, and vshard %d's writer removes the override once it holds the conversation (is a worker running? is persist? the move home waits for persist to store the moved record)", cid, home, wait, home)
 }
 
 // locationSQL is where Postgres says a conversation is written: the
@@ -191,9 +205,8 @@ func adminUnisolate(ctx context.Context, args []string) error {
 const locationSQL = `SELECT to_vshard, seq, created_at FROM events WHERE conversation_id = $1 AND kind = 'moved' ORDER BY seq DESC LIMIT 1`
 
 // waitMoved waits until Postgres says conversation cid is at vshard to:
-// its last moved record names it (or, to its hashed vshard (home), it
-// never moved). Without db it only says what it did.
-func waitMoved(ctx context.Context, db *pgxpool.Pool, cid string, to int, home bool, wait time.Duration) error {
+// its last moved record names it. Without db it only says what it did.
+func waitMoved(ctx context.Context, db *pgxpool.Pool, cid string, to int, wait time.Duration) error {
 	if db == nil {
 		fmt.Printf("%s is routed to vshard %d (give --database-url to wait for the move)\n", cid, to)
 		return nil
@@ -208,10 +221,6 @@ func waitMoved(ctx context.Context, db *pgxpool.Pool, cid string, to int, home b
 		err := db.QueryRow(ctx, locationSQL, cid).Scan(&at, &seq, &when)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			if home {
-				fmt.Printf("%s is at its hashed vshard %d (it never moved)\n", cid, to)
-				return nil
-			}
 		case err != nil && ctx.Err() == nil:
 			return fmt.Errorf("read %s's location: %w", cid, err)
 		case err == nil && at != nil && int(*at) == to:
