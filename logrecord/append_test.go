@@ -32,6 +32,10 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 		{Kind: logrecord.KindMoved, ConversationID: "c", Seq: 4, ToVShard: &to, CreatedAt: at},
 		{Kind: logrecord.KindMoved, ConversationID: "c", Seq: 4, ToVShard: &far, CreatedAt: at, VShard: -1, Epoch: -3},
 		{Kind: logrecord.KindRead, ConversationID: "c", UserID: "u", ReadSeq: 12, CreatedAt: at},
+		{Kind: logrecord.KindMoved, ConversationID: "c", Seq: 4, ToVShard: &to, CreatedAt: at, Verdicts: []logrecord.Verdict{
+			{ClientMessageID: "k<1>", Sender: "u2", Op: "send", Code: "forbidden", Message: "u2 is not a member of c", At: at},
+			{ClientMessageID: "j", Sender: "u1", Op: "join", Seq: 3, At: at.Add(time.Second)},
+		}},
 		{Kind: logrecord.KindMessage, ConversationID: "c", Seq: 1, Body: "\xff\xfe bad utf-8", CreatedAt: at},
 		{Kind: logrecord.KindMessage, CreatedAt: time.Time{}},
 		{Kind: logrecord.KindMessage, CreatedAt: at.In(time.FixedZone("x", 5*3600+30*60))},

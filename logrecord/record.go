@@ -17,12 +17,14 @@ import (
 
 // Version is the newest schema version this build reads and writes. A
 // record carries the lowest version that can read it (VersionOf): version
-// 2 added the moved kind and version 3 the read kind, so only moved
-// records say 2 and read records 3, and an older consumer reads every
-// other record and stops at the first it cannot.
-const Version = 3
+// 2 added the moved kind, version 3 the read kind and version 4 a moved
+// record's verdicts, so only moved records say 2 (4 when they carry
+// verdicts) and read records 3, and an older consumer reads every other
+// record and stops at the first it cannot.
+const Version = 4
 
-// VersionOf is the schema version a record of kind is written with.
+// VersionOf is the schema version a record of kind is written with (a
+// moved record with verdicts: 4, see Event.Version).
 func VersionOf(kind string) int {
 	switch kind {
 	case KindMoved:
@@ -82,6 +84,34 @@ type Event struct {
 	ToVShard *int `json:"to_vshard,omitempty"`
 	// ReadSeq is a read record's marker.
 	ReadSeq int64 `json:"read_seq,omitempty"`
+	// Verdicts (moved, version 4) are the answers the writer gave keyed
+	// commands of the conversation without writing anything that it
+	// still remembered: the writer the conversation moves to gives
+	// another attempt of such a key the same answer (docs/protocol.md,
+	// "Attempts in flight").
+	Verdicts []Verdict `json:"verdicts,omitempty"`
+}
+
+// Verdict is one remembered answer a moved record carries: to sender's op
+// with client_message_id, at At, a rejection (Code and Message), or, with
+// no Code, an acceptance that wrote nothing at Seq (a join of a member).
+type Verdict struct {
+	ClientMessageID string    `json:"client_message_id"`
+	Sender          string    `json:"sender"`
+	Op              string    `json:"op"`
+	Code            string    `json:"code,omitempty"`
+	Message         string    `json:"message,omitempty"`
+	Seq             int64     `json:"seq,omitempty"`
+	At              time.Time `json:"at"`
+}
+
+// Version is the schema version e is written with: VersionOf its kind, or
+// 4 for a moved record that carries verdicts.
+func (e *Event) Version() int {
+	if e.Kind == KindMoved && len(e.Verdicts) > 0 {
+		return 4
+	}
+	return VersionOf(e.Kind)
 }
 
 // HasSeq reports whether the record is an event of its conversation, with
@@ -113,7 +143,7 @@ func (e *Event) Headers() [][2]string {
 // FuzzAppendJSON), and so are the refusals (a created_at that RFC 3339
 // cannot hold).
 func (e *Event) Marshal() ([]byte, error) {
-	e.V = VersionOf(e.Kind)
+	e.V = e.Version()
 	b := make([]byte, 0, 256+len(e.Body))
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(e.V), 10)
@@ -145,6 +175,14 @@ func (e *Event) Marshal() ([]byte, error) {
 		b = strconv.AppendInt(append(b, `,"to_vshard":`...), int64(*e.ToVShard), 10)
 	}
 	b = jsonenc.IntField(b, `,"read_seq":`, e.ReadSeq)
+	if len(e.Verdicts) > 0 {
+		// Only moved records carry them, a few at most: by reflection.
+		v, err := json.Marshal(e.Verdicts)
+		if err != nil {
+			return nil, fmt.Errorf("logrecord: encode a moved record's verdicts: %w", err)
+		}
+		b = append(append(b, `,"verdicts":`...), v...)
+	}
 	return append(b, '}'), nil
 }
 
@@ -217,6 +255,9 @@ func (e *Event) check() error {
 	case KindMoved:
 		if e.V < 2 || e.ConversationID == "" || e.Seq <= 0 || e.ToVShard == nil || *e.ToVShard < 0 {
 			return fmt.Errorf("%w: moved event without version 2, conversation_id, seq or to_vshard", ErrMalformed)
+		}
+		if len(e.Verdicts) > 0 && e.V < 4 {
+			return fmt.Errorf("%w: moved event with verdicts in version %d", ErrMalformed, e.V)
 		}
 	case KindRead:
 		if e.V < 3 || e.ConversationID == "" || e.Seq != 0 || e.UserID == "" || e.ReadSeq <= 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestUnmarshalErrors: a newer version is told apart from a record no
@@ -14,9 +15,9 @@ func TestUnmarshalErrors(t *testing.T) {
 		value string
 		want  error
 	}{
-		{`{"v":4,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
-		{`{"v":4,"kind":"message","seq":"one","members":{"a":1}}`, ErrUnsupportedVersion},
-		{`{"v":4,"kind":"reaction"}`, ErrUnsupportedVersion},
+		{`{"v":5,"kind":"message","conversation_id":"c","seq":1}`, ErrUnsupportedVersion},
+		{`{"v":5,"kind":"message","seq":"one","members":{"a":1}}`, ErrUnsupportedVersion},
+		{`{"v":5,"kind":"reaction"}`, ErrUnsupportedVersion},
 		{`{"v":3,"kind":"reaction","conversation_id":"c","seq":1}`, ErrMalformed},
 		{`{"v":2,"kind":"read","conversation_id":"c","user_id":"u","read_seq":3}`, ErrMalformed},
 		{`{"v":3,"kind":"read","conversation_id":"c","user_id":"u","read_seq":3,"seq":4}`, ErrMalformed},
@@ -79,5 +80,31 @@ func TestMovedRecordRoundTrip(t *testing.T) {
 	l := Layout{VShards: 8, Partitions: 4, Dedicated: 2}
 	if l.Partition(5) != 1 || l.Partition(8) != 4 || l.Partition(9) != 5 || l.TopicPartitions() != 6 || !l.IsDedicated(9) || l.IsDedicated(7) || l.IsDedicated(10) {
 		t.Fatalf("layout %+v maps wrongly", l)
+	}
+}
+
+// A moved record that carries verdicts is version 4, and they survive the
+// round trip; one without says 2; one that claims verdicts in version 2
+// is malformed.
+func TestMovedVerdictsRoundTrip(t *testing.T) {
+	to := 6
+	at := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	e := &Event{Kind: KindMoved, ConversationID: "c", Seq: 9, MessageID: "m", ToVShard: &to, VShard: 3, CreatedAt: at,
+		Verdicts: []Verdict{{ClientMessageID: "k", Sender: "u2", Op: "send", Code: "forbidden", Message: "no", At: at}}}
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Unmarshal(b)
+	if err != nil || got.V != 4 || len(got.Verdicts) != 1 || got.Verdicts[0] != e.Verdicts[0] {
+		t.Fatalf("Unmarshal(%s) = %+v, %v", b, got, err)
+	}
+	e.Verdicts = nil
+	if b, _ := e.Marshal(); e.V != 2 {
+		t.Fatalf("a moved record without verdicts: %s", b)
+	}
+	bad := `{"v":2,"kind":"moved","conversation_id":"c","seq":9,"to_vshard":6,"created_at":"2026-12-06T04:00:00Z","vshard":3,"epoch":0,"verdicts":[{"client_message_id":"k","sender":"u","op":"send","at":"2026-12-06T04:00:00Z"}]}`
+	if _, err := Unmarshal([]byte(bad)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("verdicts in version 2: %v, want malformed", err)
 	}
 }

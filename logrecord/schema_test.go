@@ -47,6 +47,8 @@ func TestSchemaMatchesRecords(t *testing.T) {
 	events := []*Event{
 		{Kind: KindTakeover, VShard: 3, Epoch: 1, Worker: "w1", CreatedAt: now},
 		{Kind: KindMoved, ConversationID: "c", Seq: 4, MessageID: "m", ToVShard: new(int), VShard: 3, Epoch: 1, CreatedAt: now},
+		{Kind: KindMoved, ConversationID: "c", Seq: 4, MessageID: "m", ToVShard: new(int), VShard: 3, Epoch: 1, CreatedAt: now,
+			Verdicts: []Verdict{{ClientMessageID: "k", Sender: "a", Op: "send", Code: "forbidden", Message: "no", At: now}, {ClientMessageID: "j", Sender: "a", Op: "join", Seq: 2, At: now}}},
 		{Kind: KindMessage, ConversationID: "c", Seq: 2, MessageID: "m", Sender: "a", ClientMessageID: "x", Body: "hi", VShard: 3, Epoch: 1, CreatedAt: now},
 		{Kind: KindCreate, ConversationID: "c", Seq: 1, MessageID: "m", Sender: "a", Members: []string{"a"}, VShard: 3, CreatedAt: now},
 		{Kind: KindJoin, ConversationID: "c", Seq: 3, MessageID: "m", Sender: "a", UserID: "b", VShard: 3, Epoch: 1, CreatedAt: now},
