@@ -17,6 +17,7 @@ package persist
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -153,15 +154,15 @@ const insertSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                        $8::text[], $9::text[], $10::timestamptz[], $11::int[], $12::bigint[], $13::int[], $14::bigint[],
-                       $15::int[])
+                       $15::int[], $16::text[])
     AS t(conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members, created_at,
-         vshard, epoch, log_partition, log_offset, to_vshard)
+         vshard, epoch, log_partition, log_offset, to_vshard, verdicts)
 ), ins AS (
   INSERT INTO events (conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id, members,
-                      created_at, vshard, epoch, log_partition, log_offset, to_vshard)
+                      created_at, vshard, epoch, log_partition, log_offset, to_vshard, verdicts)
   SELECT conversation_id, seq, kind, message_id, NULLIF(client_message_id, ''), sender, NULLIF(body, ''),
          NULLIF(user_id, ''), CASE WHEN members = '' THEN NULL ELSE string_to_array(members, ',') END,
-         created_at, vshard, epoch, log_partition, log_offset, NULLIF(to_vshard, -1)
+         created_at, vshard, epoch, log_partition, log_offset, NULLIF(to_vshard, -1), NULLIF(verdicts, '')::jsonb
   FROM input
   ON CONFLICT DO NOTHING
   RETURNING conversation_id, seq, message_id, log_partition, log_offset
@@ -217,7 +218,7 @@ func (p *Persister) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record
 	}
 	if cols.len() > 0 {
 		b.Queue(insertSQL, cols.conv, cols.seq, cols.kind, cols.mid, cols.cmid, cols.sender, cols.body,
-			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset, cols.to)
+			cols.user, cols.members, cols.created, cols.vshard, cols.epoch, cols.part, cols.offset, cols.to, cols.verdicts)
 	}
 	var skipped int64
 	var cs []conflict
@@ -280,6 +281,7 @@ func (c conflict) replayed() bool { return c.existing != nil && *c.existing == c
 // columns are a batch's events as the arrays insertSQL takes.
 type columns struct {
 	conv, kind, mid, cmid, sender, body, user, members []string
+	verdicts                                           []string // a moved event's verdicts as JSON, else ""
 	seq, epoch, offset                                 []int64
 	created                                            []time.Time
 	vshard, part, to                                   []int32 // to: a moved event's to_vshard, else -1
@@ -290,15 +292,15 @@ func (c *columns) len() int { return len(c.conv) }
 // decode decodes each record once and appends its event to the columns;
 // takeover markers are no rows.
 func (c *columns) decode(recs []*kgo.Record) error {
-	// Three allocations, not fourteen: the columns of a type share one
+	// Three allocations, not fifteen: the columns of a type share one
 	// array, each capped to its part of it.
 	n := len(recs)
-	strs, ints, int32s := make([]string, 8*n), make([]int64, 3*n), make([]int32, 3*n)
+	strs, ints, int32s := make([]string, 9*n), make([]int64, 3*n), make([]int32, 3*n)
 	str := func(i int) []string { return strs[i*n : i*n : (i+1)*n] }
 	i64 := func(i int) []int64 { return ints[i*n : i*n : (i+1)*n] }
 	i32 := func(i int) []int32 { return int32s[i*n : i*n : (i+1)*n] }
 	*c = columns{
-		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7),
+		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7), verdicts: str(8),
 		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1), to: i32(2),
 	}
 	for _, r := range recs {
@@ -330,6 +332,15 @@ func (c *columns) decode(recs []*kgo.Record) error {
 			to = int32(*e.ToVShard)
 		}
 		c.to = append(c.to, to)
+		var verdicts string
+		if len(e.Verdicts) > 0 {
+			b, err := json.Marshal(e.Verdicts)
+			if err != nil {
+				return fmt.Errorf("persist: record at %d/%d: encode its verdicts: %w", r.Partition, r.Offset, err)
+			}
+			verdicts = string(b)
+		}
+		c.verdicts = append(c.verdicts, verdicts)
 	}
 	return nil
 }

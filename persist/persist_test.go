@@ -361,6 +361,7 @@ func TestWriteIsOneRoundTrip(t *testing.T) {
 
 // TestWriteStoresMoves: a moved record (schema v2) is a row of its
 // conversation with its seq and to_vshard; other rows have no to_vshard.
+// The verdicts a moved record carries (v4) are stored as its JSON array.
 func TestWriteStoresMoves(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.DB(t, pgtest.Options{})
@@ -369,7 +370,8 @@ func TestWriteStoresMoves(t *testing.T) {
 	to := 0
 	msg := &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 1, MessageID: "m1", ClientMessageID: "k1",
 		Sender: "u2", Body: "hi", CreatedAt: at, VShard: 9, Epoch: 2}
-	moved := &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: "c1", Seq: 2, MessageID: "m2", ToVShard: &to, CreatedAt: at, VShard: 9, Epoch: 2}
+	moved := &logrecord.Event{Kind: logrecord.KindMoved, ConversationID: "c1", Seq: 2, MessageID: "m2", ToVShard: &to, CreatedAt: at, VShard: 9, Epoch: 2,
+		Verdicts: []logrecord.Verdict{{ClientMessageID: "k9", Sender: "u3", Op: "send", Code: "forbidden", Message: "u3 is not a member of c1", At: at}}}
 	if err := p.Write(ctx, []*kgo.Record{record(t, msg, 4), record(t, moved, 5)}); err != nil {
 		t.Fatal(err)
 	}
@@ -385,6 +387,14 @@ func TestWriteStoresMoves(t *testing.T) {
 	})
 	if err != nil || fmt.Sprint(got) != "[message→-1 moved→0]" {
 		t.Errorf("rows %v, %v; want [message→-1 moved→0]", got, err)
+	}
+	var stored []logrecord.Verdict
+	var none bool
+	if err := db.QueryRow(ctx, `SELECT (SELECT verdicts FROM events WHERE seq = 2), (SELECT verdicts IS NULL FROM events WHERE seq = 1)`).Scan(&stored, &none); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != 1 || stored[0] != moved.Verdicts[0] || !none {
+		t.Errorf("verdicts stored %+v (the message's NULL: %v), want %+v and NULL", stored, none, moved.Verdicts)
 	}
 }
 

@@ -58,6 +58,10 @@ type Conv struct {
 	At    int
 	// MovedAt is the created_at of that moved event.
 	MovedAt time.Time
+	// Verdicts are the ones that moved event carried: the answers its
+	// writer remembered for the conversation's keys (the writer it moved
+	// to adopts them).
+	Verdicts []logrecord.Verdict
 }
 
 // Holds reports whether conversation cid, whose state is c, is written by
@@ -358,7 +362,7 @@ func Apply(c *Conv, e *logrecord.Event) {
 		delete(c.Members, e.UserID)
 	case logrecord.KindMoved:
 		if e.ToVShard != nil {
-			c.Moved, c.At, c.MovedAt = true, *e.ToVShard, e.CreatedAt
+			c.Moved, c.At, c.MovedAt, c.Verdicts = true, *e.ToVShard, e.CreatedAt, e.Verdicts
 		}
 	}
 }

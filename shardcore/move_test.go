@@ -281,3 +281,91 @@ func TestWriterReleasesOnlyWhatIsHere(t *testing.T) {
 		t.Fatalf("a dedicated writer looks after %d conversations routed to it", d.m.Moving())
 	}
 }
+
+// A rejection remembered for a key goes with its conversation: the moved
+// record carries the verdicts of the conversation's keys still within
+// RefusalMemory, and the writer it moves to answers another attempt of
+// such a key as the first writer did, even after the state changed
+// (here: the refused sender was added since). Told no, never stored.
+func TestWriterVerdictsMoveWithTheConversation(t *testing.T) {
+	c1 := convAt(3, 4)
+	old := newHarness(t, func(c *WriterConfig) { c.VShards = 4 })
+	old.takeOver()
+	state := func(string) *Conv {
+		conv := NewConv()
+		Apply(conv, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: c1, Seq: 1, Sender: "u1", Members: []string{"u1"}})
+		return conv
+	}
+	refused := send(c1, "u2", "k-refused")
+	old.run("a", state, refused)
+	if a := old.answers["a0"]; a.Reply.Code != protocol.CodeForbidden {
+		t.Fatalf("u2's send: %+v, want forbidden", a.Reply)
+	}
+	old.m.Route(old.now, c1, 6)
+	old.tick()
+	old.settle(state)
+	evs := old.committed()
+	if len(evs) != 1 || evs[0].Kind != logrecord.KindMoved {
+		t.Fatalf("committed %v, want the moved record", kinds(evs))
+	}
+	moved := evs[0]
+	if len(moved.Verdicts) != 1 || moved.Verdicts[0].ClientMessageID != "k-refused" || moved.Verdicts[0].Code != string(protocol.CodeForbidden) {
+		t.Fatalf("the moved record carries %+v, want k-refused's forbidden", moved.Verdicts)
+	}
+
+	// The dedicated writer loads the conversation as Postgres has it:
+	// the create and the moved record.
+	nw := newHarness(t, func(c *WriterConfig) { c.VShard, c.VShards, c.Dedicated = 6, 4, true })
+	nw.now = old.now.Add(10 * time.Second)
+	nw.takeOver()
+	nw.m.Route(nw.now, c1, 6)
+	arrived := func(string) *Conv {
+		conv := state(c1)
+		Apply(conv, moved)
+		return conv
+	}
+	nw.run("b", arrived, Command{Op: protocol.OpJoin, ConversationID: c1, Sender: "u1", UserID: "u2", ClientMessageID: "j-u2"})
+	if a := nw.answers["b0"]; a.Reply.Op != protocol.OpAccepted || a.Reply.Seq != 3 {
+		t.Fatalf("u2's join at the new writer: %+v, want accepted at 3", a.Reply)
+	}
+	// The refused send's late attempt reaches the new writer.
+	nw.run("c", arrived, refused)
+	if a := nw.answers["c0"]; a.Reply.Code != protocol.CodeForbidden {
+		t.Fatalf("the refused send's late attempt after the move: %+v, want forbidden as first answered (moved record %+v)", a.Reply, moved)
+	}
+	// Past RefusalMemory it is decided again, as at the first writer.
+	nw.now = old.now.Add(2 * time.Minute)
+	nw.run("d", arrived, refused)
+	if a := nw.answers["d0"]; a.Reply.Op != protocol.OpAccepted {
+		t.Fatalf("the refused send after RefusalMemory: %+v, want decided again (accepted)", a.Reply)
+	}
+}
+
+// However many keys a conversation's senders had refused, its moved
+// record carries at most MaxCarriedVerdicts of them, the newest.
+func TestMovedRecordCarriesBoundedVerdicts(t *testing.T) {
+	c1 := convAt(3, 4)
+	h := newHarness(t, func(c *WriterConfig) { c.VShards, c.MaxBatch = 4, 1000 })
+	h.takeOver()
+	state := func(string) *Conv {
+		conv := NewConv()
+		Apply(conv, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: c1, Seq: 1, Sender: "u1", Members: []string{"u1"}})
+		return conv
+	}
+	var cmds []Command
+	for i := range MaxCarriedVerdicts + 44 {
+		cmds = append(cmds, send(c1, "u2", fmt.Sprintf("k%03d", i)))
+	}
+	h.run("a", state, cmds...)
+	h.m.Route(h.now, c1, 6)
+	h.tick()
+	h.settle(state)
+	evs := h.committed()
+	if len(evs) != 1 || evs[0].Kind != logrecord.KindMoved {
+		t.Fatalf("committed %v, want the moved record", kinds(evs))
+	}
+	vs := evs[0].Verdicts
+	if len(vs) != MaxCarriedVerdicts || vs[0].ClientMessageID != "k044" || vs[len(vs)-1].ClientMessageID != fmt.Sprintf("k%03d", MaxCarriedVerdicts+43) {
+		t.Fatalf("the moved record carries %d verdicts (%s … %s), want the newest %d", len(vs), vs[0].ClientMessageID, vs[len(vs)-1].ClientMessageID, MaxCarriedVerdicts)
+	}
+}

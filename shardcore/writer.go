@@ -679,6 +679,7 @@ func (m *Writer) StateLoaded(now time.Time, convs map[string]*Conv, found map[De
 				}
 			}
 			m.convs[cid] = conv
+			m.adoptIfHere(cid, conv, now)
 		}
 		for k, f := range found {
 			if conv := m.convs[k.Conv]; conv != nil {
@@ -774,6 +775,9 @@ func (m *Writer) accept(now time.Time, convs map[string]*Conv) {
 		Apply(c, e)
 	}
 	m.convs = convs
+	for cid, conv := range convs {
+		m.adoptIfHere(cid, conv, now)
+	}
 	m.unstored, m.stored = m.unstored[:0], map[string]*storedSeq{}
 	for _, e := range m.tail {
 		if m.stored[e.ConversationID] != nil {
@@ -788,6 +792,14 @@ func (m *Writer) accept(now time.Time, convs map[string]*Conv) {
 	m.notice.MarkerOffset, m.notice.Took = m.markerOff, now.Sub(m.sessionStart)
 	m.tail = nil
 	m.idle(now)
+}
+
+// adoptIfHere adopts the verdicts conversation cid's last moved record
+// carried, if that record brought it here.
+func (m *Writer) adoptIfHere(cid string, conv *Conv, now time.Time) {
+	if conv.Moved && len(conv.Verdicts) > 0 && m.here(conv, cid) {
+		m.adopt(cid, conv.Verdicts, now)
+	}
 }
 
 // idle is accepting with no batch in hand; commands that queued meanwhile

@@ -1,6 +1,11 @@
 package shardcore
 
-import "time"
+import (
+	"time"
+
+	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
+)
 
 // A Writer's remembered verdicts: the answers of keyed commands that wrote
 // nothing (a rejection, or a join of a current member), kept by key apart
@@ -122,5 +127,60 @@ func (m *Writer) keepVerdicts(now time.Time) {
 	cutoff := now.Add(-m.cfg.RefusalMemory)
 	for _, k := range m.batchVerdictOrder {
 		m.notice.VerdictsDropped += m.verdicts.put(k, m.batchVerdicts[k], cutoff, m.cfg.MaxVerdicts)
+	}
+}
+
+// MaxCarriedVerdicts bounds the verdicts one moved record carries (the
+// newest are kept), so that the record stays far below the broker's
+// record size limit (about 400 bytes each at most: 100 kB) whatever
+// clients sent. An attempt of a key left out is decided again by the
+// writer the conversation moved to.
+const MaxCarriedVerdicts = 256
+
+// carried lists the verdicts of conversation cid's keys decided at or
+// after cutoff — remembered, or decided in the batch in hand — for its
+// moved record, oldest first, at most MaxCarriedVerdicts (the newest).
+func (m *Writer) carried(cid string, cutoff time.Time) []logrecord.Verdict {
+	var out []logrecord.Verdict
+	add := func(k DedupeKey, v Verdict) {
+		if k.Conv != cid || v.At.Before(cutoff) {
+			return
+		}
+		lv := logrecord.Verdict{ClientMessageID: k.CMID, Sender: v.Sender, Op: v.Op, Seq: v.Seq, At: v.At}
+		if v.Err != nil {
+			lv.Code, lv.Message = string(v.Err.Code), v.Err.Message
+		}
+		out = append(out, lv)
+	}
+	t := &m.verdicts
+	for _, k := range t.order[t.head:] {
+		if _, staged := m.batchVerdicts[k]; !staged {
+			add(k, t.byKey[k])
+		}
+	}
+	for _, k := range m.batchVerdictOrder {
+		add(k, m.batchVerdicts[k])
+	}
+	if n := len(out) - MaxCarriedVerdicts; n > 0 {
+		m.notice.VerdictsDropped += n
+		out = out[n:]
+	}
+	return out
+}
+
+// adopt remembers the verdicts that conversation cid's moved record
+// carried to this writer, as if it had given them (at their own time, so
+// they are forgotten when the first writer would have forgotten them). A
+// verdict this writer holds for the key stands.
+func (m *Writer) adopt(cid string, vs []logrecord.Verdict, now time.Time) {
+	cutoff := now.Add(-m.cfg.RefusalMemory)
+	for _, lv := range vs {
+		v := Verdict{Sender: lv.Sender, Op: lv.Op, Seq: lv.Seq, At: lv.At}
+		if lv.Code != "" {
+			v.Err = &protocol.Error{Code: protocol.Code(lv.Code), Message: lv.Message}
+		}
+		if !v.At.Before(cutoff) {
+			m.notice.VerdictsDropped += m.verdicts.put(DedupeKey{cid, lv.ClientMessageID}, v, cutoff, m.cfg.MaxVerdicts)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package shardworker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -17,11 +18,11 @@ import (
 // loadConvsSQL reads, in one statement (one snapshot), every membership
 // event of each conversation plus its last event.
 const loadConvsSQL = `
-SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}'), coalesce(e.to_vshard, -1), e.created_at
+SELECT c, e.seq, e.kind, e.sender, coalesce(e.user_id, ''), coalesce(e.members, '{}'), coalesce(e.to_vshard, -1), e.created_at, e.verdicts
 FROM unnest($1::text[]) AS c, LATERAL (
-  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at FROM events WHERE conversation_id = c AND kind <> 'message')
+  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at, verdicts FROM events WHERE conversation_id = c AND kind <> 'message')
   UNION ALL
-  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
+  (SELECT seq, kind, sender, user_id, members, to_vshard, created_at, verdicts FROM events WHERE conversation_id = c ORDER BY seq DESC LIMIT 1)
 ) AS e
 ORDER BY 1, 2`
 
@@ -99,8 +100,14 @@ func queryState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 			var members []string
 			var to int32
 			var at time.Time
-			_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &kind, &sender, &user, &members, &to, &at}, func() error {
+			var verdicts []byte // a moved event's, as JSON (NULL: none)
+			_, err := pgx.ForEachRow(rs, []any{&cid, &seq, &kind, &sender, &user, &members, &to, &at, &verdicts}, func() error {
 				e := &logrecord.Event{Kind: kind, ConversationID: cid, Seq: seq, Sender: sender, UserID: user, Members: members, CreatedAt: at}
+				if verdicts != nil {
+					if err := json.Unmarshal(verdicts, &e.Verdicts); err != nil {
+						return fmt.Errorf("shardworker: %s's moved event at seq %d: verdicts: %w", cid, seq, err)
+					}
+				}
 				if to >= 0 {
 					t := int(to)
 					e.ToVShard = &t

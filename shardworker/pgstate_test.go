@@ -83,6 +83,9 @@ func TestLoadReadsMoves(t *testing.T) {
 		       ('c2', 1, 'create', 'm5', 'u1', '{u1}', now(), 3, 1, 3, 2, NULL), ('c2', 2, 'moved', 'm6', '', NULL, now(), 3, 1, 3, 3, 9)`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.Exec(ctx, `UPDATE events SET verdicts = '[{"client_message_id":"k9","sender":"u3","op":"send","code":"forbidden","message":"no","at":"2026-12-06T04:00:00Z"}]' WHERE conversation_id = 'c2' AND seq = 2`); err != nil {
+		t.Fatal(err)
+	}
 	convs, _, err := fetchState(ctx, db, []string{"c1", "c2"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -92,5 +95,11 @@ func TestLoadReadsMoves(t *testing.T) {
 	}
 	if c := convs["c2"]; !c.Moved || c.At != 9 || (shardcore.Stamp{VShard: 3}).Holds(c, "c2") || !(shardcore.Stamp{VShard: 9, Dedicated: true}).Holds(c, "c2") || c.MovedAt.IsZero() {
 		t.Errorf("c2 = %+v, want at dedicated vshard 9", c)
+	}
+	if vs := convs["c2"].Verdicts; len(vs) != 1 || vs[0].ClientMessageID != "k9" || vs[0].Code != "forbidden" || !vs[0].At.Equal(time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)) {
+		t.Errorf("c2's moved record carried %+v, want k9's forbidden", vs)
+	}
+	if vs := convs["c1"].Verdicts; len(vs) != 0 {
+		t.Errorf("c1's last moved record carried no verdicts, loaded %+v", vs)
 	}
 }
