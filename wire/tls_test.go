@@ -608,8 +608,9 @@ func (c *ticketCache) Put(key string, cs *tls.ClientSessionState) {
 	c.ClientSessionCache.Put(key, cs)
 }
 
-// A worker never resumes a TLS session: every link's handshake verifies
-// the gateway's certificate against the worker's CA file as it is then.
+// A worker never resumes a TLS session, nor issues session tickets: every
+// link's handshake verifies the gateway's certificate against the
+// worker's CA file as it is then.
 // A gateway that kept session tickets (this one is a plain TLS client
 // with a session cache; chatpipe's gateway keeps none) still does a full
 // handshake while its certificate is trusted, and once the worker's CA
@@ -665,6 +666,9 @@ func TestLinkTLSWorkerNeverResumesASession(t *testing.T) {
 		if resumed {
 			t.Fatalf("%s: the worker resumed a TLS session (%d tickets kept): a link must verify the gateway's certificate at every handshake", step, cache.puts)
 		}
+	}
+	if cache.puts != 0 {
+		t.Errorf("the worker issued %d session tickets over two links; it never redeems one, so it issues none", cache.puts)
 	}
 	writeFile(t, filepath.Join(wdir, "ca.pem"), ca2.PEM)
 	resumed, err := dial("old CA removed")
