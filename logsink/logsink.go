@@ -23,10 +23,10 @@
 //     reports itself not ready and sets its halted gauge.
 //
 // The Consumer owns each batch's transaction: Config.Handle only queues the
-// statements that apply the records on a pgx.Batch, and the Consumer
-// queues the statement storing their offsets after them and sends it all
-// as one transaction, in one round trip (Write). So no consumer can write
-// records without their offsets, nor offsets without the records.
+// statements that apply the records on a pgx.Batch, after the statement
+// the Consumer queues first to store their offsets, and the Consumer sends
+// it all as one transaction, in one round trip (Write). So no consumer can
+// write records without their offsets, nor offsets without the records.
 package logsink
 
 import (
@@ -120,22 +120,24 @@ func AllOffsets(ctx context.Context, q Querier, topic string) ([]StoredOffset, e
 
 // storeOffsetsSQL moves a consumer's stored next offsets forward, never
 // back: $3 and $4 are the partitions and their next offsets.
+//
+// It is the first statement of every transaction that writes a
+// consumer's records (a batch, a dead letter), and it locks the rows it
+// upserts, in partition order, until the commit: an existing row by its
+// update, a missing one by its insert, which another transaction's
+// uncommitted insert of the same key makes wait for that transaction. Two
+// members of a group can write one partition at once for a while (one was
+// dropped from the group for a slow batch and is still writing it).
+// Without the lock the second one's statements would run on a snapshot
+// that misses the first one's rows while its inserts wait for them, and
+// persist would record its replay as a seq conflict. With it, the second
+// batch waits for the first to commit and then sees its rows, whether or
+// not the partition had a stored offset before (a SELECT … FOR UPDATE
+// would lock only rows that exist, and so not a partition's first batch).
 const storeOffsetsSQL = `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset)
-		SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)
+		SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o) ORDER BY p
 		ON CONFLICT (consumer, topic, log_partition) DO UPDATE
 		SET next_offset = GREATEST(consumer_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()`
-
-// lockOffsetsSQL locks, in partition order, a consumer's stored offsets of
-// the partitions a batch comes from; it is the first statement of every
-// batch. Two members of a group can write one partition at once for a
-// while (one was dropped from the group for a slow batch and is still
-// writing it). Without the lock the second one's statements would run on
-// a snapshot that misses the first one's rows while its inserts wait for
-// them, and persist would record its replay as a seq conflict. With it,
-// the second batch waits for the first to commit and then sees its rows.
-const lockOffsetsSQL = `SELECT next_offset FROM consumer_offsets
-		WHERE consumer = $1 AND topic = $2 AND log_partition = ANY($3::int[])
-		ORDER BY log_partition FOR UPDATE`
 
 // storeOffsets records, inside tx, the next offset of each partition the
 // records came from. Offsets only move forward.
@@ -148,8 +150,8 @@ func storeOffsets(ctx context.Context, tx pgx.Tx, consumer, topic string, recs [
 }
 
 // queueOffsets queues on b the statement storeOffsets runs, so that it goes
-// to Postgres with the rest of a batch (see commit); read its result with
-// execOffsets.
+// to Postgres with the rest of a batch (see commit), ahead of the batch's
+// other statements (see storeOffsetsSQL); read its result with execOffsets.
 // parts and offs are nextOffsetArrays of the batch's records.
 func queueOffsets(b *pgx.Batch, consumer, topic string, parts []int32, offs []int64) {
 	b.Queue(storeOffsetsSQL, consumer, topic, parts, offs)
@@ -292,20 +294,21 @@ type Config struct {
 	Log      *slog.Logger
 	// Handle queues on b the statements that apply one poll's records (of
 	// Topic, in offset order per partition) and returns how to read their
-	// results. It may be given any part of a poll, in order. The Consumer
-	// then queues the statement storing the records' offsets (and Announce)
-	// after them and sends b as one pipeline, which Postgres runs as one
-	// implicit transaction, in one round trip: so b must not hold BEGIN,
-	// COMMIT or a statement that cannot run in a transaction. Handle may
-	// read Postgres or wait before it queues (round trips of its own), but
-	// writes only through b. An error, from Handle or from reading the
-	// results, is retried or leads to dead letters as the package
-	// documentation says.
+	// results. It may be given any part of a poll, in order. b already
+	// holds the statement storing the records' offsets (first, so that an
+	// overlapping batch of the same partitions waits: storeOffsetsSQL);
+	// the Consumer queues Announce after Handle's statements and sends b
+	// as one pipeline, which Postgres runs as one implicit transaction, in
+	// one round trip: so b must not hold BEGIN, COMMIT or a statement that
+	// cannot run in a transaction. Handle may read Postgres or wait before
+	// it queues (round trips of its own), but writes only through b. An
+	// error, from Handle or from reading the results, is retried or leads
+	// to dead letters as the package documentation says.
 	Handle func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error)
 	// Announce, if set, is a channel every batch Handle wrote is announced
-	// on (pg_notify queued after the offsets, so delivered at the commit,
-	// with the offsets stored as its payload: AnnouncePayload). A dead
-	// letter's transaction is not announced.
+	// on (pg_notify queued last, so delivered at the commit, with the
+	// offsets stored as its payload: AnnouncePayload). A dead letter's
+	// transaction is not announced.
 	Announce string
 	// HoldBeforeCommit (fault tests only) runs every batch in an explicit
 	// transaction held open that long before its commit, so that a kill
@@ -580,13 +583,12 @@ func (c *Consumer) Settle(ctx context.Context, recs []*kgo.Record) error {
 func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	var b pgx.Batch
 	parts, offs := nextOffsetArrays(recs)
-	b.Queue(lockOffsetsSQL, c.cfg.Consumer, c.cfg.Topic, parts)
+	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, parts, offs)
 	q, err := c.cfg.Handle(ctx, &b, recs)
 	if err != nil {
 		return err
 	}
 	queued := b.Len() - 1
-	queueOffsets(&b, c.cfg.Consumer, c.cfg.Topic, parts, offs)
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, recs)) // delivered at commit
 	}
@@ -597,8 +599,8 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	cctx, cancel := context.WithTimeout(ctx, timeout+c.cfg.HoldBeforeCommit)
 	defer cancel()
 	err = commit(cctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("%s: lock offsets: %w", c.cfg.Consumer, err)
+		if err := execOffsets(br, c.cfg.Consumer); err != nil {
+			return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
 		}
 		if q.Read != nil {
 			if err := q.Read(br); err != nil {
@@ -610,9 +612,6 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 					return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
 				}
 			}
-		}
-		if err := execOffsets(br, c.cfg.Consumer); err != nil {
-			return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
 		}
 		if c.cfg.Announce != "" {
 			if _, err := br.Exec(); err != nil {
@@ -736,13 +735,16 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 	backoff := 100 * time.Millisecond
 	for {
 		err := pgx.BeginFunc(ctx, c.cfg.DB, func(tx pgx.Tx) error {
+			if err := storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r}); err != nil {
+				return err // first: see storeOffsetsSQL
+			}
 			if _, err := tx.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq,
 				sqlstate, error, record_key, record_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 				ON CONFLICT DO NOTHING`,
 				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
 				return fmt.Errorf("insert dead letter: %w", err)
 			}
-			return storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r})
+			return nil
 		})
 		if err == nil {
 			c.deadLetters.Inc()

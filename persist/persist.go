@@ -90,15 +90,16 @@ type Persister struct {
 
 // New returns a Persister; Run starts it.
 func New(cfg Config) (*Persister, error) {
-	return newPersister(cfg, faultSleepBeforeCommit)
-}
-
-// newPersister is New with each transaction held open hold before its
-// commit (fault tests).
-func newPersister(cfg Config, hold time.Duration) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	return newPersister(cfg, cfg.DB, faultSleepBeforeCommit), nil
+}
+
+// newPersister is New on a validated cfg, writing through db (cfg.DB, or a
+// stand-in in tests) with each transaction held open hold before its
+// commit (fault tests).
+func newPersister(cfg Config, db logsink.DB, hold time.Duration) *Persister {
 	p := &Persister{cfg: cfg,
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
@@ -106,10 +107,10 @@ func newPersister(cfg Config, hold time.Duration) (*Persister, error) {
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle,
+		DB: db, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle,
 		Announce: pglisten.Persisted, HoldBeforeCommit: hold},
 		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
-	return p, nil
+	return p
 }
 
 // Stats returns the counters.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -398,42 +399,148 @@ func TestWriteStoresMoves(t *testing.T) {
 	}
 }
 
+// heldDB is a member whose batch is slow to commit: it runs each batch
+// sent through it in tx and, once the batch's statements have run, closes
+// ran and keeps tx open (its rows and locks held) until release is closed.
+type heldDB struct {
+	*pgxpool.Pool
+	tx      pgx.Tx
+	ran     chan struct{}
+	release chan struct{}
+}
+
+func (h *heldDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return &heldResults{BatchResults: h.tx.SendBatch(ctx, b), h: h, ctx: ctx}
+}
+
+// heldResults commits the held transaction when the batch is closed,
+// once heldDB.release is closed.
+type heldResults struct {
+	pgx.BatchResults
+	h   *heldDB
+	ctx context.Context
+}
+
+func (r *heldResults) Close() error {
+	err := r.BatchResults.Close()
+	close(r.h.ran)
+	<-r.h.release
+	if err != nil {
+		_ = r.h.tx.Rollback(r.ctx)
+		return err
+	}
+	return r.h.tx.Commit(r.ctx)
+}
+
 // TestOverlappingMembersRecordNoConflict: two members of the group write
 // the same records of a partition at once (one was dropped from the group
 // for a slow batch and still writes it). The second waits for the first's
-// commit and finds its rows stored: a replay, not a seq conflict.
+// commit and finds its rows stored: a replay, not a seq conflict. That
+// holds for a partition whose offsets are stored and for the first batch
+// of a partition, which has no consumer_offsets row to lock yet.
 func TestOverlappingMembersRecordNoConflict(t *testing.T) {
-	ctx := context.Background()
-	db := pgtest.DB(t, pgtest.Options{})
-	// The partition's offsets row exists, as it does after its first batch.
-	if err := newTestPersister(t, db).Write(ctx, []*kgo.Record{record(t, message("c0", 1, "m-0", "k-0"), 0)}); err != nil {
-		t.Fatal(err)
-	}
-	slow, err := newPersister(Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := newTestPersister(t, db)
-	recs := []*kgo.Record{
-		record(t, message("c1", 1, "m-a", "k-a"), 1),
-		record(t, message("c1", 2, "m-b", "k-b"), 2),
-	}
-	done := make(chan error, 1)
-	go func() { done <- slow.Write(ctx, recs) }()
-	time.Sleep(300 * time.Millisecond) // slow's transaction holds its rows, uncommitted
-	if err := other.Write(ctx, recs); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if got := slow.Stats().Inserted.Load() + other.Stats().Inserted.Load(); got != 2 {
-		t.Errorf("inserted %d rows in all, want 2", got)
-	}
-	if c := slow.Stats().Conflicts.Load() + other.Stats().Conflicts.Load(); c != 0 {
-		t.Errorf("%d seq conflicts recorded for one batch written twice", c)
-	}
-	if s := other.Stats().Skipped.Load(); s != 2 {
-		t.Errorf("the second writer skipped %d rows as replays, want 2", s)
+	for _, tc := range []struct {
+		name   string
+		stored bool // the partition's offsets row exists, as after its first batch
+	}{{"offsets stored", true}, {"first batch of the partition", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			db := pgtest.DB(t, pgtest.Options{})
+			if tc.stored {
+				if err := newTestPersister(t, db).Write(ctx, []*kgo.Record{record(t, message("c0", 1, "m-0", "k-0"), 0)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := db.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := &heldDB{Pool: db, tx: tx, ran: make(chan struct{}), release: make(chan struct{})}
+			released := false
+			release := func() {
+				if !released {
+					released = true
+					close(held.release)
+				}
+			}
+			// Whatever happens, both batches end and give their connections
+			// back before the pool closes.
+			var writers sync.WaitGroup
+			defer func() {
+				release()
+				writers.Wait()
+				_ = tx.Rollback(context.Background()) // if no batch committed it
+			}()
+			cfg := Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			if err := cfg.validate(); err != nil {
+				t.Fatal(err)
+			}
+			slow, other := newPersister(cfg, held, 0), newTestPersister(t, db)
+			recs := []*kgo.Record{
+				record(t, message("c1", 1, "m-a", "k-a"), 1),
+				record(t, message("c1", 2, "m-b", "k-b"), 2),
+			}
+			slowDone, otherDone := make(chan error, 1), make(chan error, 1)
+			writers.Add(1)
+			go func() { defer writers.Done(); slowDone <- slow.Write(ctx, recs) }()
+			select {
+			case <-held.ran: // slow's rows are written, uncommitted
+			case err := <-slowDone:
+				t.Fatalf("the slow member's batch ended before its statements ran: %v", err)
+			case <-ctx.Done():
+				t.Fatal("timed out waiting for the slow member's batch to run its statements")
+			}
+			writers.Add(1)
+			go func() { defer writers.Done(); otherDone <- other.Write(ctx, recs) }()
+			// Let slow commit once the other member waits for a lock (on
+			// slow's offsets rows or, failing that, on its rows' keys).
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			var otherErr error
+			otherFinished := false
+		wait:
+			for {
+				var waiting int
+				if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+					t.Fatalf("waiting for the second member to wait for a lock: %v", err)
+				}
+				if waiting > 0 {
+					break
+				}
+				select {
+				case otherErr = <-otherDone:
+					otherFinished = true // it did not wait: the checks below tell what it wrote
+					break wait
+				case <-tick.C:
+				case <-ctx.Done():
+					t.Fatal("timed out waiting for the second member's batch to wait for a lock while the first holds its transaction open")
+				}
+			}
+			release()
+			if err := <-slowDone; err != nil {
+				t.Fatalf("slow member: %v", err)
+			}
+			if !otherFinished {
+				otherErr = <-otherDone
+			}
+			if otherErr != nil {
+				t.Fatalf("second member: %v", otherErr)
+			}
+			if got := slow.Stats().Inserted.Load() + other.Stats().Inserted.Load(); got != 2 {
+				t.Errorf("inserted %d rows in all, want 2", got)
+			}
+			if c := slow.Stats().Conflicts.Load() + other.Stats().Conflicts.Load(); c != 0 {
+				t.Errorf("%d seq conflicts recorded for one batch written twice", c)
+			}
+			if s := other.Stats().Skipped.Load(); s != 2 {
+				t.Errorf("the second writer skipped %d rows as replays, want 2", s)
+			}
+			offs, err := logsink.Offsets(ctx, db, logsink.PersistConsumer, logrecord.DefaultTopic)
+			if err != nil || offs[0] != 3 {
+				t.Errorf("persist offsets = %v, %v; want partition 0 at 3", offs, err)
+			}
+		})
 	}
 }

@@ -210,13 +210,17 @@ func hasID(c *x509.Certificate, id string) bool {
 }
 
 // serverConfig is the worker's side: TLS 1.3 only, a client certificate
-// from cas required and verified, and it must name GatewayID.
+// from cas required and verified, and it must name GatewayID. No session
+// tickets: a link never resumes a session, so every handshake verifies
+// the gateway's chain against the CA file as it is then (a config built
+// per handshake could not redeem its tickets anyway; none are minted).
 func serverConfig(cas *x509.CertPool, cert *tls.Certificate) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{*cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    cas,
+		MinVersion:             tls.VersionTLS13,
+		Certificates:           []tls.Certificate{*cert},
+		ClientAuth:             tls.RequireAndVerifyClientCert,
+		ClientCAs:              cas,
+		SessionTicketsDisabled: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			// The chain (and the client-auth key usage) is verified by
 			// RequireAndVerifyClientCert before this runs.
@@ -230,7 +234,10 @@ func serverConfig(cas *x509.CertPool, cert *tls.Certificate) *tls.Config {
 
 // clientConfig is the gateway's side: TLS 1.3 only, its certificate
 // offered, and the worker's verified against cas (server-auth key usage)
-// and required to name WorkerID instead of a host name.
+// and required to name WorkerID instead of a host name. It has no
+// ClientSessionCache: the gateway keeps no session ticket and never
+// resumes a session, so every handshake verifies the worker's chain
+// against the CA file as it is then.
 func clientConfig(cas *x509.CertPool, cert *tls.Certificate) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,

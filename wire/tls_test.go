@@ -1,10 +1,12 @@
 package wire_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -589,5 +591,198 @@ func BenchmarkLinkTLSRoundTrip(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// ticketCache is a client session cache that records what it is given.
+type ticketCache struct {
+	tls.ClientSessionCache
+	mu   sync.Mutex
+	puts int
+}
+
+func (c *ticketCache) Put(key string, cs *tls.ClientSessionState) {
+	c.mu.Lock()
+	c.puts++
+	c.mu.Unlock()
+	c.ClientSessionCache.Put(key, cs)
+}
+
+// A worker never resumes a TLS session, nor issues session tickets: every
+// link's handshake verifies the gateway's certificate against the
+// worker's CA file as it is then.
+// A gateway that kept session tickets (this one is a plain TLS client
+// with a session cache; chatpipe's gateway keeps none) still does a full
+// handshake while its certificate is trusted, and once the worker's CA
+// file no longer holds its CA it is refused, ticket or not.
+func TestLinkTLSWorkerNeverResumesASession(t *testing.T) {
+	ca1, err := clientsec.NewLinkCA("old", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca2, err := clientsec.NewLinkCA("new", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wdir, gdir := t.TempDir(), t.TempDir()
+	linkFiles(t, wdir, append(append([]byte{}, ca1.PEM...), ca2.PEM...), ca2, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	linkFiles(t, gdir, ca1.PEM, ca1, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	addr, handled := serveTLS(t, load(t, wdir))
+	cache := &ticketCache{ClientSessionCache: tls.NewLRUClientSessionCache(8)}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{load(t, gdir).Cert},
+		InsecureSkipVerify: true, ClientSessionCache: cache} // only the worker's check is under test
+	// dial sends a command over a new TLS connection and reads the answer:
+	// the worker answers only a gateway it accepted.
+	dial := func(step string) (resumed bool, err error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := (&tls.Dialer{Config: cfg}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return false, fmt.Errorf("%s: dial: %w", step, err)
+		}
+		defer c.Close()
+		if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		resumed = c.(*tls.Conn).ConnectionState().DidResume
+		if _, err := io.WriteString(c, sendLine); err != nil {
+			return resumed, fmt.Errorf("%s: write: %w", step, err)
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return resumed, fmt.Errorf("%s: read the answer: %w", step, err)
+		}
+		if !strings.Contains(line, `"rid":1`) {
+			t.Fatalf("%s: answer %q", step, line)
+		}
+		return resumed, nil
+	}
+	for _, step := range []string{"first link", "second link"} {
+		resumed, err := dial(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resumed {
+			t.Fatalf("%s: the worker resumed a TLS session (%d tickets kept): a link must verify the gateway's certificate at every handshake", step, cache.puts)
+		}
+	}
+	if cache.puts != 0 {
+		t.Errorf("the worker issued %d session tickets over two links; it never redeems one, so it issues none", cache.puts)
+	}
+	writeFile(t, filepath.Join(wdir, "ca.pem"), ca2.PEM)
+	resumed, err := dial("old CA removed")
+	if err == nil {
+		t.Fatalf("a gateway certificate of the removed CA was answered (session resumed: %v, %d tickets kept)", resumed, cache.puts)
+	}
+	if resumed {
+		t.Fatalf("old CA removed: the worker resumed a TLS session before refusing it: %v", err)
+	}
+	if n := handled.Load(); n != 2 {
+		t.Fatalf("the handler ran %d commands, want 2 (none after the CA was removed)", n)
+	}
+}
+
+// A gateway never resumes a TLS session either: it keeps no tickets, so
+// every link's handshake verifies the worker's certificate against the
+// gateway's CA file as it is then. The worker here is a plain TLS server
+// that issues tickets it would accept (one config, fixed ticket keys, any
+// client certificate): the gateway still does a full handshake each time,
+// and once its CA file no longer holds the worker's CA, refuses it.
+func TestLinkTLSGatewayNeverResumesASession(t *testing.T) {
+	ca1, err := clientsec.NewLinkCA("old", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca2, err := clientsec.NewLinkCA("new", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wdir, gdir := t.TempDir(), t.TempDir()
+	linkFiles(t, wdir, ca1.PEM, ca1, wire.WorkerID, x509.ExtKeyUsageServerAuth)
+	linkFiles(t, gdir, ca1.PEM, ca1, wire.GatewayID, x509.ExtKeyUsageClientAuth)
+	scfg := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{load(t, wdir).Cert},
+		ClientAuth: tls.RequireAnyClientCert}
+	scfg.SetSessionTicketKeys([][32]byte{{1, 2, 3}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type link struct {
+		resumed bool
+		err     error
+	}
+	links := make(chan link, 8)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				tc := tls.Server(c, scfg)
+				if err := tc.Handshake(); err != nil {
+					links <- link{err: err}
+					return
+				}
+				links <- link{resumed: tc.ConnectionState().DidResume}
+				// Answer the gateway's ping, then pings and commands alike
+				// with a pong, until the gateway closes the link.
+				r := bufio.NewReader(tc)
+				for {
+					if _, err := r.ReadString('\n'); err != nil {
+						return
+					}
+					if _, err := io.WriteString(tc, `{"rid":0,"pong":true}`+"\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	gateway := load(t, gdir)
+	dial := func(step string) (link, error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cl, err := wire.Dial(ctx, ln.Addr().String(), wire.Config{TLS: gateway})
+		if err == nil {
+			cl.Close()
+		}
+		select {
+		case l := <-links:
+			return l, err
+		case <-ctx.Done():
+			t.Fatalf("%s: the worker saw no handshake", step)
+			return link{}, nil
+		}
+	}
+	for _, step := range []string{"first link", "second link"} {
+		l, err := dial(step)
+		if err != nil || l.err != nil {
+			t.Fatalf("%s: dial %v, worker's handshake %v", step, err, l.err)
+		}
+		if l.resumed {
+			t.Fatalf("%s: the gateway resumed a TLS session: a link must verify the worker's certificate at every handshake", step)
+		}
+	}
+	writeFile(t, filepath.Join(gdir, "ca.pem"), ca2.PEM)
+	l, err := dial("old CA removed")
+	if err == nil {
+		t.Fatalf("the gateway accepted a worker certificate of the removed CA (session resumed: %v)", l.resumed)
+	}
+	if l.resumed {
+		t.Fatalf("old CA removed: the gateway resumed a TLS session before refusing it: %v", err)
+	}
+	if !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("old CA removed: dial %v, want the worker's certificate refused", err)
 	}
 }
