@@ -283,11 +283,13 @@ type nemesisReport struct {
 
 // nemesisZeros are the counts that must be zero.
 type nemesisZeros struct {
-	// LostAccepted: accepted sends missing from the log or Postgres, or
-	// held there as another message.
+	// LostAccepted: accepted sends (and membership commands) missing from
+	// the log or Postgres, or held there as another event.
 	LostAccepted int `json:"lost_accepted"`
+	// NotPersisted: an event of the committed log that Postgres lacks.
+	NotPersisted int `json:"not_persisted"`
 	// Duplicated: a (conversation, client_message_id) stored twice in the
-	// log or in Postgres.
+	// log or in Postgres, or a message_id at two seqs.
 	Duplicated int `json:"duplicated"`
 	// SeqCollision: a (conversation, seq) twice in the log or Postgres, a
 	// Postgres row whose message differs from the log's at its seq, rows in
@@ -295,19 +297,25 @@ type nemesisZeros struct {
 	SeqCollision int `json:"seq_collision"`
 	// SeqGap: a conversation's seqs in the log not 1, 2, 3, ...
 	SeqGap int `json:"seq_gap"`
-	// Regression: a seq not above its conversation's previous one in log
-	// order, or a send accepted before another was sent that has the
-	// larger seq.
+	// Regression: a seq not above its conversation's previous one in its
+	// partition's order (a moved conversation's events are in more than
+	// one partition), or a send accepted before another was sent that has
+	// the larger seq.
 	Regression int `json:"regression"`
 	// AbortedVisible: an event in Postgres or on a device that is not in
 	// the committed (read_committed) log.
 	AbortedVisible int `json:"aborted_visible"`
 	// PostKick: a message in the log from a sender who was not a member at
-	// its seq, or a device holding an event outside its user's membership
-	// periods.
+	// its seq; a device holding an event outside its user's membership
+	// periods (pushed, synced or read from history); or a removed user's
+	// sync or history, from a new device at the end, giving one.
 	PostKick int `json:"post_kick"`
+	// RejectedStored: a send answered with a final rejection (forbidden:
+	// its sender was out) that the log holds anyway.
+	RejectedStored int `json:"rejected_stored"`
 	// DeviceDivergence: after a final sync, an event a device's user may
-	// see that it lacks or holds differently from the log.
+	// see that it lacks or holds differently from the log; or a removed
+	// user's sync or history at the end lacking one.
 	DeviceDivergence int `json:"device_divergence"`
 	// StaleEpoch: a vshard's record in the log with an older ownership
 	// epoch than one before it.
@@ -321,23 +329,57 @@ type namedCount struct {
 
 func (r *nemesisReport) zeros() []namedCount {
 	z := r.Zero
-	return []namedCount{{"lost accepted", z.LostAccepted}, {"duplicated", z.Duplicated}, {"seq collision", z.SeqCollision},
-		{"seq gap", z.SeqGap}, {"regression", z.Regression}, {"aborted visible", z.AbortedVisible}, {"post-kick", z.PostKick},
-		{"device divergence", z.DeviceDivergence}, {"stale epoch after a newer one", z.StaleEpoch}}
+	return []namedCount{{"lost accepted", z.LostAccepted}, {"not persisted", z.NotPersisted}, {"duplicated", z.Duplicated},
+		{"seq collision", z.SeqCollision}, {"seq gap", z.SeqGap}, {"regression", z.Regression}, {"aborted visible", z.AbortedVisible},
+		{"post-kick", z.PostKick}, {"rejected but stored", z.RejectedStored}, {"device divergence", z.DeviceDivergence},
+		{"stale epoch after a newer one", z.StaleEpoch}}
 }
 
 // countViolations reads the committed log and Postgres (once the projection
 // has caught up) and counts every violation of I1–I6 it can see in them,
 // in the accepted answers and in the devices' views after a final sync
-// (TestNemesis and TestReconnectStorm).
+// (TestReconnectStorm; TestNemesis checks more with countViolationsOf).
 func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []*device) *nemesisReport {
 	t.Helper()
+	return countViolationsOf(t, ep, nemesisRun{accepted: accepted, devs: devs})
+}
+
+// nemesisRun is what a run did, for countViolationsOf to check against the
+// world.
+type nemesisRun struct {
+	dev      *devProc      // the stack (for the removed users' new devices)
+	accepted []acceptedMsg // sends and membership commands answered accepted
+	rejected []rejectedSend
+	devs     []*device // devices that ran through it
+	// removed are users kicked or who left: what sync and history give
+	// each of them from a new device at the end must be exactly what
+	// their membership periods let them see.
+	removed []string
+}
+
+// countViolationsOf is countViolations over everything run holds: what
+// `chatpipe check` verifies of a loadgen run (cmd/chatpipe/check.go,
+// runcheck) is counted here too — every accepted event in the log and
+// Postgres once, as answered; no seq collision or regression; no message
+// stored twice; nobody sending after their removal; no finally rejected
+// send stored; Postgres holding exactly the log; every device holding
+// exactly what its user may see.
+func countViolationsOf(t *testing.T, ep endpoints, run nemesisRun) *nemesisReport {
+	t.Helper()
+	accepted, devs := run.accepted, run.devs
 	rep := &nemesisReport{Devices: len(devs)}
 	z := &rep.Zero
 	var logRows []row
 	topEpoch := map[int]int64{}
 	topAt := map[int]string{} // where the vshard's newest epoch was first seen, and by which producer
-	lastSeq := map[string]int64{}
+	// A conversation's last seq in each partition: a moved conversation's
+	// events are in its hashed vshard's partition and a dedicated one's,
+	// read in no fixed order between partitions.
+	type convPart struct {
+		conv string
+		part int32
+	}
+	lastSeq := map[convPart]int64{}
 	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
 		at := fmt.Sprintf("%s at %d/%d (producer %d epoch %d)", e.Kind, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch)
 		if e.Epoch < topEpoch[e.VShard] {
@@ -347,14 +389,15 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 		if e.Epoch > topEpoch[e.VShard] || topAt[e.VShard] == "" {
 			topEpoch[e.VShard], topAt[e.VShard] = e.Epoch, at
 		}
-		if e.Kind == logrecord.KindTakeover {
+		if !e.HasSeq() {
 			return
 		}
-		if prev, ok := lastSeq[e.ConversationID]; ok && e.Seq <= prev {
+		cp := convPart{e.ConversationID, r.Partition}
+		if prev, ok := lastSeq[cp]; ok && e.Seq <= prev {
 			z.Regression++
-			t.Logf("regression: %s seq %d after %d in the log", e.ConversationID, e.Seq, prev)
+			t.Logf("regression: %s seq %d after %d in partition %d of the log", e.ConversationID, e.Seq, prev, r.Partition)
 		}
-		lastSeq[e.ConversationID] = e.Seq
+		lastSeq[cp] = e.Seq
 		logRows = append(logRows, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID,
 			Sender: e.Sender, Seq: e.Seq, UserID: e.UserID, Body: e.Body, Members: e.Members})
 	})
@@ -383,6 +426,7 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 	index := func(name string, rows []row) map[string]row {
 		bySeq := map[string]row{}
 		byCmid := map[string]bool{}
+		byMID := map[string]string{}
 		for _, r := range rows {
 			k := key(r.Conv, r.Seq)
 			if _, ok := bySeq[k]; ok {
@@ -390,6 +434,11 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 				t.Logf("seq collision: %s %s used twice", name, k)
 			}
 			bySeq[k] = r
+			if at, ok := byMID[r.MessageID]; ok && r.MessageID != "" && at != k {
+				z.Duplicated++
+				t.Logf("duplicated: %s message %s stored at %s and at %s", name, r.MessageID, at, k)
+			}
+			byMID[r.MessageID] = k
 			if r.Kind == logrecord.KindMessage {
 				ck := r.Conv + "/" + r.ClientMessageID
 				if byCmid[ck] {
@@ -411,6 +460,24 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 		case l.MessageID != d.MessageID || l.ClientMessageID != d.ClientMessageID || l.Body != d.Body:
 			z.SeqCollision++
 			t.Logf("seq collision: Postgres %s holds %+v, the log %+v", k, d, l)
+		}
+	}
+	for k, l := range logBySeq {
+		if _, ok := dbBySeq[k]; !ok {
+			z.NotPersisted++
+			t.Logf("not persisted: the log holds %s (%s %s), Postgres does not", k, l.Kind, l.MessageID)
+		}
+	}
+	storedSend := map[string]row{}
+	for _, l := range logRows {
+		if l.Kind == logrecord.KindMessage {
+			storedSend[l.Conv+"/"+l.ClientMessageID] = l
+		}
+	}
+	for _, r := range run.rejected {
+		if l, ok := storedSend[r.Conv+"/"+r.ClientMessageID]; ok && l.Sender == r.Sender {
+			z.RejectedStored++
+			t.Logf("rejected but stored: %s %s by %s was answered %s, the log holds it at seq %d", r.Conv, r.ClientMessageID, r.Sender, r.Code, l.Seq)
 		}
 	}
 	answered := map[string]string{}
@@ -532,7 +599,70 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 			}
 		}
 	}
+	for _, u := range run.removed {
+		checkRemovedUser(t, run.dev, u, userConvs[u], rowsByConv, z)
+	}
 	return rep
+}
+
+// checkRemovedUser reads, as user from a new device of theirs, a sync from
+// nothing and the history of each conversation they were ever in, and
+// counts what differs from what their membership periods (convs:
+// conversation → periods) let them see: an event after a removal (and
+// before a join that followed it) is post-kick, a missing one (the removal
+// event itself above all) a divergence.
+func checkRemovedUser(t *testing.T, dev *devProc, user string, convs map[string][][2]int64, rowsByConv map[string][]row, z *nemesisZeros) {
+	t.Helper()
+	d := newDevice(t, dev, user, user+".final")
+	defer d.disconnect()
+	if err := d.connect(); err != nil { // dials and syncs from empty cursors
+		t.Errorf("sync as %s from a new device: %v", user, err)
+		return
+	}
+	compare := func(what, conv string, got []int64) {
+		want := visibleTo(rowsByConv[conv], convs[conv])
+		have := map[int64]bool{}
+		for _, s := range got {
+			have[s] = true
+			if _, ok := want[s]; !ok {
+				z.PostKick++
+				t.Logf("post-kick: %s's %s gave %s/%d, outside %s's periods %v", user, what, conv, s, user, convs[conv])
+			}
+		}
+		var missing []int64
+		for s := range want {
+			if !have[s] {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) > 0 {
+			sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
+			z.DeviceDivergence += len(missing)
+			t.Logf("device divergence: %s's %s of %s lacks seqs %v (periods %v)", user, what, conv, missing, convs[conv])
+		}
+	}
+	for _, conv := range d.convs() {
+		if _, ok := convs[conv]; !ok {
+			z.PostKick++
+			t.Logf("post-kick: %s's sync gave events of %s, which they never were in", user, conv)
+		}
+	}
+	var names []string
+	for conv := range convs {
+		names = append(names, conv)
+	}
+	sort.Strings(names)
+	for _, conv := range names {
+		compare("sync", conv, d.seqs(conv))
+		got, err := d.history(conv, 200)
+		if err != nil {
+			t.Errorf("history of %s as %s: %v", conv, user, err)
+			continue
+		}
+		compare("history", conv, got)
+		t.Logf("%s from a new device: sync and history of %s checked against %d membership periods (%d of its %d events theirs to see)",
+			user, conv, len(convs[conv]), len(visibleTo(rowsByConv[conv], convs[conv])), len(rowsByConv[conv]))
+	}
 }
 
 func inPeriods(ps [][2]int64, seq int64) bool {
@@ -588,6 +718,12 @@ func devOp(d *device, req map[string]any) (*frame, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// rejectedSend is a send answered with a final rejection: the log must
+// not hold it.
+type rejectedSend struct {
+	Conv, ClientMessageID, Sender, Code string
 }
 
 // kickChurn is an owner kicking a member out of one conversation and
