@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Long nemesis run: e2e TestNemesis (a seeded random schedule of worker
 # kills, pauses past the lease, graceful worker restarts, persist and
-# projection kills and broker restarts while clients send, with a member
-# kicked and joined again over and over and devices that reconnect and
+# projection kills and broker restarts while clients send, with members
+# kicked and joined again over and over in conversations isolated to
+# dedicated vshards and released again, and devices that reconnect and
 # sync), then the table of what it injected and of every count that must be
 # zero, from the report the test writes (CHATPIPE_E2E_NEMESIS_REPORT).
 #
@@ -74,17 +75,21 @@ R=$RESULTS/report.json
   jq -r '"| messages accepted | \(.accepted) |",
          "| events in the committed log | \(.log_events) |",
          "| client reconnects | \(.reconnects) |",
-         "| kick/join cycles of the churned member | \(.kick_cycles) |",
+         "| kick/join cycles of the churned members | \(.kick_cycles) |",
+         "| moves (admin isolate/unisolate, by outcome) | \(.moves // {} | to_entries | map("\(.key) ×\(.value)") | join(", ")) |",
          "| devices checked after a final sync | \(.devices) |"' "$R"
   jq -r '.zero | "| lost accepted | \(.lost_accepted) |",
+         "| not persisted | \(.not_persisted // 0) |",
          "| duplicated | \(.duplicated) |",
          "| seq collision | \(.seq_collision) |",
          "| seq gap | \(.seq_gap) |",
          "| regression | \(.regression) |",
          "| aborted visible | \(.aborted_visible) |",
          "| post-kick | \(.post_kick) |",
+         "| rejected but stored | \(.rejected_stored // 0) |",
          "| device divergence | \(.device_divergence) |",
-         "| stale epoch after a newer one | \(.stale_epoch) |"' "$R"
+         "| stale epoch after a newer one | \(.stale_epoch) |",
+         "| unwritable conversations after the faults | \(.unwritable // 0) |"' "$R"
 } >"$RESULTS/table.md"
 cat "$RESULTS/table.md"
 nonzero=$(jq '[.zero[]] | map(select(. != 0)) | length' "$R")

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -33,15 +34,24 @@ import (
 // resumes), a graceful worker restart, kill -9 of persist or of the
 // projection, and a graceful broker restart.
 //
-// Beside the load a member is kicked and joined again over and over while
-// sending, and four devices stay connected through the faults (reconnecting
-// and syncing when dropped). After the world check, countViolations counts
-// every must-be-zero violation over the log, Postgres, the answers and the
-// devices' views after a final sync; each must be 0.
+// Beside the load, in three conversations of their own, an owner kicks a
+// member (or the member leaves) and joins them again over and over while
+// the member and two steady members send; at random moments one of those
+// conversations is isolated to a dedicated vshard and later released
+// (admin isolate / unisolate), whatever fault is active; and devices stay
+// connected through the faults (reconnecting and syncing when dropped).
+// Once the faults have healed and the churn has stopped, every
+// conversation must take a send by a current member within a bound. Then
+// countViolations counts every must-be-zero violation over the log,
+// Postgres, the answers, the devices' views after a final sync, and what
+// sync and history give each kicked member from a new device of theirs;
+// each must be 0. Last, the read model's membership periods must be the
+// log's.
 //
 // The seed is logged; CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
-// (the same faults in the same order with the same gaps between them;
-// what the processes do meanwhile is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
+// (the same faults in the same order with the same gaps between them, and
+// the moves drawn from the same numbers; what the processes do meanwhile
+// is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
 // sets how long faults are injected (default 2 minutes), and
 // CHATPIPE_E2E_NEMESIS_REPORT=path writes the faults injected by kind, the
 // counts and the longest send gap per fault kind as JSON (bench/nemesis.sh).
@@ -118,13 +128,16 @@ func TestNemesis(t *testing.T) {
 
 	// Clients reconnect, as real ones do: the gateway closes a device whose
 	// delivery fell behind or whose writes stall ("reconnect and sync").
-	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
+	const loadUsers, loadConvs = 10, 20
+	load, reconnects := startReconnectingLoad(t, dev, loadUsers, loadConvs)
 	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
-	// Beside the load: a member kicked and joined again over and over
-	// while sending (for the post-kick counts), and devices that stay
-	// connected through the faults, reconnect and sync when dropped, and
-	// must end with what their user may see.
-	churn := startKickChurn(t, dev)
+	// Beside the load: members kicked (or leaving) and joined again over
+	// and over while they and others send (for the post-kick counts), the
+	// conversations they are in moved to dedicated vshards and back, and
+	// devices that stay connected through the faults, reconnect and sync
+	// when dropped, and must end with what their user may see.
+	churn := startMemberChurn(t, dev, 3)
+	moves := startMoveChurn(t, dev, rand.New(rand.NewPCG(seed, 0x6d6f7665)), churn.convs)
 	observers := startObservers(t, dev, churn.devices(), "lu1", "lu2")
 
 	workers := []string{"w1", "w2", "w3"}
@@ -230,19 +243,33 @@ func TestNemesis(t *testing.T) {
 	healed := load.count()
 	waitFor(t, 120*time.Second, "load to go on after the faults", func() bool { return load.count() > healed+300 })
 	accepted := load.finish()
-	churned := churn.finish()
+	moved, isolated := moves.finish()
+	churned, rejected := churn.finish()
 	observers.finish()
 	var kinds []string
 	for k, c := range counts {
 		kinds = append(kinds, fmt.Sprintf("%s ×%d", k, c))
 	}
 	sort.Strings(kinds)
-	t.Logf("%d sends accepted (%d client reconnects) under %s; %d kick cycles, %d sends of the kicked member accepted",
-		len(accepted), reconnects.Load(), strings.Join(kinds, ", "), churn.cycles.Load(), len(churned))
-	all := append(append([]acceptedMsg(nil), accepted...), churned...)
-	rep := countViolations(t, dev.ep, all, observers.devs)
+	t.Logf("%d sends accepted (%d client reconnects) under %s; %d kick cycles, %d sends of the kicked members accepted, %d refused; moves %v (%v isolated)",
+		len(accepted), reconnects.Load(), strings.Join(kinds, ", "), churn.cycles.Load(), churn.sends.Load(), len(rejected), moved, isolated)
+
+	if moved["isolate"] == 0 || churn.cycles.Load() == 0 {
+		t.Errorf("the churn did not churn: moves %v, %d kick cycles", moved, churn.cycles.Load())
+	}
+
+	// Every conversation takes a send again, the moved ones included.
+	senders := churn.senders()
+	for c := 0; c < loadConvs; c++ { // lu1…lu9 are members of every lc (lu0 owns them); a few connections each
+		senders[fmt.Sprintf("lc%d", c)] = fmt.Sprintf("lu%d", 1+c%(loadUsers-1))
+	}
+	written, unwritable := checkWritable(t, dev, senders, 2*time.Minute)
+
+	all := append(append(append([]acceptedMsg(nil), accepted...), churned...), written...)
+	rep := countViolationsOf(t, dev.ep, nemesisRun{dev: dev, accepted: all, rejected: rejected, devs: observers.devs, removed: churn.removed()})
 	rep.Seed, rep.Duration, rep.Faults, rep.Accepted = seed, dur.String(), counts, len(all)
-	rep.Reconnects, rep.KickCycles = reconnects.Load(), churn.cycles.Load()
+	rep.Reconnects, rep.KickCycles, rep.Moves = reconnects.Load(), churn.cycles.Load(), moved
+	rep.Zero.Unwritable = unwritable
 	rep.MaxSendGapMS = sendGaps(accepted, timeline)
 	for _, z := range rep.zeros() {
 		if z.n != 0 {
@@ -257,6 +284,9 @@ func TestNemesis(t *testing.T) {
 		}
 	}
 	checkWorld(t, dev.ep, all)
+	// The read model: membership periods (the kicked members' above all,
+	// across the moves) equal the log's, delivery rows cover every seq.
+	checkReadModel(t, dev.ep)
 }
 
 // faultAt is one injected fault and when it began.
@@ -276,6 +306,7 @@ type nemesisReport struct {
 	LogEvents    int              `json:"log_events"`
 	Reconnects   int64            `json:"reconnects"`
 	KickCycles   int64            `json:"kick_cycles"`
+	Moves        map[string]int   `json:"moves,omitempty"` // admin isolate/unisolate commands run, by outcome
 	Devices      int              `json:"devices"`
 	MaxSendGapMS map[string]int64 `json:"max_send_gap_ms"`
 	Zero         nemesisZeros     `json:"zero"`
@@ -283,11 +314,13 @@ type nemesisReport struct {
 
 // nemesisZeros are the counts that must be zero.
 type nemesisZeros struct {
-	// LostAccepted: accepted sends missing from the log or Postgres, or
-	// held there as another message.
+	// LostAccepted: accepted sends (and membership commands) missing from
+	// the log or Postgres, or held there as another event.
 	LostAccepted int `json:"lost_accepted"`
+	// NotPersisted: an event of the committed log that Postgres lacks.
+	NotPersisted int `json:"not_persisted"`
 	// Duplicated: a (conversation, client_message_id) stored twice in the
-	// log or in Postgres.
+	// log or in Postgres, or a message_id at two seqs.
 	Duplicated int `json:"duplicated"`
 	// SeqCollision: a (conversation, seq) twice in the log or Postgres, a
 	// Postgres row whose message differs from the log's at its seq, rows in
@@ -295,23 +328,32 @@ type nemesisZeros struct {
 	SeqCollision int `json:"seq_collision"`
 	// SeqGap: a conversation's seqs in the log not 1, 2, 3, ...
 	SeqGap int `json:"seq_gap"`
-	// Regression: a seq not above its conversation's previous one in log
-	// order, or a send accepted before another was sent that has the
-	// larger seq.
+	// Regression: a seq not above its conversation's previous one in its
+	// partition's order (a moved conversation's events are in more than
+	// one partition), or a send accepted before another was sent that has
+	// the larger seq.
 	Regression int `json:"regression"`
 	// AbortedVisible: an event in Postgres or on a device that is not in
 	// the committed (read_committed) log.
 	AbortedVisible int `json:"aborted_visible"`
 	// PostKick: a message in the log from a sender who was not a member at
-	// its seq, or a device holding an event outside its user's membership
-	// periods.
+	// its seq; a device holding an event outside its user's membership
+	// periods (pushed, synced or read from history); or a removed user's
+	// sync or history, from a new device at the end, giving one.
 	PostKick int `json:"post_kick"`
+	// RejectedStored: a send answered with a final rejection (forbidden:
+	// its sender was out) that the log holds anyway.
+	RejectedStored int `json:"rejected_stored"`
 	// DeviceDivergence: after a final sync, an event a device's user may
-	// see that it lacks or holds differently from the log.
+	// see that it lacks or holds differently from the log; or a removed
+	// user's sync or history at the end lacking one.
 	DeviceDivergence int `json:"device_divergence"`
 	// StaleEpoch: a vshard's record in the log with an older ownership
 	// epoch than one before it.
 	StaleEpoch int `json:"stale_epoch"`
+	// Unwritable: a conversation that did not accept a send by a member
+	// within the bound once the faults had healed and the churn stopped.
+	Unwritable int `json:"unwritable"`
 }
 
 type namedCount struct {
@@ -321,23 +363,57 @@ type namedCount struct {
 
 func (r *nemesisReport) zeros() []namedCount {
 	z := r.Zero
-	return []namedCount{{"lost accepted", z.LostAccepted}, {"duplicated", z.Duplicated}, {"seq collision", z.SeqCollision},
-		{"seq gap", z.SeqGap}, {"regression", z.Regression}, {"aborted visible", z.AbortedVisible}, {"post-kick", z.PostKick},
-		{"device divergence", z.DeviceDivergence}, {"stale epoch after a newer one", z.StaleEpoch}}
+	return []namedCount{{"lost accepted", z.LostAccepted}, {"not persisted", z.NotPersisted}, {"duplicated", z.Duplicated},
+		{"seq collision", z.SeqCollision}, {"seq gap", z.SeqGap}, {"regression", z.Regression}, {"aborted visible", z.AbortedVisible},
+		{"post-kick", z.PostKick}, {"rejected but stored", z.RejectedStored}, {"device divergence", z.DeviceDivergence},
+		{"stale epoch after a newer one", z.StaleEpoch}, {"unwritable conversations", z.Unwritable}}
 }
 
 // countViolations reads the committed log and Postgres (once the projection
 // has caught up) and counts every violation of I1–I6 it can see in them,
 // in the accepted answers and in the devices' views after a final sync
-// (TestNemesis and TestReconnectStorm).
+// (TestReconnectStorm; TestNemesis checks more with countViolationsOf).
 func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []*device) *nemesisReport {
 	t.Helper()
+	return countViolationsOf(t, ep, nemesisRun{accepted: accepted, devs: devs})
+}
+
+// nemesisRun is what a run did, for countViolationsOf to check against the
+// world.
+type nemesisRun struct {
+	dev      *devProc      // the stack (for the removed users' new devices)
+	accepted []acceptedMsg // sends and membership commands answered accepted
+	rejected []rejectedSend
+	devs     []*device // devices that ran through it
+	// removed are users kicked or who left: what sync and history give
+	// each of them from a new device at the end must be exactly what
+	// their membership periods let them see.
+	removed []string
+}
+
+// countViolationsOf is countViolations over everything run holds: what
+// `chatpipe check` verifies of a loadgen run (cmd/chatpipe/check.go,
+// runcheck) is counted here too — every accepted event in the log and
+// Postgres once, as answered; no seq collision or regression; no message
+// stored twice; nobody sending after their removal; no finally rejected
+// send stored; Postgres holding exactly the log; every device holding
+// exactly what its user may see.
+func countViolationsOf(t *testing.T, ep endpoints, run nemesisRun) *nemesisReport {
+	t.Helper()
+	accepted, devs := run.accepted, run.devs
 	rep := &nemesisReport{Devices: len(devs)}
 	z := &rep.Zero
 	var logRows []row
 	topEpoch := map[int]int64{}
 	topAt := map[int]string{} // where the vshard's newest epoch was first seen, and by which producer
-	lastSeq := map[string]int64{}
+	// A conversation's last seq in each partition: a moved conversation's
+	// events are in its hashed vshard's partition and a dedicated one's,
+	// read in no fixed order between partitions.
+	type convPart struct {
+		conv string
+		part int32
+	}
+	lastSeq := map[convPart]int64{}
 	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
 		at := fmt.Sprintf("%s at %d/%d (producer %d epoch %d)", e.Kind, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch)
 		if e.Epoch < topEpoch[e.VShard] {
@@ -347,14 +423,15 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 		if e.Epoch > topEpoch[e.VShard] || topAt[e.VShard] == "" {
 			topEpoch[e.VShard], topAt[e.VShard] = e.Epoch, at
 		}
-		if e.Kind == logrecord.KindTakeover {
+		if !e.HasSeq() {
 			return
 		}
-		if prev, ok := lastSeq[e.ConversationID]; ok && e.Seq <= prev {
+		cp := convPart{e.ConversationID, r.Partition}
+		if prev, ok := lastSeq[cp]; ok && e.Seq <= prev {
 			z.Regression++
-			t.Logf("regression: %s seq %d after %d in the log", e.ConversationID, e.Seq, prev)
+			t.Logf("regression: %s seq %d after %d in partition %d of the log", e.ConversationID, e.Seq, prev, r.Partition)
 		}
-		lastSeq[e.ConversationID] = e.Seq
+		lastSeq[cp] = e.Seq
 		logRows = append(logRows, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID,
 			Sender: e.Sender, Seq: e.Seq, UserID: e.UserID, Body: e.Body, Members: e.Members})
 	})
@@ -383,6 +460,7 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 	index := func(name string, rows []row) map[string]row {
 		bySeq := map[string]row{}
 		byCmid := map[string]bool{}
+		byMID := map[string]string{}
 		for _, r := range rows {
 			k := key(r.Conv, r.Seq)
 			if _, ok := bySeq[k]; ok {
@@ -390,6 +468,11 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 				t.Logf("seq collision: %s %s used twice", name, k)
 			}
 			bySeq[k] = r
+			if at, ok := byMID[r.MessageID]; ok && r.MessageID != "" && at != k {
+				z.Duplicated++
+				t.Logf("duplicated: %s message %s stored at %s and at %s", name, r.MessageID, at, k)
+			}
+			byMID[r.MessageID] = k
 			if r.Kind == logrecord.KindMessage {
 				ck := r.Conv + "/" + r.ClientMessageID
 				if byCmid[ck] {
@@ -411,6 +494,24 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 		case l.MessageID != d.MessageID || l.ClientMessageID != d.ClientMessageID || l.Body != d.Body:
 			z.SeqCollision++
 			t.Logf("seq collision: Postgres %s holds %+v, the log %+v", k, d, l)
+		}
+	}
+	for k, l := range logBySeq {
+		if _, ok := dbBySeq[k]; !ok {
+			z.NotPersisted++
+			t.Logf("not persisted: the log holds %s (%s %s), Postgres does not", k, l.Kind, l.MessageID)
+		}
+	}
+	storedSend := map[string]row{}
+	for _, l := range logRows {
+		if l.Kind == logrecord.KindMessage {
+			storedSend[l.Conv+"/"+l.ClientMessageID] = l
+		}
+	}
+	for _, r := range run.rejected {
+		if l, ok := storedSend[r.Conv+"/"+r.ClientMessageID]; ok && l.Sender == r.Sender {
+			z.RejectedStored++
+			t.Logf("rejected but stored: %s %s by %s was answered %s, the log holds it at seq %d", r.Conv, r.ClientMessageID, r.Sender, r.Code, l.Seq)
 		}
 	}
 	answered := map[string]string{}
@@ -532,7 +633,70 @@ func countViolations(t *testing.T, ep endpoints, accepted []acceptedMsg, devs []
 			}
 		}
 	}
+	for _, u := range run.removed {
+		checkRemovedUser(t, run.dev, u, userConvs[u], rowsByConv, z)
+	}
 	return rep
+}
+
+// checkRemovedUser reads, as user from a new device of theirs, a sync from
+// nothing and the history of each conversation they were ever in, and
+// counts what differs from what their membership periods (convs:
+// conversation → periods) let them see: an event after a removal (and
+// before a join that followed it) is post-kick, a missing one (the removal
+// event itself above all) a divergence.
+func checkRemovedUser(t *testing.T, dev *devProc, user string, convs map[string][][2]int64, rowsByConv map[string][]row, z *nemesisZeros) {
+	t.Helper()
+	d := newDevice(t, dev, user, user+".final")
+	defer d.disconnect()
+	if err := d.connect(); err != nil { // dials and syncs from empty cursors
+		t.Errorf("sync as %s from a new device: %v", user, err)
+		return
+	}
+	compare := func(what, conv string, got []int64) {
+		want := visibleTo(rowsByConv[conv], convs[conv])
+		have := map[int64]bool{}
+		for _, s := range got {
+			have[s] = true
+			if _, ok := want[s]; !ok {
+				z.PostKick++
+				t.Logf("post-kick: %s's %s gave %s/%d, outside %s's periods %v", user, what, conv, s, user, convs[conv])
+			}
+		}
+		var missing []int64
+		for s := range want {
+			if !have[s] {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) > 0 {
+			sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
+			z.DeviceDivergence += len(missing)
+			t.Logf("device divergence: %s's %s of %s lacks seqs %v (periods %v)", user, what, conv, missing, convs[conv])
+		}
+	}
+	for _, conv := range d.convs() {
+		if _, ok := convs[conv]; !ok {
+			z.PostKick++
+			t.Logf("post-kick: %s's sync gave events of %s, which they never were in", user, conv)
+		}
+	}
+	var names []string
+	for conv := range convs {
+		names = append(names, conv)
+	}
+	sort.Strings(names)
+	for _, conv := range names {
+		compare("sync", conv, d.seqs(conv))
+		got, err := d.history(conv, 200)
+		if err != nil {
+			t.Errorf("history of %s as %s: %v", conv, user, err)
+			continue
+		}
+		compare("history", conv, got)
+		t.Logf("%s from a new device: sync and history of %s checked against %d membership periods (%d of its %d events theirs to see)",
+			user, conv, len(convs[conv]), len(visibleTo(rowsByConv[conv], convs[conv])), len(rowsByConv[conv]))
+	}
 }
 
 func inPeriods(ps [][2]int64, seq int64) bool {
@@ -590,81 +754,226 @@ func devOp(d *device, req map[string]any) (*frame, error) {
 	}
 }
 
-// kickChurn is an owner kicking a member out of one conversation and
-// joining them again, over and over, while the member sends to it.
-type kickChurn struct {
-	t             *testing.T
-	owner, member *device
-	stop          chan struct{}
-	wg            sync.WaitGroup
-	cycles        atomic.Int64
-	mu            sync.Mutex
-	accepted      []acceptedMsg
+// rejectedSend is a send answered with a final rejection: the log must
+// not hold it.
+type rejectedSend struct {
+	Conv, ClientMessageID, Sender, Code string
 }
 
-func startKickChurn(t *testing.T, dev *devProc) *kickChurn {
+// memberChurn is, in each of its conversations, an owner kicking a member
+// (or the member leaving) and joining them again, over and over, while
+// the member sends to it and two steady members send to every one of
+// them. Every membership command carries a key, and every command is sent
+// again with its ids while it is answered unavailable or rate_limited, or
+// its connection drops, as a client does.
+type memberChurn struct {
+	t       *testing.T
+	convs   []string
+	owners  []*device // per conversation
+	members []*device // per conversation: the one kicked
+	steady  []*device
+	stop    chan struct{}
+	stopped sync.Once
+	wg      sync.WaitGroup
+	cycles  atomic.Int64
+
+	mu       sync.Mutex
+	accepted []acceptedMsg // sends, and membership commands that wrote an event
+	rejected []rejectedSend
+	sends    atomic.Int64 // the kicked members' sends accepted
+}
+
+// churnWriteBound is how long a churn command is sent again while it is
+// answered retry: longer than any stall the faults cause (a conversation
+// moving while persist's killed member holds its partitions, up to twice
+// the consumer session timeout of 45 s).
+const churnWriteBound = 3 * time.Minute
+
+var errChurnStopped = errors.New("the churn stopped")
+
+func startMemberChurn(t *testing.T, dev *devProc, n int) *memberChurn {
 	t.Helper()
-	k := &kickChurn{t: t, owner: newDevice(t, dev, "nko", "nko.d0"), member: newDevice(t, dev, "nkm", "nkm.d0"), stop: make(chan struct{})}
-	f, err := devOp(k.owner, map[string]any{"op": "create", "conversation_id": "nk0", "members": []string{"nkm"}, "client_message_id": "nk-create"})
-	if err != nil || f.Op != protocol.OpAccepted {
-		t.Fatalf("create nk0: %v %+v", err, f)
+	k := &memberChurn{t: t, stop: make(chan struct{})}
+	t.Cleanup(func() { k.stopped.Do(func() { close(k.stop) }); k.wg.Wait() }) // a test that fails before finish
+	for i := 0; i < 2; i++ {
+		u := fmt.Sprintf("nks%d", i)
+		k.steady = append(k.steady, newDevice(t, dev, u, u+".d0"))
 	}
-	k.wg.Add(2)
-	go func() {
-		defer k.wg.Done()
-		for i := 0; ; i++ {
-			for _, op := range []string{"kick", "join"} {
+	for i := 0; i < n; i++ {
+		conv := fmt.Sprintf("nk%d", i)
+		owner := newDevice(t, dev, fmt.Sprintf("nko%d", i), fmt.Sprintf("nko%d.d0", i))
+		member := newDevice(t, dev, fmt.Sprintf("nkm%d", i), fmt.Sprintf("nkm%d.d0", i))
+		f, err := devOp(owner, map[string]any{"op": "create", "conversation_id": conv, "members": []string{member.user, "nks0", "nks1"}, "client_message_id": conv + "-create"})
+		if err != nil || f.Op != protocol.OpAccepted {
+			t.Fatalf("create %s: %v %+v", conv, err, f)
+		}
+		k.convs, k.owners, k.members = append(k.convs, conv), append(k.owners, owner), append(k.members, member)
+	}
+	for i, conv := range k.convs {
+		owner, member := k.owners[i], k.members[i]
+		k.wg.Add(2)
+		go func() { // every third cycle the member leaves, else the owner kicks them
+			defer k.wg.Done()
+			for c := 0; ; c++ {
+				remover, removal := owner, map[string]any{"op": "kick", "conversation_id": conv, "user_id": member.user, "client_message_id": fmt.Sprintf("%s-kick-%d", conv, c)}
+				if c%3 == 2 {
+					remover, removal = member, map[string]any{"op": "leave", "conversation_id": conv, "client_message_id": fmt.Sprintf("%s-leave-%d", conv, c)}
+				}
+				join := map[string]any{"op": "join", "conversation_id": conv, "user_id": member.user, "client_message_id": fmt.Sprintf("%s-join-%d", conv, c)}
+				for _, step := range []struct {
+					d   *device
+					req map[string]any
+				}{{remover, removal}, {owner, join}} {
+					select {
+					case <-k.stop:
+						return
+					case <-time.After(150 * time.Millisecond):
+					}
+					if !k.command(step.d, conv, step.req) {
+						return
+					}
+				}
+				k.cycles.Add(1)
+			}
+		}()
+		go func() { // the member sends: accepted while a member, forbidden while out
+			defer k.wg.Done()
+			for i := 0; ; i++ {
 				select {
 				case <-k.stop:
 					return
-				case <-time.After(150 * time.Millisecond):
+				case <-time.After(80 * time.Millisecond):
 				}
-				f, err := devOp(k.owner, map[string]any{"op": op, "conversation_id": "nk0", "user_id": "nkm", "client_message_id": fmt.Sprintf("nk-%s-%d", op, i)})
-				if err != nil {
-					t.Errorf("%s nkm: %v", op, err)
+				if !k.send(member, conv, fmt.Sprintf("%s-%d", member.user, i)) {
 					return
 				}
-				if f.Op != protocol.OpAccepted {
-					t.Logf("%s nkm (%d): %s %s", op, i, f.Code, f.Message)
+			}
+		}()
+	}
+	for _, d := range k.steady {
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-k.stop:
+					return
+				case <-time.After(60 * time.Millisecond): // under the gateway's 20 commands/s per user
+				}
+				if !k.send(d, k.convs[i%len(k.convs)], fmt.Sprintf("%s-%d", d.user, i)) {
+					return
 				}
 			}
-			k.cycles.Add(1)
-		}
-	}()
-	go func() {
-		defer k.wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-k.stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			cmid := fmt.Sprintf("nkm-%d", i)
-			sent := time.Now()
-			f, err := devOp(k.member, map[string]any{"op": "send", "conversation_id": "nk0", "client_message_id": cmid, "body": "churn"})
-			if err != nil {
-				t.Errorf("send %s: %v", cmid, err)
-				return
-			}
-			if f.Op == protocol.OpAccepted {
-				k.mu.Lock()
-				k.accepted = append(k.accepted, acceptedMsg{Conv: "nk0", ClientMessageID: cmid, MessageID: f.MessageID, Sender: "nkm", Seq: f.Seq, SentAt: sent, AcceptedAt: time.Now()})
-				k.mu.Unlock()
-			} else if f.Code != string(protocol.CodeForbidden) {
-				t.Errorf("send %s: %+v", cmid, f)
-			}
-		}
-	}()
+		}()
+	}
 	return k
 }
 
-func (k *kickChurn) devices() []*device { return []*device{k.owner, k.member} }
+// write sends req from d until it is answered other than unavailable or
+// rate_limited, with the same ids, for at most churnWriteBound; it gives
+// up (errChurnStopped) once the churn stops.
+func (k *memberChurn) write(d *device, req map[string]any) (*frame, error) {
+	start := time.Now()
+	for {
+		f, err := devOp(d, req)
+		if err != nil {
+			return nil, err
+		}
+		if f.Code != string(protocol.CodeUnavailable) && f.Code != string(protocol.CodeRateLimited) {
+			return f, nil
+		}
+		if time.Since(start) > churnWriteBound {
+			return f, fmt.Errorf("still answered %s %q after %v", f.Code, f.Message, churnWriteBound)
+		}
+		select {
+		case <-k.stop:
+			return nil, errChurnStopped
+		case <-time.After(time.Duration(max(f.RetryAfterMS, 10)) * time.Millisecond):
+		}
+	}
+}
 
-// finish stops the churn and returns the member's accepted sends.
-func (k *kickChurn) finish() []acceptedMsg {
-	close(k.stop)
+// command sends a membership command (kick, leave or join) and records it
+// if it wrote an event; false: the goroutine stops.
+func (k *memberChurn) command(d *device, conv string, req map[string]any) bool {
+	sent := time.Now()
+	f, err := k.write(d, req)
+	switch {
+	case errors.Is(err, errChurnStopped):
+		return false
+	case err != nil:
+		k.t.Errorf("%s %s by %s: %v; %s", req["op"], conv, d.user, err, convWhere(d.dev.ep, conv))
+		return false
+	case f.Op != protocol.OpAccepted:
+		k.t.Errorf("%s %s by %s (%s) answered %s %q", req["op"], conv, d.user, req["client_message_id"], f.Code, f.Message)
+		return false
+	case f.MessageID != "": // not a join of a current member, which writes nothing
+		k.mu.Lock()
+		k.accepted = append(k.accepted, acceptedMsg{Conv: conv, ClientMessageID: req["client_message_id"].(string), MessageID: f.MessageID, Sender: d.user, Seq: f.Seq, SentAt: sent, AcceptedAt: time.Now()})
+		k.mu.Unlock()
+	}
+	return true
+}
+
+// send sends a message and records the answer: accepted, or forbidden
+// (the sender is out); false: the goroutine stops.
+func (k *memberChurn) send(d *device, conv, cmid string) bool {
+	sent := time.Now()
+	f, err := k.write(d, map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": "churn"})
+	switch {
+	case errors.Is(err, errChurnStopped):
+		return false
+	case err != nil:
+		k.t.Errorf("send %s to %s by %s: %v; %s", cmid, conv, d.user, err, convWhere(d.dev.ep, conv))
+		return false
+	case f.Op == protocol.OpAccepted:
+		k.mu.Lock()
+		k.accepted = append(k.accepted, acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: f.MessageID, Sender: d.user, Seq: f.Seq, SentAt: sent, AcceptedAt: time.Now()})
+		k.mu.Unlock()
+		if strings.HasPrefix(d.user, "nkm") {
+			k.sends.Add(1)
+		}
+	case f.Code == string(protocol.CodeForbidden):
+		k.mu.Lock()
+		k.rejected = append(k.rejected, rejectedSend{Conv: conv, ClientMessageID: cmid, Sender: d.user, Code: f.Code})
+		k.mu.Unlock()
+	default:
+		k.t.Errorf("send %s to %s by %s answered %s %q", cmid, conv, d.user, f.Code, f.Message)
+		return false
+	}
+	return true
+}
+
+// devices are every device of the churn: owners, kicked members, steady
+// members.
+func (k *memberChurn) devices() []*device {
+	return append(append(append([]*device(nil), k.owners...), k.members...), k.steady...)
+}
+
+// removed are the users the churn kicks or who leave.
+func (k *memberChurn) removed() []string {
+	var out []string
+	for _, d := range k.members {
+		out = append(out, d.user)
+	}
+	return out
+}
+
+// senders names a current member of each churn conversation: its owner.
+func (k *memberChurn) senders() map[string]string {
+	out := map[string]string{}
+	for i, c := range k.convs {
+		out[c] = k.owners[i].user
+	}
+	return out
+}
+
+// finish stops the churn and returns what was accepted and what was
+// finally rejected.
+func (k *memberChurn) finish() ([]acceptedMsg, []rejectedSend) {
+	k.stopped.Do(func() { close(k.stop) })
 	k.wg.Wait()
-	return k.accepted
+	return k.accepted, k.rejected
 }
 
 // observerSet is devices that stay connected: dropped by the gateway (a
