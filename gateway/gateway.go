@@ -478,12 +478,9 @@ type session struct {
 	user   string
 	exp    time.Time  // the token's expiry and leeway: later commands get unauthorized (refresh moves it)
 	limits *userState // the user's rate limiter, shared by their connections
-	out    chan []byte
-	// backfill hands the frames read back from a backlog to the writer one
-	// at a time (unbuffered): they never take the send buffer's room, and
-	// the last one is in the writer's hands before pushes go to the buffer
-	// again, so per conversation the order holds.
-	backfill chan []byte
+	// out is the send buffer: every frame to the device, written in the
+	// order queued (replies, pushes, and a backlog's read-back: backlog.go).
+	out chan []byte
 	// pushRoom is how full pushes may fill the send buffer: the rest is
 	// kept for replies (up to MaxInFlight of them, at most half the buffer).
 	pushRoom int
@@ -502,8 +499,8 @@ type session struct {
 
 func newSession(g *Gateway, c *websocket.Conn, user string) *session {
 	return &session{g: g, c: c, user: user, out: make(chan []byte, g.cfg.SendBuffer), sem: make(chan struct{}, g.cfg.MaxInFlight),
-		backfill: make(chan []byte), pushRoom: g.cfg.SendBuffer - min(g.cfg.MaxInFlight, g.cfg.SendBuffer/2),
-		batch: c.Subprotocol() == protocol.SubprotocolBatch, backlog: newBacklog()}
+		pushRoom: g.cfg.SendBuffer - min(g.cfg.MaxInFlight, g.cfg.SendBuffer/2), batch: c.Subprotocol() == protocol.SubprotocolBatch,
+		backlog: newBacklog()}
 }
 
 // writeTimeout bounds the writes of one wake-up of a connection's writer:
@@ -530,6 +527,7 @@ func (s *session) writeBatch(first []byte) (frames, msgs int64, err error) {
 	}
 	for n := len(s.out); n > 0; n-- {
 		b := <-s.out
+		s.took()
 		if len(buf)+1+len(b) > maxBatchBytes {
 			if err := flush(); err != nil {
 				return frames, msgs, err
@@ -575,7 +573,7 @@ func (s *session) run(parent context.Context) {
 			var b []byte
 			select {
 			case b = <-s.out:
-			case b = <-s.backfill:
+				s.took()
 			case <-ctx.Done():
 				return
 			}
@@ -594,6 +592,7 @@ func (s *session) run(parent context.Context) {
 						break
 					}
 					b = <-s.out
+					s.took()
 				}
 				msgs = frames
 			}
