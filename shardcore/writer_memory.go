@@ -62,13 +62,27 @@ func (m *Writer) evict() int {
 		if len(m.convs) <= target {
 			break
 		}
-		if m.stored[cid] == nil {
+		if m.stored[cid] == nil && !m.pinnedByVerdict(cid) {
 			delete(m.convs, cid)
 			delete(m.rates, cid)
 			n++
 		}
 	}
 	return n
+}
+
+// pinnedByVerdict reports whether the VerdictsPinConvs fault keeps
+// conversation cid cached: a verdict remembered for one of its keys.
+func (m *Writer) pinnedByVerdict(cid string) bool {
+	if !m.cfg.Faults.VerdictsPinConvs {
+		return false
+	}
+	for k := range m.verdicts.byKey {
+		if k.Conv == cid {
+			return true
+		}
+	}
+	return false
 }
 
 // unstoredEvent is an event at a log offset that persist may not have
