@@ -58,8 +58,8 @@ func (w *World) drain() {
 // has one.
 func (w *World) firstAction(order []category) (action, bool) {
 	for _, c := range order {
-		if as := w.actions(c); len(as) > 0 {
-			return as[0], true
+		if w.available(c) {
+			return w.actions(c)[0], true
 		}
 	}
 	return action{}, false

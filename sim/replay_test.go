@@ -41,3 +41,22 @@ func TestDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestAvailableMatchesActions: randomStep weighs the categories by
+// available, and then draws from actions: the two must agree at every
+// step.
+func TestAvailableMatchesActions(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		cfg := ScheduleConfig(seed)
+		w := newWorld(cfg, NewSeededChooser(seed))
+		w.setup()
+		for i := 0; i < cfg.Steps; i++ {
+			for c := category(0); c < numCategories; c++ {
+				if got, want := w.available(c), len(w.actions(c)) > 0; got != want {
+					t.Fatalf("seed %d step %d: available(%s) is %v, actions has %d", seed, w.step, categoryNames[c], got, len(w.actions(c)))
+				}
+			}
+			w.randomStep()
+		}
+	}
+}

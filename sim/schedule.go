@@ -203,34 +203,94 @@ func (w *World) actions(c category) []action {
 	return out
 }
 
+// planWouldMove reports whether the coordinator would move a vshard now.
+// ownership.Plan reads only the owner store's view, which changes only
+// with its revision: the answer is kept for the revision it was made at.
 func (w *World) planWouldMove() bool {
-	return len(ownership.Plan(w.owners.View(), w.layout().AllVShards())) > 0
+	if rev := w.owners.Rev(); !w.planKnown || w.planRev != rev {
+		w.planKnown, w.planRev = true, rev
+		w.planMoves = len(ownership.Plan(w.owners.View(), w.layout().AllVShards())) > 0
+	}
+	return w.planMoves
+}
+
+// available reports whether category c has an action now: whether
+// actions(c) is not empty, found without building the list for the
+// categories that are asked most and have the longest lists.
+func (w *World) available(c category) bool {
+	switch c {
+	case catWriter, catLostCommit:
+		for _, wk := range w.workers {
+			if !wk.running(w.now) {
+				continue
+			}
+			for _, wr := range wk.writers {
+				if wr.available(w, c) {
+					return true
+				}
+			}
+			for _, wr := range wk.retired {
+				if wr.available(w, c) {
+					return true
+				}
+			}
+		}
+		return false
+	case catDeliver:
+		for _, m := range w.net.inflight {
+			if m.to == "" || !w.worker(m.to).paused(w.now) {
+				return true
+			}
+		}
+		return false
+	case catDrop:
+		return len(w.net.inflight) > 0
+	case catRetry:
+		for _, o := range w.ops {
+			if w.needsRetry(o) {
+				return true
+			}
+		}
+		return false
+	case catDevice:
+		for _, d := range w.devices {
+			if d.behind(w.proj, w.convs) {
+				return true
+			}
+		}
+		return false
+	case catIsolate:
+		// every conversation can be isolated into a dedicated vshard it
+		// is not routed to, or released from the one it is
+		return w.cfg.Dedicated > 0 && len(w.convs) > 0
+	}
+	return len(w.actions(c)) > 0
 }
 
 // randomStep lets the chooser pick a category (by weight, among those with
 // something to do) and then one of its actions.
 func (w *World) randomStep() {
-	var lists [numCategories][]action
+	var avail [numCategories]bool
 	total := 0
 	for c := category(0); c < numCategories; c++ {
 		if c.fault() && w.faults >= w.cfg.MaxFaults {
 			continue
 		}
-		lists[c] = w.actions(c)
-		if len(lists[c]) > 0 {
+		if avail[c] = w.available(c); avail[c] {
 			total += weights[c]
 		}
 	}
 	r := w.ch.Choose(total, "category")
 	for c := category(0); c < numCategories; c++ {
-		if len(lists[c]) == 0 {
+		if !avail[c] {
 			continue
 		}
 		if r >= weights[c] {
 			r -= weights[c]
 			continue
 		}
-		a := lists[c][w.ch.Choose(len(lists[c]), categoryNames[c])]
+		list := w.actions(c)
+		a := list[w.ch.Choose(len(list), categoryNames[c])]
 		if c.fault() {
 			w.faults++
 		}

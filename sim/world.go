@@ -55,6 +55,11 @@ type World struct {
 	stats         Stats
 	staleExample  string
 	violations    []Violation
+	// planMoves is whether ownership.Plan moved a vshard at owner store
+	// revision planRev (planKnown: it was asked).
+	planKnown bool
+	planRev   int64
+	planMoves bool
 	// projBroken: conversations PropProjection has reported.
 	projBroken map[string]bool
 	trace      []string

@@ -173,6 +173,20 @@ func (wr *writer) steps(w *World) []stepKind {
 	return nil
 }
 
+// available reports whether the writer has a step of category c
+// (catWriter or catLostCommit) now.
+func (wr *writer) available(w *World, c category) bool {
+	if wr.ended() {
+		return false
+	}
+	for _, s := range wr.steps(w) {
+		if c == catWriter || wr.committing(s) {
+			return true
+		}
+	}
+	return false
+}
+
 // committing reports whether the step is a commit (whose reply may be lost).
 func (wr *writer) committing(s stepKind) bool {
 	return s == stEffect && wr.pending.Kind == shardcore.EffectCommit && (wr.produced || wr.phase() == shardcore.PhaseMarker)
