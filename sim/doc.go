@@ -78,12 +78,12 @@
 // projection transaction or a partition's projection lagging for a few
 // ticks, the clock, a manage or coordinator round, a gateway view
 // refresh, a device sync, the operator, and faults — a Postgres or etcd
-// outage of a few ticks, a pause longer
-// than the lease (the worker later resumes where it was, e.g. with a batch
-// produced and not committed), a crash (possibly between produce and
-// commit), a commit whose reply is lost (it committed; the writer sees an
-// error), a lost message. Takeovers and rebalances follow from leases
-// running out, restarts and ownership.Plan. After Config.Steps steps the drain
+// outage of a few ticks, a pause longer than the lease (the worker later
+// resumes where it was, e.g. with a batch produced and not committed), a
+// crash (possibly between produce and commit), a commit whose reply is
+// lost (it committed; the writer sees an error), a lost message.
+// Takeovers and rebalances follow from leases running out, restarts and
+// ownership.Plan. After Config.Steps steps the drain
 // heals every fault and runs the world to quiescence (the projection and
 // the devices interleaved with the clock at the chooser's pick, so the
 // projection's partitions still lag one another); then check.go checks
@@ -133,16 +133,19 @@
 //
 // # Running
 //
-//	go test ./sim/ -race
+//	go test ./sim/
 //
 // runs, in CI, 10,000 seeded schedules of the correct writer
-// (TestSchedules; the shape — 1–4 vshards over 1–2 partitions, 2–3
-// workers, 1–3 cached conversations per writer — drawn from each seed, the
-// seeds moving with the day), the seeds of the regression corpus
-// testdata/schedules.txt (TestScheduleCorpus), 8 rapid rounds of 100
-// random schedules (TestProperties), 300 seeded schedules per bug switch
-// plus the same 300 of the correct writer, and the fixed schedules (about
-// 2 minutes on 2 cores with -race, 25 s without). A failing TestSchedules
+// (TestSchedules; the shape — 1–4 vshards over 1–2 partitions, 0–2
+// dedicated vshards, 2–3 workers, 1–3 cached conversations per writer —
+// drawn from each seed, the seeds moving with the day; 1,000 under
+// -race), the seeds of the regression corpus testdata/schedules.txt
+// (TestScheduleCorpus), 8 rapid rounds of 100 random schedules
+// (TestProperties), 300 seeded schedules per bug switch and the same 300
+// of the correct writer in each bug's shape, 500 schedules of moves
+// (TestMovesUnderFaults), and the fixed schedules: on a shared 2-core
+// machine about 65 s (51 s of CPU), with -race 2½ to 4 minutes (about
+// 115 s of CPU). A failing TestSchedules
 // seed is printed with the command that replays it and appended to the
 // corpus:
 //
