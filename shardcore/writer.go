@@ -194,6 +194,15 @@ type WriterFaults struct {
 	// it as its own at once, from its durable state, without waiting for
 	// the moved record of the vshard it leaves: both may accept for it.
 	AcceptBeforeMoved bool
+	// ForgetNoopJoin answers a keyed join of a current member without
+	// keeping the answer as the key's verdict (Decision.Keep is dropped
+	// for it): another attempt of the key after the user left or was
+	// kicked adds them again.
+	ForgetNoopJoin bool
+	// VerdictsPinConvs makes evict keep every conversation a remembered
+	// verdict names: refused commands to many conversations grow the
+	// cache past MaxConvs.
+	VerdictsPinConvs bool
 }
 
 // Phase is where a Writer is.

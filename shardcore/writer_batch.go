@@ -146,6 +146,9 @@ func (m *Writer) decide(now time.Time) {
 			seen = &stale
 		}
 		d := DecideWith(seen, &c.Cmd, m.stamp(now, id), m.cfg.Limits, prior)
+		if m.cfg.Faults.ForgetNoopJoin && d.Reject == nil && d.Event == nil && c.Cmd.Op == protocol.OpJoin {
+			d.Keep = false
+		}
 		if d.Keep {
 			// Another attempt of the key gets this answer too, for a
 			// while: one decided later must neither be accepted after a

@@ -1,6 +1,8 @@
 package shardcore
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -54,21 +56,37 @@ func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
 // them would miss their newest events, so the cache is bounded by
 // MaxConvs plus persist's lag. The verdicts remembered for a
 // conversation's keys are the writer's, not the cached state's: evicting
-// it forgets none of them.
+// it forgets none of them. It looks at the conversations in id order, not
+// in the map's random one, so that what it drops is a function of the
+// writer's inputs (the simulation replays a schedule from its seed).
 func (m *Writer) evict() int {
 	target := m.cfg.MaxConvs * 3 / 4
 	n := 0
-	for cid := range m.convs {
+	for _, cid := range slices.Sorted(maps.Keys(m.convs)) {
 		if len(m.convs) <= target {
 			break
 		}
-		if m.stored[cid] == nil {
+		if m.stored[cid] == nil && !m.pinnedByVerdict(cid) {
 			delete(m.convs, cid)
 			delete(m.rates, cid)
 			n++
 		}
 	}
 	return n
+}
+
+// pinnedByVerdict reports whether the VerdictsPinConvs fault keeps
+// conversation cid cached: a verdict remembered for one of its keys.
+func (m *Writer) pinnedByVerdict(cid string) bool {
+	if !m.cfg.Faults.VerdictsPinConvs {
+		return false
+	}
+	for k := range m.verdicts.byKey {
+		if k.Conv == cid {
+			return true
+		}
+	}
+	return false
 }
 
 // unstoredEvent is an event at a log offset that persist may not have

@@ -2,26 +2,59 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 )
 
-// bugCases are the writer's bug switches, each with the property that must
-// catch it and the dedicated vshards its schedules have.
+// bugCases are the bug switches, each with the property that must catch
+// it and the shape of its schedules (DefaultConfig changed by shape).
 var bugCases = []struct {
-	name      string
-	bugs      Bugs
-	want      string
-	dedicated int
+	name  string
+	bugs  Bugs
+	want  string
+	shape shape
 }{
-	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision, 0},
-	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost, 0},
-	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved, 0},
-	{"ReplayBeforeMarker", Bugs{ReplayBeforeMarker: true}, PropCollision, 0},
+	{"AcceptBeforeMarker", Bugs{AcceptBeforeMarker: true}, PropCollision, shape{}},
+	{"AcceptedBeforeCommit", Bugs{AcceptedBeforeCommit: true}, PropLost, shape{}},
+	{"MembershipOutsideMailbox", Bugs{MembershipOutsideMailbox: true}, PropRemoved, shape{}},
+	{"ReplayBeforeMarker", Bugs{ReplayBeforeMarker: true}, PropCollision, shape{}},
 	// The new writer of a moved conversation starts before the old one's
 	// moved record is committed (and stored).
-	{"AcceptBeforeMoved", Bugs{AcceptBeforeMoved: true}, PropCollision, 1},
+	{"AcceptBeforeMoved", Bugs{AcceptBeforeMoved: true}, PropCollision, shape{dedicated: 1}},
+	// Two writers of one worker, the conversation's hashed vshard's and
+	// the dedicated one's, share a loaded state: one decides from what
+	// the other applied.
+	{"SharedLoadState", Bugs{SharedLoadState: true}, PropArrival, shape{dedicated: 1}},
+	// Fewer faults, fewer conversations: more of the schedule is moves
+	// and membership changes the projection lags behind.
+	{"ProjectionRecordOrder", Bugs{ProjectionRecordOrder: true}, PropProjection, shape{dedicated: 1, conversations: 2, faults: 2}},
+	// Fewer faults (fewer takeovers: the writer that answered the join
+	// is the one the retry reaches), every user a member at first.
+	{"ForgetNoopJoin", Bugs{ForgetNoopJoin: true}, PropOneEffect, shape{users: 3, faults: 2}},
+	{"VerdictsPinConvs", Bugs{VerdictsPinConvs: true}, PropCacheBound, shape{}},
+}
+
+// shape is how a bug's schedules differ from DefaultConfig (zero: not).
+type shape struct {
+	dedicated, conversations, users, faults int
+}
+
+// config is DefaultConfig in shape s.
+func (s shape) config() Config {
+	cfg := DefaultConfig()
+	cfg.Dedicated = s.dedicated
+	if s.conversations > 0 {
+		cfg.Conversations = s.conversations
+	}
+	if s.users > 0 {
+		cfg.Users = s.users
+	}
+	if s.faults > 0 {
+		cfg.MaxFaults = s.faults
+	}
+	return cfg
 }
 
 // bugSeeds is how many seeded schedules each bug runs in CI (a soak runs
@@ -72,37 +105,43 @@ func TestBugsAreCaught(t *testing.T) {
 	}
 }
 
-// TestCorrectWriterOnBugSeeds runs the correct writer on the seeds the bug
-// tests use: every violation they find must come from the bug.
+// TestCorrectWriterOnBugSeeds runs the correct writer on the seeds and
+// shapes the bug tests use: every violation they find must come from the
+// bug.
 func TestCorrectWriterOnBugSeeds(t *testing.T) {
-	for _, dedicated := range []int{0, 1} {
-		cfg := DefaultConfig()
-		cfg.Dedicated = dedicated
+	var shapes []shape
+	for _, bc := range bugCases {
+		if !slices.Contains(shapes, bc.shape) {
+			shapes = append(shapes, bc.shape)
+		}
+	}
+	for _, sh := range shapes {
+		cfg := sh.config()
 		for seed := 1; seed <= bugSeeds; seed++ {
 			if r := Run(cfg, NewSeededChooser(uint64(seed))); r.Failed() {
-				t.Fatalf("seed %d with %d dedicated vshards: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, dedicated, r.Properties(), r.Report(150), seed)
+				t.Fatalf("seed %d in shape %+v: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, sh, r.Properties(), r.Report(150), seed)
 			}
 		}
 	}
 }
 
-// bugConfig returns DefaultConfig with the bug switch named name and its
-// dedicated vshards ("" is the correct writer, with none).
+// bugConfig returns the config of the bug switch named name in its
+// shape ("" is the correct writer in DefaultConfig).
 func bugConfig(t *testing.T, name string) Config {
-	cfg := DefaultConfig()
 	if name == "" {
-		return cfg
+		return DefaultConfig()
 	}
 	var names []string
 	for _, bc := range bugCases {
 		if bc.name == name {
-			cfg.Bugs, cfg.Dedicated = bc.bugs, bc.dedicated
+			cfg := bc.shape.config()
+			cfg.Bugs = bc.bugs
 			return cfg
 		}
 		names = append(names, bc.name)
 	}
 	t.Fatalf("CHATPIPE_SIM_BUG=%q: want one of %v", name, names)
-	return cfg
+	return Config{}
 }
 
 // TestMarkerConfirmKeepsEpochsInOrder: without the owner-row read between

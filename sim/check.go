@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -14,6 +15,14 @@ const (
 	PropLost = "I1 accepted-but-lost"
 	// PropUnpersisted: an accepted answer whose event is not in the sink once persist caught up (I1).
 	PropUnpersisted = "I1 accepted-but-not-persisted"
+	// PropArrival: a conversation's event was written by a vshard it had
+	// not arrived at: when it was committed, the committed log placed the
+	// conversation at another vshard; or it was produced by the vshard a
+	// moved record sent the conversation to before persist had stored that
+	// record, so decided from a state that was not loaded from durable
+	// state (I2: one writer per conversation; docs/architecture.md rule 25
+	// relies on it).
+	PropArrival = "I2 written-before-arrival"
 	// PropEpochs: a vshard's committed records go back to an older producer epoch (I2).
 	PropEpochs = "I2 producer-epoch-order"
 	// PropOwnerEpochs: a vshard's committed records go back to an older
@@ -28,12 +37,24 @@ const (
 	PropRealTime = "I3 accepted-before-sent-order"
 	// PropSinkConflict: persist found a (conversation, seq) or client_message_id held by another message (I3, I4).
 	PropSinkConflict = "I3/I4 sink-conflict"
-	// PropDuplicate: two committed messages of a conversation share a client_message_id (I4).
+	// PropDuplicate: two committed events of a conversation share a client_message_id (I4).
 	PropDuplicate = "I4 duplicate-client_message_id"
-	// PropRetry: a retry answered other than the first result (I4).
+	// PropRetry: a retry of a keyed command answered other than the first result (I4).
 	PropRetry = "I4 retry-not-first-result"
+	// PropOneEffect: a keyed command took effect twice: a join answered
+	// accepted without a write (its user was a member) by a writer that
+	// later, within RefusalMemory, committed a join for the same key — the
+	// user left or was kicked in between, and the command added them again
+	// (I4; docs/protocol.md: one command, at most one effect).
+	PropOneEffect = "I4 keyed-command-two-effects"
 	// PropRemoved: a message from a user who was not a member at its seq (I5).
 	PropRemoved = "I5 message-from-non-member"
+	// PropProjection: the read model's membership periods of a
+	// conversation are not those of its events in seq order up to its
+	// projected last seq — after any projection batch, and at the end,
+	// when it has applied every event — so a kicked or left user is still
+	// a member there, or a member is not (I5; docs/architecture.md rule 25).
+	PropProjection = "I5 projected-membership"
 	// PropDevices: a device's list differs from the log's, seq-ordered (I6).
 	PropDevices = "I6 devices-diverge"
 	// PropUngated: an accepted answer left a writer before its event was committed (I7, I1).
@@ -46,6 +67,10 @@ const (
 	// PropBusyWake: an accepting writer asked to be woken now with nothing
 	// to start, so a driver would call Tick in a loop.
 	PropBusyWake = "busy-wake"
+	// PropCacheBound: after a housekeeping pass a writer caches more
+	// conversations than MaxConvs, or than those with events persist had
+	// not stored if they are more (DESIGN rule 8: state is bounded).
+	PropCacheBound = "bounded-writer-cache"
 )
 
 // check runs the end-of-run properties on the drained world.
@@ -56,7 +81,9 @@ func (w *World) check() {
 	w.checkLog()
 	w.checkStale()
 	w.checkAnswers()
+	w.checkOneEffect()
 	w.checkRealTime()
+	w.checkProjection()
 	w.checkDevices()
 }
 
@@ -76,16 +103,22 @@ func (w *World) convLog(conv string) []*Record {
 }
 
 // checkLog: I3 (no collision, no regression), I4 (no duplicate
-// client_message_id), I5 (no message from a non-member) on each
-// conversation's committed events, and I2 on each vshard's records.
+// client_message_id), I5 (no message from a non-member) and I2 (written
+// where it has arrived) on each conversation's committed events, and I2
+// on each vshard's records.
 func (w *World) checkLog() {
 	for _, conv := range w.convs {
 		bySeq := map[int64]*Record{}
 		cmids := map[string]*Record{}
 		r := roster{}
 		var top int64
+		at, arrived := logrecord.VShard(conv, w.cfg.VShards), (*Record)(nil)
 		for _, rec := range w.convLog(conv) {
 			e := rec.Event
+			w.checkArrival(conv, rec, at, arrived)
+			if e.Kind == logrecord.KindMoved && e.ToVShard != nil && e.VShard == at {
+				at, arrived = *e.ToVShard, rec
+			}
 			if prev, ok := bySeq[e.Seq]; ok {
 				w.violate(PropCollision, "%s seq %d: %s (%s by %s, epoch %d) at offset %d and %s (%s by %s, epoch %d) at offset %d",
 					conv, e.Seq, prev.Event.MessageID, prev.Event.Kind, prev.Event.Sender, prev.Event.Epoch, prev.Offset,
@@ -95,12 +128,14 @@ func (w *World) checkLog() {
 			}
 			bySeq[e.Seq] = rec
 			top = max(top, e.Seq)
-			if e.Kind == logrecord.KindMessage {
+			if e.ClientMessageID != "" {
 				if prev, ok := cmids[e.ClientMessageID]; ok {
-					w.violate(PropDuplicate, "%s client_message_id %s at seq %d and seq %d", conv, e.ClientMessageID, prev.Event.Seq, e.Seq)
+					w.violate(PropDuplicate, "%s client_message_id %s at seq %d (%s) and seq %d (%s)", conv, e.ClientMessageID, prev.Event.Seq, prev.Event.Kind, e.Seq, e.Kind)
 				} else {
 					cmids[e.ClientMessageID] = rec
 				}
+			}
+			if e.Kind == logrecord.KindMessage {
 				if !r[e.Sender] {
 					w.violate(PropRemoved, "%s seq %d: message %s from %s, who is not a member there (members %v)", conv, e.Seq, e.ClientMessageID, e.Sender, sortedKeys(r))
 				}
@@ -127,9 +162,33 @@ func (w *World) checkLog() {
 	}
 }
 
+// checkArrival: I2 for conv's committed event rec, when its committed log
+// before it places conv at vshard at, brought there by the moved record
+// arrived (nil: never moved).
+func (w *World) checkArrival(conv string, rec *Record, at int, arrived *Record) {
+	e := rec.Event
+	if e.VShard != at {
+		w.violate(PropArrival, "%s seq %d (%s) written by vshard %d at step %d; the committed log places it at vshard %d", conv, e.Seq, e.Kind, e.VShard, rec.CommittedStep, at)
+		return
+	}
+	if arrived == nil {
+		return
+	}
+	stored, ok := w.sink.StoredAt(conv, arrived.Event.Seq)
+	switch {
+	case !ok:
+		w.violate(PropArrival, "%s seq %d (%s) produced by vshard %d at step %d; persist never stored the moved record (seq %d) that sent it there",
+			conv, e.Seq, e.Kind, e.VShard, rec.ProducedStep, arrived.Event.Seq)
+	case stored >= rec.ProducedStep:
+		w.violate(PropArrival, "%s seq %d (%s) produced by vshard %d at step %d; the moved record (seq %d) that sent it there was stored by persist at step %d",
+			conv, e.Seq, e.Kind, e.VShard, rec.ProducedStep, arrived.Event.Seq, stored)
+	}
+}
+
 // checkAnswers: I1 (every accepted answer's event is committed and
-// persisted) and I4 (every answer to a send of a client_message_id is the
-// first result).
+// persisted) and I4 (every answer to a command with a client_message_id
+// is the first result; a join answered accepted without a write is
+// checked by checkOneEffect).
 func (w *World) checkAnswers() {
 	for _, o := range w.ops {
 		conv := o.cmd.ConversationID
@@ -145,25 +204,73 @@ func (w *World) checkAnswers() {
 				w.violate(PropUnpersisted, "op%d (%s %s) accepted seq %d %s, not in the sink", o.id, o.cmd.Op, conv, r.Seq, r.MessageID)
 			}
 		}
-		if o.cmd.Op != protocol.OpSend {
+		if o.cmd.ClientMessageID == "" || o.cmd.Op == protocol.OpCreate {
 			continue
 		}
 		first, committed := w.firstMessage(conv, o.cmd.ClientMessageID)
 		for _, a := range o.answers {
 			r := a.reply
 			switch {
+			case noopJoin(o, a) && (!committed || a.sentStep <= first.CommittedStep):
+				// nothing to do then: the key's first result, as long as
+				// no event has it
 			case !committed:
 				if r.Op == protocol.OpAccepted {
-					w.violate(PropRetry, "op%d send %s/%s accepted seq %d but no message with that id is committed", o.id, conv, o.cmd.ClientMessageID, r.Seq)
+					w.violate(PropRetry, "op%d %s %s/%s accepted seq %d but no event with that id is committed", o.id, o.cmd.Op, conv, o.cmd.ClientMessageID, r.Seq)
 				}
 			case r.Op == protocol.OpAccepted:
 				if r.Seq != first.Event.Seq || r.MessageID != first.Event.MessageID {
-					w.violate(PropRetry, "op%d send %s/%s answered seq %d %s; the first result is seq %d %s",
-						o.id, conv, o.cmd.ClientMessageID, r.Seq, r.MessageID, first.Event.Seq, first.Event.MessageID)
+					w.violate(PropRetry, "op%d %s %s/%s answered seq %d %q at step %d; the first result is seq %d %s, committed at step %d",
+						o.id, o.cmd.Op, conv, o.cmd.ClientMessageID, r.Seq, r.MessageID, a.sentStep, first.Event.Seq, first.Event.MessageID, first.CommittedStep)
 				}
 			case a.sentStep > first.CommittedStep && first.Event.Sender == o.cmd.Sender:
-				w.stale(PropRetry, a, "op%d send %s/%s rejected %s at step %d after its first result (seq %d) was committed at step %d",
-					o.id, conv, o.cmd.ClientMessageID, r.Code, a.sentStep, first.Event.Seq, first.CommittedStep)
+				w.stale(PropRetry, a, "op%d %s %s/%s rejected %s at step %d after its first result (seq %d) was committed at step %d",
+					o.id, o.cmd.Op, conv, o.cmd.ClientMessageID, r.Code, a.sentStep, first.Event.Seq, first.CommittedStep)
+			}
+		}
+	}
+}
+
+// noopJoin reports whether a is the answer to a join of a current
+// member: accepted, nothing written, no message id.
+func noopJoin(o *op, a *answer) bool {
+	return o.cmd.Op == protocol.OpJoin && a.reply.Op == protocol.OpAccepted && !a.wrote && a.reply.MessageID == ""
+}
+
+// checkOneEffect: I4 for keyed joins of a current member. The writer
+// that answered one accepted without a write keeps that answer for the
+// key for RefusalMemory (docs/protocol.md, "Attempts in flight"): it must
+// not commit a join for the key in that time, whatever happened to the
+// membership meanwhile. (Another writer — a new owner, or the vshard the
+// conversation moved to — decides the key again.)
+func (w *World) checkOneEffect() {
+	memory := int64(refusalMemory / time.Second)
+	for _, o := range w.ops {
+		if o.cmd.Op != protocol.OpJoin || o.cmd.ClientMessageID == "" {
+			continue
+		}
+		for _, a := range o.decided {
+			if !noopJoin(o, a) || a.by == nil {
+				continue
+			}
+			w.stats.NoopJoins++
+			for _, o2 := range w.ops {
+				if o2.cmd.ConversationID == o.cmd.ConversationID && o2.cmd.ClientMessageID == o.cmd.ClientMessageID {
+					for _, at := range o2.attempts {
+						if at.sentStep > a.sentStep {
+							w.stats.NoopJoinRetries++
+						}
+					}
+				}
+			}
+			for _, rec := range w.log.ConvRecords(o.cmd.ConversationID) {
+				e := rec.Event
+				if e.ClientMessageID != o.cmd.ClientMessageID || e.VShard != a.by.v || e.Epoch != a.by.epoch ||
+					rec.CommittedStep <= a.sentStep || e.CreatedAt.Unix()-a.sentAt > memory {
+					continue
+				}
+				w.violate(PropOneEffect, "op%d join %s of %s by %s (key %s): %s answered accepted seq %d without a write at step %d, then committed %s seq %d for the key at step %d",
+					o.id, o.cmd.ConversationID, o.cmd.UserID, o.cmd.Sender, o.cmd.ClientMessageID, a.by, a.reply.Seq, a.sentStep, e.Kind, e.Seq, rec.CommittedStep)
 			}
 		}
 	}
@@ -178,10 +285,11 @@ func (w *World) inLog(conv string, seq int64, messageID string) bool {
 	return false
 }
 
-// firstMessage is the first committed message of conv with cmid, in log order.
+// firstMessage is the first committed event of conv with cmid, in log
+// order.
 func (w *World) firstMessage(conv, cmid string) (*Record, bool) {
 	for _, rec := range w.convLog(conv) {
-		if rec.Event.Kind == logrecord.KindMessage && rec.Event.ClientMessageID == cmid {
+		if rec.Event.ClientMessageID == cmid {
 			return rec, true
 		}
 	}
@@ -208,19 +316,81 @@ func (w *World) checkRealTime() {
 	}
 }
 
+// seqOrdered is conv's committed events in seq order (the first committed
+// of a seq, if two share it).
+func (w *World) seqOrdered(conv string) []*logrecord.Event {
+	var evs []*logrecord.Event
+	seen := map[int64]bool{}
+	for _, rec := range w.convLog(conv) {
+		if !seen[rec.Event.Seq] {
+			seen[rec.Event.Seq] = true
+			evs = append(evs, rec.Event)
+		}
+	}
+	slices.SortFunc(evs, func(a, b *logrecord.Event) int { return int(a.Seq - b.Seq) })
+	return evs
+}
+
+// project runs one projection transaction on parts and checks rule 25 on
+// each conversation it touched.
+func (w *World) project(parts []int32) {
+	for _, conv := range w.proj.Poll(w, parts, w.cfg.PersistBatch) {
+		w.checkProjected(conv, fmt.Sprintf("after a batch of %v", parts), w.proj.LastSeq(conv))
+	}
+}
+
+// checkProjection: I5 on the read model once it has applied everything —
+// every conversation's periods are those of all its events, and its
+// projected last seq is its last event's.
+func (w *World) checkProjection() {
+	for _, conv := range w.convs {
+		evs := w.seqOrdered(conv)
+		if len(evs) == 0 {
+			continue
+		}
+		top := evs[len(evs)-1].Seq
+		if last := w.proj.LastSeq(conv); last != top {
+			w.violate(PropProjection, "%s projected up to seq %d, its last event is seq %d", conv, last, top)
+		}
+		w.checkProjected(conv, "at the end", top)
+	}
+}
+
+// checkProjected: conv's projected periods are those of its events in seq
+// order up to seq upTo (each broken conversation is reported once).
+func (w *World) checkProjected(conv, when string, upTo int64) {
+	if w.projBroken[conv] {
+		return
+	}
+	got, want := w.proj.Periods(conv), logPeriods(w.seqOrdered(conv), upTo)
+	if !slices.Equal(got, want) {
+		w.projBroken[conv] = true
+		w.violate(PropProjection, "%s %s (projected to seq %d): memberships %s, its events up to seq %d say %s",
+			conv, when, w.proj.LastSeq(conv), periodsString(got), upTo, periodsString(want))
+	}
+}
+
+func periodsString(ps []period) string {
+	b := []byte("[")
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = fmt.Appendf(b, "%s:%d-", p.user, p.joined)
+		if p.left == 0 {
+			b = append(b, "open"...)
+		} else {
+			b = fmt.Appendf(b, "%d", p.left)
+		}
+	}
+	return string(append(b, ']'))
+}
+
 // checkDevices: I6 — every device's list of a conversation is what its
 // user may see of the committed log, in seq order.
 func (w *World) checkDevices() {
 	for _, conv := range w.convs {
-		var truth []*logrecord.Event
-		seen := map[int64]bool{}
-		for _, rec := range w.convLog(conv) {
-			if !seen[rec.Event.Seq] {
-				seen[rec.Event.Seq] = true
-				truth = append(truth, rec.Event)
-			}
-		}
-		slices.SortFunc(truth, func(a, b *logrecord.Event) int { return int(a.Seq - b.Seq) })
+		truth := w.seqOrdered(conv)
 		want := map[string]string{}
 		for _, d := range w.devices {
 			if _, ok := want[d.user]; !ok {

@@ -43,10 +43,13 @@ func handWorld(t *testing.T, extra ...*logrecord.Event) (*World, string) {
 		t.Fatal(err)
 	}
 	for w.sink.Pending(w.log, 0) {
-		w.sink.Poll(w.log, 0, 100)
+		w.sink.Poll(w.log, 0, 100, w.step)
+	}
+	for w.proj.Pending(w.sink, 0) {
+		w.proj.Poll(w, []int32{0}, 100)
 	}
 	for _, d := range w.devices {
-		d.sync(w.sink, w.convs)
+		d.sync(w.proj, w.sink, w.convs)
 	}
 	return w, c
 }
@@ -73,7 +76,7 @@ func TestChecksPassCleanWorld(t *testing.T) {
 }
 
 // conv0 is the conversation of oneShard's world.
-var conv0 = conversationIDs(1, 1)[0]
+var conv0 = conversationIDs("c", 1, 1)[0]
 
 func TestChecksCatchPlantedViolations(t *testing.T) {
 	msg := func(sender, cmid string, seq int64) *logrecord.Event {
@@ -133,6 +136,39 @@ func TestChecksCatchPlantedViolations(t *testing.T) {
 			w, c := handWorld(t)
 			delete(w.sink.rows[c], 2)
 			answered(w, protocol.OpSend, c, "a", true, 0, 1, 2, mid(2))
+			return w
+		}},
+		{PropDuplicate, func(t *testing.T) *World {
+			j := event(logrecord.KindJoin, conv0, "u0", "u1", "k", 4)
+			l := event(logrecord.KindLeave, conv0, "u1", "u1", "k", 5)
+			w, _ := handWorld(t, j, l)
+			return w
+		}},
+		{PropArrival, func(t *testing.T) *World {
+			e := msg("u2", "b", 4)
+			e.VShard = 3 // a vshard the conversation never moved to
+			w, _ := handWorld(t, e)
+			return w
+		}},
+		{PropProjection, func(t *testing.T) *World {
+			w, c := handWorld(t)
+			// u1's period left open, as if the kick at 3 were lost
+			w.proj.periods[c][periodKey{"u1", 1}] = nil
+			return w
+		}},
+		{PropOneEffect, func(t *testing.T) *World {
+			// u0's keyed join of u2 is answered accepted without a write
+			// (u2 a member since seq 1) by the writer of vshard 0, epoch
+			// 1, which then commits a join of u2 for the same key.
+			w, c := handWorld(t, event(logrecord.KindJoin, conv0, "u0", "u2", "j", 4))
+			o := &op{id: len(w.ops) + 1, issuedStep: 0, done: true}
+			o.cmd.Op, o.cmd.ConversationID, o.cmd.Sender, o.cmd.UserID, o.cmd.ClientMessageID = protocol.OpJoin, c, "u0", "u2", "j"
+			a := &attempt{op: o, n: 1}
+			r := &protocol.Reply{Op: protocol.OpAccepted, ConversationID: c, Seq: 1, ClientMessageID: "j"}
+			o.attempts, o.final = []*attempt{a}, r
+			o.decided = []*answer{{att: a, reply: r, by: &writer{v: 0, epoch: 1}}}
+			o.answers = o.decided
+			w.ops = append(w.ops, o)
 			return w
 		}},
 	} {

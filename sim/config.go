@@ -24,11 +24,28 @@ type Bugs struct {
 	// accept for it from its durable state at once, without waiting for
 	// the moved record of the vshard it leaves.
 	AcceptBeforeMoved bool
+	// SharedLoadState makes the worker's loader hand every load of a
+	// round trip that asked for the same conversation one and the same
+	// state (*shardcore.Conv): the hashed vshard's writer and a dedicated
+	// one's then decide from, and change, each other's state.
+	SharedLoadState bool
+	// ProjectionRecordOrder makes the projection apply a batch's
+	// membership changes in record order, without filling a hole in a
+	// conversation's seqs from the events persist stored (the order
+	// before docs/architecture.md rule 25).
+	ProjectionRecordOrder bool
+	// ForgetNoopJoin makes the writer answer a keyed join of a current
+	// member without remembering the answer for the key
+	// (shardcore.WriterFaults.ForgetNoopJoin).
+	ForgetNoopJoin bool
+	// VerdictsPinConvs makes the writer keep every cached conversation
+	// that a remembered verdict names (shardcore.WriterFaults.VerdictsPinConvs).
+	VerdictsPinConvs bool
 }
 
 // Any reports whether a bug is switched on.
 func (b Bugs) Any() bool {
-	return b.AcceptBeforeMarker || b.AcceptedBeforeCommit || b.MembershipOutsideMailbox || b.ReplayBeforeMarker || b.AcceptBeforeMoved
+	return b != Bugs{}
 }
 
 // Config is the shape of one simulated deployment and the size of its
@@ -39,9 +56,13 @@ type Config struct {
 	// Dedicated vshards beyond the hashed ones (each with a partition of
 	// its own after them): the schedule isolates conversations into them
 	// and releases them again (an override in the owner store).
-	Dedicated      int
-	Workers        int // worker processes
-	Conversations  int // conversation i lands on vshard i mod VShards
+	Dedicated     int
+	Workers       int // worker processes
+	Conversations int // conversation i lands on vshard i mod VShards
+	// GhostConvs are conversations nobody creates (ghost i lands on
+	// vshard i mod VShards): clients send to them and are refused, so
+	// writers remember verdicts for many conversations.
+	GhostConvs     int
 	Users          int // u0 owns every conversation; u1, u2 are initial members
 	DevicesPerUser int
 	MaxBatch       int // commands per writer transaction (group commit)
@@ -99,6 +120,7 @@ func DefaultConfig() Config {
 		Partitions:     2,
 		Workers:        3,
 		Conversations:  3,
+		GhostConvs:     6,
 		Users:          4,
 		DevicesPerUser: 2,
 		MaxBatch:       3,

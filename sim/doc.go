@@ -4,9 +4,11 @@
 //
 // It runs the project's real code — the writer state machine
 // shardcore.Writer (takeover order, replay, batching, the empty-batch
-// marker, dedupe and its trimming, refusals, eviction, every reply) with
-// shardcore's Decide and Apply, and ownership.Plan for ownership — against
-// in-memory stand-ins with the semantics of the real parts:
+// marker, dedupe and its trimming, remembered verdicts, eviction, moves,
+// every reply) with shardcore's Decide and Apply, ownership.Plan for
+// ownership, projection.PlanBatch for the read model's membership changes
+// and delivery's periods for what a device may see — against in-memory
+// stand-ins with the semantics of the real parts:
 //
 //	log.go      Kafka: per-transactional-id producer epochs; InitProducer bumps
 //	            the epoch and aborts the id's open transaction; produce and
@@ -26,64 +28,124 @@
 //	            stand-ins, one scheduling point each (a batch's produce and
 //	            its commit are two), and feeds the result back. It decides
 //	            nothing itself.
+//	loader.go   the worker's state loader (shardworker/loader.go): the batch
+//	            loads of all its writers queue and one round trip answers
+//	            every load queued, from one snapshot, each with states of
+//	            its own — the hashed vshard's writer and a dedicated one's
+//	            may both ask for an overridden conversation in one trip.
 //	worker.go   a worker process: lease, manage (start/stop writers from the
 //	            owner rows), pause, crash, restart with a new gen.
+//	operator.go the operator isolating and releasing conversations (an
+//	            override in the owner store) and the route feed that tells
+//	            the writers.
 //	network.go  the gateway (routes by a possibly stale view) and messages in
 //	            flight, delivered in any order or lost.
 //	client.go   clients retrying with the same ids on unavailable, timeouts
-//	            and lost replies; sends, duplicate sends, kicks, joins, leaves.
-//	device.go   devices building their view from the sink with sync cursors.
+//	            and lost replies; sends, the same command again (a send, a
+//	            keyed join, kick or leave — also a join after its user left
+//	            or was kicked), kicks, joins and leaves (keyed three times in
+//	            four), and sends to conversations nobody created (refused:
+//	            writers remember verdicts for many conversations).
+//	projection.go the projection and its read model (projection/projection.go):
+//	            one transaction per batch of one partition or several, taken
+//	            only from what persist stored, each partition lagging on its
+//	            own; PlanBatch's changes by conversation and seq, the gap
+//	            fill of docs/architecture.md rule 25 (gapSQL), joinSQL,
+//	            leaveSQL and the projected last seqs.
+//	device.go   devices syncing as delivery.Store.Sync answers: membership
+//	            periods and last seqs from the projection, events from the
+//	            sink, a cursor per conversation.
 //
 // Dedicated vshards (Config.Dedicated) sit after the hashed ones, each with
 // a partition of its own. The operator isolates a conversation into one,
-// or releases it, at any step (an override in the owner store); the
-// gateway and each worker read the overrides with a delay of their own,
-// and every writer that may hold the conversation is told. The writer that
-// has it commits a moved record; the one it moves to answers retry until
-// its state — loaded from the sink — says the conversation is there. The
+// or releases it, at any step (an override in the owner store; a released
+// conversation keeps an override naming its hashed vshard); the gateway
+// and each worker read the overrides with a delay of their own, and every
+// writer that may hold the conversation is told. The writer that has it
+// commits a moved record; the one it moves to answers retry until its
+// state — loaded from the sink — says the conversation is there. The
 // checker orders a conversation's events by commit across partitions, and
 // liveness asks for every conversation to end where its override says.
+// After a move a conversation's events are on two partitions, which the
+// projection applies in any order.
 //
 // # Schedules
 //
 // Nothing runs concurrently and nothing reads a clock: a run is a sequence of
 // steps, and a Chooser picks each one among what can happen now (schedule.go):
-// a writer's next round trip, delivering or dropping a message, a client
-// op or retry, a persist transaction, the clock, a manage or coordinator
-// round, a gateway view refresh, a device sync, and faults — a Postgres or
-// etcd outage of a few ticks, a pause longer
-// than the lease (the worker later resumes where it was, e.g. with a batch
-// produced and not committed), a crash (possibly between produce and
-// commit), a commit whose reply is lost (it committed; the writer sees an
-// error), a lost message. Takeovers and rebalances follow from leases
-// running out, restarts and ownership.Plan. After Config.Steps steps the drain
-// heals every fault and runs the world to quiescence; then check.go checks:
+// a writer's next round trip, a loader's round trip, delivering or
+// dropping a message, a client op or retry, a persist transaction, a
+// projection transaction or a partition's projection lagging for a few
+// ticks, the clock, a manage or coordinator round, a gateway view
+// refresh, a device sync, the operator, and faults — a Postgres or etcd
+// outage of a few ticks, a pause longer than the lease (the worker later
+// resumes where it was, e.g. with a batch produced and not committed), a
+// crash (possibly between produce and commit), a commit whose reply is
+// lost (it committed; the writer sees an error), a lost message.
+// Takeovers and rebalances follow from leases running out, restarts and
+// ownership.Plan. After Config.Steps steps the drain
+// heals every fault and runs the world to quiescence (the projection and
+// the devices interleaved with the clock at the chooser's pick, so the
+// projection's partitions still lag one another); then check.go checks
+// (the property named in check.go, then what it protects):
 //
-//	I1  every accepted answer's event is in the committed log and in the sink
-//	I2  a vshard's committed records never go back to an older producer epoch,
-//	    nor to an older ownership epoch
-//	I3  no seq collision, no seq regression in log order; an op accepted
-//	    before another was sent has the smaller seq; no sink conflicts
-//	I4  no client_message_id twice per conversation; every answer to a send
-//	    (first try, retry, duplicate) is its first result
-//	I5  no message from a user who is not a member at its seq
-//	I6  every device's list is the log's, seq-ordered, as its user may see it
-//	I7  no `accepted` leaves a writer before its event is committed; no answer
-//	    is contradicted by every state of the log during its attempt (below)
-//	    plus liveness: the healed world answers every op and persists everything
+//	I1  accepted-but-lost, accepted-but-not-persisted: every accepted
+//	    answer's event is in the committed log and in the sink
+//	I2  producer-epoch-order, ownership-epoch-order: a vshard's committed
+//	    records never go back to an older producer epoch, nor to an older
+//	    ownership epoch; written-before-arrival: one writer per
+//	    conversation across a move — every event is written by the vshard
+//	    the committed log places the conversation at, and the vshard a
+//	    moved record sends it to produces nothing for it before persist
+//	    stored that record (rule 25 relies on it)
+//	I3  seq-collision, seq-regression, accepted-before-sent-order,
+//	    sink-conflict: no seq collision, no seq regression in log order;
+//	    an op accepted before another was sent has the smaller seq; no
+//	    sink conflicts
+//	I4  duplicate-client_message_id: no key twice per conversation, in
+//	    events of any kind; retry-not-first-result: every answer to a
+//	    keyed send, join, kick or leave (first try, retry, the same
+//	    command again) is its first result; keyed-command-two-effects:
+//	    one keyed command, at most one effect — a join answered accepted
+//	    without a write (its user was a member) is not followed by a join
+//	    of the same key from the same writer within RefusalMemory, when
+//	    the user has left or been kicked meanwhile (docs/protocol.md)
+//	I5  message-from-non-member: no message from a user who is not a
+//	    member at its seq; projected-membership: the read model's
+//	    membership periods of every conversation are those of its events
+//	    in seq order up to its projected last seq after every projection
+//	    batch, and all of them at the end — a kicked or left user is not a
+//	    member there (rule 25)
+//	I6  devices-diverge: every device's list — synced through the
+//	    projection's periods, as delivery does — is the log's,
+//	    seq-ordered, as its user may see it
+//	I7  accepted-before-commit: no `accepted` leaves a writer before its
+//	    event is committed; stale-answer: no answer is contradicted by
+//	    every state of the log during its attempt (below), unless it
+//	    repeats the key's first answer the writer keeps
+//
+// plus bounded-writer-cache (DESIGN rule 8: state is bounded): after every
+// housekeeping pass a writer caches at most MaxConvs conversations, or the
+// ones with events persist had not stored if they are more
+// (shardcore/writer_memory.go), however many conversations clients are
+// refused in; and liveness: the healed world answers every op, persists
+// and projects everything and syncs every device.
 //
 // # Running
 //
-//	go test ./sim/ -race
+//	go test ./sim/
 //
 // runs, in CI, 10,000 seeded schedules of the correct writer
-// (TestSchedules; the shape — 1–4 vshards over 1–2 partitions, 2–3
-// workers, 1–3 cached conversations per writer — drawn from each seed, the
-// seeds moving with the day), the seeds of the regression corpus
-// testdata/schedules.txt (TestScheduleCorpus), 8 rapid rounds of 100
-// random schedules (TestProperties), 300 seeded schedules per bug switch
-// plus the same 300 of the correct writer, and the fixed schedules (about
-// 2 minutes on 2 cores with -race, 25 s without). A failing TestSchedules
+// (TestSchedules; the shape — 1–4 vshards over 1–2 partitions, 0–2
+// dedicated vshards, 2–3 workers, 1–3 cached conversations per writer —
+// drawn from each seed, the seeds moving with the day; 1,000 under
+// -race), the seeds of the regression corpus testdata/schedules.txt
+// (TestScheduleCorpus), 8 rapid rounds of 100 random schedules
+// (TestProperties), 300 seeded schedules per bug switch and the same 300
+// of the correct writer in each bug's shape, 500 schedules of moves
+// (TestMovesUnderFaults), and the fixed schedules: on a shared 2-core
+// machine about 65 s (51 s of CPU), with -race 2½ to 4 minutes (about
+// 115 s of CPU). A failing TestSchedules
 // seed is printed with the command that replays it and appended to the
 // corpus:
 //
@@ -112,22 +174,56 @@
 //
 // # Bug switches
 //
-// Config.Bugs switches on one of the real writer's test-only faults
-// (shardcore.WriterFaults); TestBugsAreCaught asserts that the properties
-// catch each on CI's seeds (and logs which):
+// Config.Bugs switches on a planted bug: one of the real writer's test-only
+// faults (shardcore.WriterFaults), or a fault of a model of a real part
+// (the loader, the projection). TestBugsAreCaught runs each on CI's 300
+// seeds in its shape (bugs_test.go: DefaultConfig, with fewer faults or
+// conversations where that makes the bug's path likelier), asserts that
+// the property meant for it is among those that catch it, and logs which
+// did; TestCorrectWriterOnBugSeeds runs the correct writer on the same
+// seeds and shapes. In 300 schedules:
 //
 //	AcceptBeforeMarker        replay, accept, fence+marker only at the first
-//	                          commit: I3 seq-collision (with sink conflicts and
-//	                          I1 not-persisted), in about 1 schedule in 8
+//	                          commit: I3 seq-collision in 22 (with sink
+//	                          conflicts and I1 not-persisted), caught in 37
 //	AcceptedBeforeCommit      answer before the commit returns: I7
-//	                          accepted-before-commit in every schedule, I1
-//	                          accepted-but-lost when the commit then fails
+//	                          accepted-before-commit in all 300, I1
+//	                          accepted-but-lost (86) when the commit then fails
 //	MembershipOutsideMailbox  members checked against a snapshot taken at
-//	                          arrival: I5 message-from-non-member, in about
-//	                          1 schedule in 6
+//	                          arrival: I5 message-from-non-member in 28, I6
+//	                          in 41, caught in 66
 //	ReplayBeforeMarker        replay the log as it is, then open the producer
 //	                          and commit the marker: I3 seq-collision when the
-//	                          old writer commits in between, about 1 in 150
+//	                          old writer commits in between, in 1 (caught in 2)
+//	AcceptBeforeMoved         the writer a conversation is routed to decides
+//	                          for it at once (one dedicated vshard): I2
+//	                          written-before-arrival in 251, I3 seq-collision
+//	                          in 248, caught in 267
+//	SharedLoadState           the loader hands every load of a round trip
+//	                          that asked for one conversation the same state
+//	                          (shardworker's loader before each load got its
+//	                          own): the dedicated vshard's writer decides from
+//	                          the moved record the hashed one applied before
+//	                          persist stored it, or the other way round —
+//	                          I2 written-before-arrival in 22 (one dedicated
+//	                          vshard; I3 seq-regression or collision in 3)
+//	ProjectionRecordOrder     the projection applies a batch's membership
+//	                          changes in record order and fills no hole (the
+//	                          order before rule 25): I5 projected-membership
+//	                          in 46, I6 devices-diverge in 20 (one dedicated
+//	                          vshard, two conversations, two faults)
+//	ForgetNoopJoin            a keyed join of a current member answered
+//	                          without keeping its verdict (before shardcore
+//	                          kept it): I4 keyed-command-two-effects in 40
+//	                          (three users, all members at first; two faults,
+//	                          so fewer takeovers: the writer that answered is
+//	                          the one the same join reaches again)
+//	VerdictsPinConvs          eviction keeps every conversation a remembered
+//	                          verdict names (refusals kept in the cached
+//	                          state, before the writer-level table):
+//	                          bounded-writer-cache in 82
+//
+// The counts are of today's schedules; a change to the model moves them.
 //
 // # What the model found
 //
@@ -183,6 +279,12 @@
 // modelled: one result kept per conversation), the per-conversation rate
 // limit (off), the group commit's linger (none), and produce errors other
 // than fencing. Postgres outages fail the writers' state loads and offset
-// reads and stop persist; writers cache one to three conversations, so
-// eviction and reloading run all the time.
+// reads and stop persist and the projection; writers cache one to three
+// conversations, so eviction and reloading run all the time. The loader
+// has no bound on the round trips in flight (every load queued goes in
+// the next one). The projection's delivery outbox, the feed's pushes and
+// read markers are not modelled: devices sync. A release that deletes the
+// override once the conversation is home (`admin unisolate`'s last step),
+// and a writer's verdicts carried to the vshard a conversation moves to,
+// are not modelled yet (operator.go says where the release goes).
 package sim

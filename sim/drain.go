@@ -8,17 +8,25 @@ import (
 )
 
 // drainOrder is the fixed policy of the drain: the first category with
-// something to do acts; the clock advances only when nothing else can.
-var drainOrder = []category{catDeliver, catWriter, catLifecycle, catManage, catCoordinate, catGateway, catRetry, catPersist, catDevice}
+// something to do acts. When none has, the read model's side acts
+// (lateOrder: a projection batch or a device sync, either chosen by the
+// chooser) or the clock advances — the chooser picks which while the rest
+// of the world still waits for the clock, so the projection's partitions
+// lag one another and the writers in the drain as they do before it.
+var (
+	drainOrder = []category{catDeliver, catWriter, catLoad, catLifecycle, catManage, catCoordinate, catGateway, catRetry, catPersist}
+	lateOrder  = []category{catProject, catDevice}
+)
 
 // drain ends a schedule: every paused worker resumes (and may try to commit
 // what it held), every crashed one restarts, no more faults happen, and the
-// world runs until every op has its answer, the sink has every committed
-// record and every device is synced. Not getting there is a liveness
-// violation.
+// world runs until every op has its answer, the sink and the read model
+// have every committed record and every device is synced. Not getting
+// there is a liveness violation.
 func (w *World) drain() {
 	w.tracef("---- drain: heal every fault, run to quiescence")
 	w.pgDownUntil, w.etcdDownUntil = min(w.pgDownUntil, w.now), min(w.etcdDownUntil, w.now)
+	clear(w.proj.lagUntil)
 	for _, wk := range w.workers {
 		wk.pausedUntil = min(wk.pausedUntil, w.now)
 		if !wk.alive {
@@ -26,8 +34,16 @@ func (w *World) drain() {
 		}
 	}
 	for i := 0; i < w.cfg.DrainSteps; i++ {
-		if a, ok := w.firstAction(); ok {
+		if a, ok := w.firstAction(drainOrder); ok {
 			w.run(a)
+			continue
+		}
+		var late []action
+		for _, c := range lateOrder {
+			late = append(late, w.actions(c)...)
+		}
+		if len(late) > 0 && (w.writesPending() == "" || w.ch.Choose(2, "drain: read model or clock") == 0) {
+			w.run(late[w.ch.Choose(len(late), "drain: read model")])
 			continue
 		}
 		if w.quiescent() {
@@ -38,10 +54,12 @@ func (w *World) drain() {
 	w.violate(PropLiveness, "not quiescent after %d drain steps: %s", w.cfg.DrainSteps, w.pending())
 }
 
-func (w *World) firstAction() (action, bool) {
-	for _, c := range drainOrder {
-		if as := w.actions(c); len(as) > 0 {
-			return as[0], true
+// firstAction is the first action of the first category in order that
+// has one.
+func (w *World) firstAction(order []category) (action, bool) {
+	for _, c := range order {
+		if w.available(c) {
+			return w.actions(c)[0], true
 		}
 	}
 	return action{}, false
@@ -54,6 +72,24 @@ func (w *World) quiescent() bool {
 // pending describes what keeps the world from being quiescent ("" when
 // nothing does).
 func (w *World) pending() string {
+	var b strings.Builder
+	b.WriteString(w.writesPending())
+	for p := 0; p < w.log.Partitions(); p++ {
+		if part := int32(p); w.proj.Pending(w.sink, part) {
+			fmt.Fprintf(&b, "p%d not projected; ", p)
+		}
+	}
+	for _, d := range w.devices {
+		if d.behind(w.proj, w.convs) {
+			fmt.Fprintf(&b, "device %s/%d behind; ", d.user, d.n)
+		}
+	}
+	return b.String()
+}
+
+// writesPending is pending without the read model's side (the projection
+// and the devices).
+func (w *World) writesPending() string {
 	var b strings.Builder
 	for _, o := range w.ops {
 		if !o.done {
@@ -77,12 +113,10 @@ func (w *World) pending() string {
 			fmt.Fprintf(&b, "%s is at v%d, routed to v%d; ", c, at, w.routes[c])
 		}
 	}
-	for _, d := range w.devices {
-		if d.behind(w.sink, w.convs) {
-			fmt.Fprintf(&b, "device %s/%d behind; ", d.user, d.n)
-		}
-	}
 	for _, wk := range w.workers {
+		if n := len(wk.loader.queue); n > 0 {
+			fmt.Fprintf(&b, "%s has %d loads queued; ", wk.id, n)
+		}
 		for _, wr := range wk.active() {
 			if wr.phase() != shardcore.PhaseAccepting || wr.m.Queued() > 0 {
 				fmt.Fprintf(&b, "writer %s in %s with %d queued; ", wr, wr.phase(), wr.m.Queued())

@@ -16,7 +16,7 @@ func TestPausedWriterIsFenced(t *testing.T) {
 	s := newScript(t, oneShard())
 	s.do("w0/v0@e1 open", "w0/v0@e1 marker", "w0/v0@e1 replay-offset", "w0/v0@e1 replay-tail")
 	s.deliver(1, true) // u0's create reaches w0's mailbox
-	s.do("w0/v0@e1 process", "w0/v0@e1 load", "w0/v0@e1 produce")
+	s.do("w0/v0@e1 process", "w0 load", "w0/v0@e1 produce")
 	s.do("PAUSE w0") // frozen with the batch produced, not committed
 	s.clock(10)      // w0's lease runs out
 	s.do("coordinate", "manage w1")

@@ -39,7 +39,7 @@ func reopenSchedule(t *testing.T, cfg Config) (*Result, *World, *op) {
 	s.do("w0/v0@e1 marker", "w0/v0@e1 replay-offset", "w0/v0@e1 replay-tail")
 	s.deliver(1, true)       // the create
 	s.deliver(send.id, true) // the send, routed by the gateway's old view
-	s.do("w0/v0@e1 process", "w0/v0@e1 load", "w0/v0@e1 produce", "w0/v0@e1 commit")
+	s.do("w0/v0@e1 process", "w0 load", "w0/v0@e1 produce", "w0/v0@e1 commit")
 	s.drop(send.id, false)
 	s.do("gateway refresh")
 	s.clock(int(cfg.ClientTimeout))

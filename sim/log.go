@@ -32,7 +32,10 @@ type Record struct {
 	ProducerEpoch int64
 	// CommittedStep is the world step of the commit (0 while not committed).
 	CommittedStep int
-	state         recordState
+	// ProducedStep is the world step of the produce (the writer decided
+	// the event before it).
+	ProducedStep int
+	state        recordState
 }
 
 // Committed reports whether the record's transaction committed.

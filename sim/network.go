@@ -13,8 +13,12 @@ type answer struct {
 	reply *protocol.Reply
 	// wrote is true when the writer produced a new event for the command.
 	wrote bool
-	// sentStep is the world step the writer (or gateway) sent it.
+	// sentStep is the world step the writer (or gateway) sent it, at
+	// tick sentAt.
 	sentStep int
+	sentAt   int64
+	// by is the writer that sent it (nil: the gateway or a worker).
+	by *writer
 	// fenced is true when the writer that sent it had been fenced already.
 	fenced bool
 	// counted is true once the answer was counted as stale.
@@ -83,7 +87,7 @@ func (w *World) reply(att *attempt, r *protocol.Reply, wrote bool) *answer {
 				att.op.id, att.op.cmd.Op, att.op.cmd.ConversationID, r.Seq)
 		}
 	}
-	a := &answer{att: att, reply: r, wrote: wrote, sentStep: w.step}
+	a := &answer{att: att, reply: r, wrote: wrote, sentStep: w.step, sentAt: w.now}
 	att.op.decided = append(att.op.decided, a)
 	w.net.send(&message{att: att, ans: a})
 	return a

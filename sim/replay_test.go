@@ -31,13 +31,33 @@ func TestReplay(t *testing.T) {
 }
 
 // TestDeterministic: a schedule is a pure function of its config and
-// choices.
+// choices (nothing in the world or the writer iterates a map in its
+// random order where the order matters, e.g. the writer's eviction).
 func TestDeterministic(t *testing.T) {
-	for seed := uint64(1); seed <= 5; seed++ {
-		a := Run(DefaultConfig(), NewSeededChooser(seed))
-		b := Run(DefaultConfig(), NewSeededChooser(seed))
+	for seed := uint64(1); seed <= 100; seed++ {
+		a := Run(ScheduleConfig(seed), NewSeededChooser(seed))
+		b := Run(ScheduleConfig(seed), NewSeededChooser(seed))
 		if !reflect.DeepEqual(a.Trace, b.Trace) || a.Stats != b.Stats || !reflect.DeepEqual(a.Violations, b.Violations) {
 			t.Fatalf("seed %d ran differently twice", seed)
+		}
+	}
+}
+
+// TestAvailableMatchesActions: randomStep weighs the categories by
+// available, and then draws from actions: the two must agree at every
+// step.
+func TestAvailableMatchesActions(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		cfg := ScheduleConfig(seed)
+		w := newWorld(cfg, NewSeededChooser(seed))
+		w.setup()
+		for i := 0; i < cfg.Steps; i++ {
+			for c := category(0); c < numCategories; c++ {
+				if got, want := w.available(c), len(w.actions(c)) > 0; got != want {
+					t.Fatalf("seed %d step %d: available(%s) is %v, actions has %d", seed, w.step, categoryNames[c], got, len(w.actions(c)))
+				}
+			}
+			w.randomStep()
 		}
 	}
 }

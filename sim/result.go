@@ -35,6 +35,26 @@ type Stats struct {
 	// ArrivalsBeforePersist: commands the writer a conversation had moved
 	// to answered retry because persist had not stored the moved record yet.
 	ArrivalsBeforePersist int
+	// LoadTrips are the round trips of the workers' loaders; MergedLoads
+	// those that answered more than one load, SharedConvLoads those in
+	// which two loads asked for the same conversation.
+	LoadTrips       int
+	MergedLoads     int
+	SharedConvLoads int
+	// ProjectedBatches are the projection's transactions; GapFills the
+	// conversations whose periods a batch first rewrote from the stored
+	// events (a hole in its seqs: a newer partition applied first).
+	ProjectedBatches int
+	GapFills         int
+	// NoopJoins: keyed joins of a current member answered accepted
+	// without a write; their keys were tried again in NoopJoinRetries
+	// later attempts.
+	NoopJoins       int
+	NoopJoinRetries int
+	// Housekeeps: housekeeping passes that knew persist's offset;
+	// CacheHigh: the most conversations a writer held after one.
+	Housekeeps int
+	CacheHigh  int
 }
 
 // add sums o into s.
@@ -62,6 +82,15 @@ func (s *Stats) add(o Stats) {
 	s.ConvMoves += o.ConvMoves
 	s.MovesAcrossTakeover += o.MovesAcrossTakeover
 	s.ArrivalsBeforePersist += o.ArrivalsBeforePersist
+	s.LoadTrips += o.LoadTrips
+	s.MergedLoads += o.MergedLoads
+	s.SharedConvLoads += o.SharedConvLoads
+	s.ProjectedBatches += o.ProjectedBatches
+	s.GapFills += o.GapFills
+	s.NoopJoins += o.NoopJoins
+	s.NoopJoinRetries += o.NoopJoinRetries
+	s.Housekeeps += o.Housekeeps
+	s.CacheHigh = max(s.CacheHigh, o.CacheHigh)
 }
 
 // Violation is one broken property.

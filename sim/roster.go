@@ -39,3 +39,40 @@ func visibleTo(evs []*logrecord.Event, user string) []*logrecord.Event {
 	}
 	return out
 }
+
+// logPeriods are the membership periods of a conversation's events evs
+// (in seq order) up to seq upTo: a create opens one for its sender and
+// each member, a join for its user, unless they are members already; a
+// kick or leave closes the user's at its seq. A period the log closes
+// only after upTo is open.
+func logPeriods(evs []*logrecord.Event, upTo int64) []period {
+	open := map[string]int{}
+	var out []period
+	opens := func(u string, seq int64) {
+		if _, ok := open[u]; !ok && u != "" {
+			open[u] = len(out)
+			out = append(out, period{user: u, joined: seq})
+		}
+	}
+	for _, e := range evs {
+		if e.Seq > upTo {
+			break
+		}
+		switch e.Kind {
+		case logrecord.KindCreate:
+			opens(e.Sender, e.Seq)
+			for _, m := range e.Members {
+				opens(m, e.Seq)
+			}
+		case logrecord.KindJoin:
+			opens(e.UserID, e.Seq)
+		case logrecord.KindKick, logrecord.KindLeave:
+			if i, ok := open[e.UserID]; ok {
+				out[i].left = e.Seq
+				delete(open, e.UserID)
+			}
+		}
+	}
+	sortPeriods(out)
+	return out
+}

@@ -2,8 +2,7 @@ package sim
 
 import (
 	"fmt"
-
-	"github.com/chatpipe/chatpipe/logrecord"
+	"slices"
 
 	"github.com/chatpipe/chatpipe/ownership"
 )
@@ -22,8 +21,11 @@ const (
 	catCoordinate                 // the coordinator plans and moves vshards
 	catGateway                    // the gateway's view catches up
 	catLifecycle                  // a worker acts on its lost lease, or registers
-	catDevice                     // a device syncs from the sink
+	catDevice                     // a device syncs from the read model and the sink
 	catIsolate                    // the operator isolates a conversation or releases it
+	catLoad                       // a worker's loader makes a round trip for the loads queued
+	catProject                    // one projection transaction on one or more partitions
+	catProjLag                    // a partition's projection stops polling for a few ticks
 	catRestart                    // a crashed worker starts again
 	catPause                      // fault: freeze a worker longer than its lease
 	catCrash                      // fault: kill a worker
@@ -34,10 +36,10 @@ const (
 )
 
 var categoryNames = [numCategories]string{"writer", "deliver", "issue", "retry", "persist", "clock", "manage",
-	"coordinate", "gateway", "lifecycle", "device", "isolate", "restart", "pause", "crash", "drop", "lost-commit", "outage"}
+	"coordinate", "gateway", "lifecycle", "device", "isolate", "load", "project", "project-lag", "restart", "pause", "crash", "drop", "lost-commit", "outage"}
 
 // weights of the categories in a random schedule.
-var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 2, 1, 1, 1, 1, 1}
+var weights = [numCategories]int{10, 8, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 3, 3, 2, 2, 1, 1, 1, 1, 1}
 
 func (c category) fault() bool { return c >= catPause }
 
@@ -98,7 +100,7 @@ func (w *World) actions(c category) []action {
 	case catPersist:
 		for p := 0; p < w.log.Partitions(); p++ {
 			if part := int32(p); w.sink.Pending(w.log, part) && !w.pgDown() {
-				add(func() { w.sink.Poll(w.log, part, w.cfg.PersistBatch) }, "persist p%d", p)
+				add(func() { w.sink.Poll(w.log, part, w.cfg.PersistBatch, w.step) }, "persist p%d", p)
 			}
 		}
 	case catClock:
@@ -133,26 +135,44 @@ func (w *World) actions(c category) []action {
 		}
 	case catDevice:
 		for _, d := range w.devices {
-			if d.behind(w.sink, w.convs) {
+			if d.behind(w.proj, w.convs) {
 				d := d
-				add(func() { d.sync(w.sink, w.convs) }, "device %s/%d sync", d.user, d.n)
+				add(func() { d.sync(w.proj, w.sink, w.convs) }, "device %s/%d sync", d.user, d.n)
 			}
 		}
-	case catIsolate:
-		if w.cfg.Dedicated == 0 {
+	case catLoad:
+		for _, wk := range w.workers {
+			if wk.running(w.now) && len(wk.loader.queue) > 0 {
+				wk := wk
+				add(func() { w.loadTrip(wk) }, "%s load (%d loads)", wk.id, len(wk.loader.queue))
+			}
+		}
+	case catProject:
+		if w.pgDown() {
 			break
 		}
-		for _, c := range w.convs {
-			c := c
-			home := logrecord.VShard(c, w.cfg.VShards)
-			if at := w.routeOf(w.routes, c); at != home {
-				add(func() { w.isolate(c, home) }, "RELEASE %s (from v%d)", c, at)
+		var pending []int32
+		for p := 0; p < w.log.Partitions(); p++ {
+			if part := int32(p); w.proj.Pending(w.sink, part) && !w.proj.lagging(part, w.now) {
+				pending = append(pending, part)
+				add(func() { w.project([]int32{part}) }, "project p%d", p)
 			}
-			for d := w.cfg.VShards; d < w.layout().AllVShards(); d++ {
-				if d != w.routeOf(w.routes, c) {
-					d := d
-					add(func() { w.isolate(c, d) }, "ISOLATE %s → v%d", c, d)
-				}
+		}
+		if len(pending) > 1 {
+			// A consumer that owns several partitions: one batch holds
+			// their records one partition after the other, the newest
+			// partition's first or last.
+			rev := slices.Clone(pending)
+			slices.Reverse(rev)
+			add(func() { w.project(pending) }, "project %v", pending)
+			add(func() { w.project(rev) }, "project %v", rev)
+		}
+	case catIsolate:
+		w.operatorActions(add)
+	case catProjLag:
+		for p := 0; p < w.log.Partitions(); p++ {
+			if part := int32(p); !w.proj.lagging(part, w.now) {
+				add(func() { w.proj.lagUntil[part] = w.now + 1 + int64(w.ch.Choose(10, "lag ticks")) }, "projection p%d lags", p)
 			}
 		}
 	case catRestart:
@@ -183,34 +203,94 @@ func (w *World) actions(c category) []action {
 	return out
 }
 
+// planWouldMove reports whether the coordinator would move a vshard now.
+// ownership.Plan reads only the owner store's view, which changes only
+// with its revision: the answer is kept for the revision it was made at.
 func (w *World) planWouldMove() bool {
-	return len(ownership.Plan(w.owners.View(), w.layout().AllVShards())) > 0
+	if rev := w.owners.Rev(); !w.planKnown || w.planRev != rev {
+		w.planKnown, w.planRev = true, rev
+		w.planMoves = len(ownership.Plan(w.owners.View(), w.layout().AllVShards())) > 0
+	}
+	return w.planMoves
+}
+
+// available reports whether category c has an action now: whether
+// actions(c) is not empty, found without building the list for the
+// categories that are asked most and have the longest lists.
+func (w *World) available(c category) bool {
+	switch c {
+	case catWriter, catLostCommit:
+		for _, wk := range w.workers {
+			if !wk.running(w.now) {
+				continue
+			}
+			for _, wr := range wk.writers {
+				if wr.available(w, c) {
+					return true
+				}
+			}
+			for _, wr := range wk.retired {
+				if wr.available(w, c) {
+					return true
+				}
+			}
+		}
+		return false
+	case catDeliver:
+		for _, m := range w.net.inflight {
+			if m.to == "" || !w.worker(m.to).paused(w.now) {
+				return true
+			}
+		}
+		return false
+	case catDrop:
+		return len(w.net.inflight) > 0
+	case catRetry:
+		for _, o := range w.ops {
+			if w.needsRetry(o) {
+				return true
+			}
+		}
+		return false
+	case catDevice:
+		for _, d := range w.devices {
+			if d.behind(w.proj, w.convs) {
+				return true
+			}
+		}
+		return false
+	case catIsolate:
+		// every conversation can be isolated into a dedicated vshard it
+		// is not routed to, or released from the one it is
+		return w.cfg.Dedicated > 0 && len(w.convs) > 0
+	}
+	return len(w.actions(c)) > 0
 }
 
 // randomStep lets the chooser pick a category (by weight, among those with
 // something to do) and then one of its actions.
 func (w *World) randomStep() {
-	var lists [numCategories][]action
+	var avail [numCategories]bool
 	total := 0
 	for c := category(0); c < numCategories; c++ {
 		if c.fault() && w.faults >= w.cfg.MaxFaults {
 			continue
 		}
-		lists[c] = w.actions(c)
-		if len(lists[c]) > 0 {
+		if avail[c] = w.available(c); avail[c] {
 			total += weights[c]
 		}
 	}
 	r := w.ch.Choose(total, "category")
 	for c := category(0); c < numCategories; c++ {
-		if len(lists[c]) == 0 {
+		if !avail[c] {
 			continue
 		}
 		if r >= weights[c] {
 			r -= weights[c]
 			continue
 		}
-		a := lists[c][w.ch.Choose(len(lists[c]), categoryNames[c])]
+		list := w.actions(c)
+		a := list[w.ch.Choose(len(list), categoryNames[c])]
 		if c.fault() {
 			w.faults++
 		}

@@ -20,6 +20,8 @@ type Sink struct {
 	rows   map[string]map[int64]*logrecord.Event
 	cmids  map[string]map[string]int64
 	maxSeq map[string]int64
+	// storedStep is the world step each (conversation, seq) was stored at.
+	storedStep map[string]map[int64]int
 
 	// Conflicts describes every broken invariant persist would log.
 	Conflicts []string
@@ -29,7 +31,8 @@ type Sink struct {
 
 // NewSink returns an empty sink.
 func NewSink() *Sink {
-	return &Sink{next: map[int32]int64{}, rows: map[string]map[int64]*logrecord.Event{}, cmids: map[string]map[string]int64{}, maxSeq: map[string]int64{}}
+	return &Sink{next: map[int32]int64{}, rows: map[string]map[int64]*logrecord.Event{}, cmids: map[string]map[string]int64{}, maxSeq: map[string]int64{},
+		storedStep: map[string]map[int64]int{}}
 }
 
 // Offset is persist's next offset of part; ok is false before its first
@@ -44,8 +47,9 @@ func (s *Sink) Pending(l *Log, part int32) bool {
 	return s.next[part] < l.StableOffset(part)
 }
 
-// Poll runs one persist transaction on part: at most max committed records.
-func (s *Sink) Poll(l *Log, part int32, max int) {
+// Poll runs one persist transaction on part at world step step: at most
+// max committed records.
+func (s *Sink) Poll(l *Log, part int32, max, step int) {
 	from := s.next[part]
 	recs, upto := l.ReadCommitted(part, from, l.End(part))
 	if len(recs) > max {
@@ -54,7 +58,7 @@ func (s *Sink) Poll(l *Log, part int32, max int) {
 	}
 	for _, r := range recs {
 		if r.Event.HasSeq() {
-			s.insert(r)
+			s.insert(r, step)
 		}
 	}
 	if upto > from || len(recs) > 0 {
@@ -62,7 +66,7 @@ func (s *Sink) Poll(l *Log, part int32, max int) {
 	}
 }
 
-func (s *Sink) insert(r *Record) {
+func (s *Sink) insert(r *Record, step int) {
 	e := r.Event
 	rows, cm := s.rows[e.ConversationID], s.cmids[e.ConversationID]
 	if rows == nil {
@@ -87,6 +91,10 @@ func (s *Sink) insert(r *Record) {
 		cm[e.ClientMessageID] = e.Seq
 	}
 	rows[e.Seq] = e
+	if s.storedStep[e.ConversationID] == nil {
+		s.storedStep[e.ConversationID] = map[int64]int{}
+	}
+	s.storedStep[e.ConversationID][e.Seq] = step
 	s.maxSeq[e.ConversationID] = max(s.maxSeq[e.ConversationID], e.Seq)
 	s.Inserted++
 }
@@ -100,6 +108,12 @@ func (s *Sink) Events(conv string) []*logrecord.Event {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out
+}
+
+// StoredAt reports the world step at which persist stored conv's seq.
+func (s *Sink) StoredAt(conv string, seq int64) (int, bool) {
+	step, ok := s.storedStep[conv][seq]
+	return step, ok
 }
 
 // MaxSeq is the largest stored seq of conv (0: none).
@@ -129,5 +143,5 @@ func (s *Sink) Lookup(conv, cmid string) (shardcore.First, bool) {
 		return shardcore.First{}, false
 	}
 	e := s.rows[conv][seq]
-	return shardcore.First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender}, true
+	return shardcore.First{Seq: e.Seq, MessageID: e.MessageID, Sender: e.Sender, Kind: e.Kind, At: e.CreatedAt}, true
 }

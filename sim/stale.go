@@ -78,15 +78,23 @@ func (w *World) justified(o *op, a *answer) bool {
 	return false
 }
 
-// remembered reports whether a rejection repeats the first decision of its
-// key: an earlier answer, to an attempt of an op with the same key, sender
-// and op, that rejected it with the same code and that the log justified.
-// The writer answers every attempt of a key with its first rejection for
-// a while (docs/protocol.md, "Attempts in flight"), however the state
-// changed since.
+// remembered reports whether an answer that wrote nothing repeats the
+// first decision of its key: an earlier answer, to an attempt of an op
+// with the same key, sender and op, that the log justified and that gave
+// the same rejection, or — a join of a current member — the same
+// acceptance from the same writer. The writer answers every attempt of a
+// key with that first answer for a while (docs/protocol.md, "Attempts in
+// flight"), however the state changed since.
 func (w *World) remembered(o *op, a *answer) bool {
-	if a.reply.Op != protocol.OpRejected || o.cmd.ClientMessageID == "" {
+	noop := noopJoin(o, a)
+	if o.cmd.ClientMessageID == "" || (a.reply.Op != protocol.OpRejected && !noop) {
 		return false
+	}
+	same := func(o2 *op, a2 *answer) bool {
+		if noop {
+			return noopJoin(o2, a2) && a2.reply.Seq == a.reply.Seq && a2.by == a.by
+		}
+		return a2.reply.Op == protocol.OpRejected && a2.reply.Code == a.reply.Code && a2.reply.Code != protocol.CodeUnavailable
 	}
 	for _, o2 := range w.ops {
 		if o2.cmd.ConversationID != o.cmd.ConversationID || o2.cmd.ClientMessageID != o.cmd.ClientMessageID ||
@@ -94,8 +102,7 @@ func (w *World) remembered(o *op, a *answer) bool {
 			continue
 		}
 		for _, a2 := range o2.decided {
-			if a2 != a && !a2.wrote && a2.sentStep <= a.sentStep && a2.reply.Op == protocol.OpRejected &&
-				a2.reply.Code == a.reply.Code && a2.reply.Code != protocol.CodeUnavailable && w.justified(o2, a2) {
+			if a2 != a && !a2.wrote && a2.sentStep <= a.sentStep && same(o2, a2) && w.justified(o2, a2) {
 				return true
 			}
 		}

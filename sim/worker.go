@@ -1,9 +1,5 @@
 package sim
 
-import (
-	"maps"
-)
-
 // worker is the model of a shardworker process: one lease, the writers of
 // the vshards its owner rows name, and the ways a process goes wrong
 // (paused longer than its lease, crashed, restarted with a new gen).
@@ -16,6 +12,7 @@ type worker struct {
 	pausedUntil int64 // the process is frozen while now < pausedUntil
 
 	writers map[int]*writer // w.shards: the writers routed to
+	loader  loader          // the writers' batch loads (loader.go)
 	retired []*writer       // stopped writers still finishing their batch in hand
 	// routes is the owner store's overrides as this worker last read
 	// them (routesRev: the revision read).
@@ -97,7 +94,8 @@ func (w *World) manageChanges(wk *worker) (stop []int, start []int) {
 	return stop, start
 }
 
-// manage starts and stops writers as the owner rows say.
+// manage starts and stops writers as the owner rows say, and reads the
+// overrides.
 func (w *World) manage(wk *worker) {
 	stop, start := w.manageChanges(wk)
 	for _, v := range stop {
@@ -106,35 +104,13 @@ func (w *World) manage(wk *worker) {
 		wk.retired = append(wk.retired, wr)
 		delete(wk.writers, v)
 	}
-	// The overrides as read now: every writer hears of the ones that
-	// changed, a new writer of all of them.
-	old := wk.routes
-	wk.routes, wk.routesRev = maps.Clone(w.routes), w.routesRev
-	for _, v := range sortedKeys(wk.writers) {
-		for _, c := range sortedKeys(wk.routes) {
-			if prev, ok := old[c]; !ok || prev != wk.routes[c] {
-				w.tell(wk.writers[v], c, wk.routes[c])
-			}
-		}
-	}
+	started := map[int]bool{}
 	for _, v := range start {
-		wr := newWriter(w, wk, v, w.owners.rows[v].Epoch)
-		wk.writers[v] = wr
-		for _, c := range sortedKeys(wk.routes) {
-			w.tell(wr, c, wk.routes[c])
-		}
+		wk.writers[v] = newWriter(w, wk, v, w.owners.rows[v].Epoch)
+		started[v] = true
 	}
+	w.feedRoutes(wk, started)
 	wk.prune()
-}
-
-// tell is shardworker's route feed: writer wr hears that conv is routed to
-// vshard to, if conv may be at wr's vshard (its hashed one, or any
-// dedicated one).
-func (w *World) tell(wr *writer, conv string, to int) {
-	if w.layout().MayHold(wr.v, conv) {
-		wr.m.Route(w.clock(), conv, to)
-		wr.collect(w)
-	}
 }
 
 // handle is worker.handle: route a request to the writer of its vshard.
@@ -159,6 +135,7 @@ func (w *World) crash(wk *worker) {
 	}
 	wk.alive, wk.registered, wk.leaseLost = false, false, false
 	wk.writers, wk.retired = map[int]*writer{}, nil
+	wk.loader = loader{}
 	wk.pausedUntil = 0
 	w.stats.Crashes++
 }

@@ -26,6 +26,7 @@ type World struct {
 	log     *Log
 	owners  *OwnerStore
 	sink    *Sink
+	proj    *Projection
 	workers []*worker
 	net     network
 	gateway ownership.View
@@ -39,6 +40,7 @@ type World struct {
 	gwRoutesRev int64
 
 	convs   []string
+	ghosts  []string // conversations nobody creates
 	users   []string
 	ops     []*op
 	devices []*device
@@ -53,7 +55,14 @@ type World struct {
 	stats         Stats
 	staleExample  string
 	violations    []Violation
-	trace         []string
+	// planMoves is whether ownership.Plan moved a vshard at owner store
+	// revision planRev (planKnown: it was asked).
+	planKnown bool
+	planRev   int64
+	planMoves bool
+	// projBroken: conversations PropProjection has reported.
+	projBroken map[string]bool
+	trace      []string
 }
 
 // Run simulates one schedule whose choices ch makes, drains it (heal every
@@ -79,7 +88,7 @@ func (w *World) finish() *Result {
 }
 
 func newWorld(cfg Config, ch Chooser) *World {
-	w := &World{cfg: cfg, ch: ch, owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink(), routes: map[string]int{}}
+	w := &World{cfg: cfg, ch: ch, owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink(), proj: NewProjection(), routes: map[string]int{}, projBroken: map[string]bool{}}
 	w.log = NewLog(w.layout().TopicPartitions())
 	for i := 0; i < cfg.Workers; i++ {
 		w.workers = append(w.workers, &worker{id: fmt.Sprintf("w%d", i), alive: true, writers: map[int]*writer{}})
@@ -87,7 +96,8 @@ func newWorld(cfg Config, ch Chooser) *World {
 	for i := 0; i < cfg.Users; i++ {
 		w.users = append(w.users, fmt.Sprintf("u%d", i))
 	}
-	w.convs = conversationIDs(cfg.Conversations, cfg.VShards)
+	w.convs = conversationIDs("c", cfg.Conversations, cfg.VShards)
+	w.ghosts = conversationIDs("g", cfg.GhostConvs, cfg.VShards)
 	for _, u := range w.users {
 		for n := 0; n < cfg.DevicesPerUser; n++ {
 			w.devices = append(w.devices, newDevice(u, n))
@@ -96,13 +106,13 @@ func newWorld(cfg Config, ch Chooser) *World {
 	return w
 }
 
-// conversationIDs names n conversations so that conversation i lands on
-// vshard i mod vshards.
-func conversationIDs(n, vshards int) []string {
+// conversationIDs names n conversations, prefix followed by numbers, so
+// that conversation i lands on vshard i mod vshards.
+func conversationIDs(prefix string, n, vshards int) []string {
 	var out []string
 	for i := 0; i < n; i++ {
 		for k := 0; ; k++ {
-			id := fmt.Sprintf("c%d.%d", i, k)
+			id := fmt.Sprintf("%s%d.%d", prefix, i, k)
 			if logrecord.VShard(id, vshards) == i%vshards {
 				out = append(out, id)
 				break
@@ -155,15 +165,6 @@ func (w *World) routeOf(routes map[string]int, conv string) int {
 		return v
 	}
 	return logrecord.VShard(conv, w.cfg.VShards)
-}
-
-// isolate is the operator moving conv to vshard to (a dedicated one, or
-// back to its hashed vshard): the override changes in the owner store, and
-// the writers move the conversation.
-func (w *World) isolate(conv string, to int) {
-	w.routes[conv] = to
-	w.routesRev++
-	w.stats.Isolations++
 }
 
 // locatedAt is where the committed log says conv is written: the target

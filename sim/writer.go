@@ -3,6 +3,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -32,6 +34,24 @@ type writer struct {
 
 	pepoch int64 // producer epoch of the current session
 	opened bool  // the session initialised its producer
+
+	// loading is the batch load the writer waits for in its worker's
+	// loader (pending is its effect).
+	loading *loadReq
+	// What the driver knows of the events the writer may not know stored
+	// (shardcore/writer_memory.go), for PropCacheBound: the offset of its
+	// session's marker, the conversations of the log tail it replayed,
+	// and, since it took over, the conversation of each event it
+	// committed and the tail's conversations at the marker's offset.
+	markerOff int64
+	tailConvs []string
+	unstored  []unstoredRef
+}
+
+// unstoredRef is a conversation with an event at a log offset.
+type unstoredRef struct {
+	conv string
+	off  int64
 }
 
 // errNotOwner is what the RecheckAtOpen what-if feeds the writer when the
@@ -45,6 +65,10 @@ var (
 	errEtcdDown = errors.New("sim: etcd is down")
 )
 
+// refusalMemory is the writers' RefusalMemory: how long a keyed answer
+// that wrote nothing answers the key's other attempts.
+const refusalMemory = 120 * time.Second
+
 func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
 	wr := &writer{wk: wk, v: v, part: w.layout().Partition(v), epoch: epoch, txnID: logrecord.TransactionalID(v)}
 	faults := shardcore.WriterFaults{
@@ -53,6 +77,8 @@ func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
 		MembershipOutsideMailbox: w.cfg.Bugs.MembershipOutsideMailbox,
 		ReplayBeforeMarker:       w.cfg.Bugs.ReplayBeforeMarker,
 		AcceptBeforeMoved:        w.cfg.Bugs.AcceptBeforeMoved,
+		ForgetNoopJoin:           w.cfg.Bugs.ForgetNoopJoin,
+		VerdictsPinConvs:         w.cfg.Bugs.VerdictsPinConvs,
 		NoEmptyBatchMarker:       !w.cfg.WhatIf.FenceCheckedAnswers,
 	}
 	wr.m = shardcore.NewWriter(shardcore.WriterConfig{
@@ -62,7 +88,7 @@ func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
 		// Trim as tightly as the real writer may: after every commit, one
 		// result kept per conversation, a small cache; retries are then
 		// answered by the lookup and evicted conversations reloaded.
-		RefusalMemory: 120 * time.Second, DedupeMemory: 1 << 62, DedupeKeep: 1,
+		RefusalMemory: refusalMemory, DedupeMemory: 1 << 62, DedupeKeep: 1,
 		MaxConvs: w.cfg.WriterMaxConvs, TrimInterval: 0,
 		NewID: func(time.Time) (string, error) {
 			w.msgIDs++
@@ -130,7 +156,7 @@ func (wr *writer) stepName(s stepKind) string {
 
 // steps lists what the writer can do next.
 func (wr *writer) steps(w *World) []stepKind {
-	if wr.done {
+	if wr.done || wr.loading != nil {
 		return nil
 	}
 	if e := wr.pending; e != nil {
@@ -145,6 +171,20 @@ func (wr *writer) steps(w *World) []stepKind {
 		return []stepKind{stTick}
 	}
 	return nil
+}
+
+// available reports whether the writer has a step of category c
+// (catWriter or catLostCommit) now.
+func (wr *writer) available(w *World, c category) bool {
+	if wr.ended() {
+		return false
+	}
+	for _, s := range wr.steps(w) {
+		if c == catWriter || wr.committing(s) {
+			return true
+		}
+	}
+	return false
 }
 
 // committing reports whether the step is a commit (whose reply may be lost).
@@ -206,6 +246,7 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 		if err != nil {
 			offs = nil
 		}
+		wr.committed(e, offs)
 		wr.m.Committed(now, offs, err)
 	case shardcore.EffectPersistOffset:
 		if w.pgDown() {
@@ -213,7 +254,14 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 			break
 		}
 		off, ok := w.sink.Offset(wr.part)
+		housekeep := wr.phase() == shardcore.PhaseHousekeep
+		if !housekeep {
+			wr.tailConvs = nil // a new replay
+		}
 		wr.m.PersistOffset(now, off, ok, nil)
+		if housekeep && ok {
+			wr.checkCache(w, off)
+		}
 	case shardcore.EffectReadTail:
 		end := e.To
 		if end < 0 {
@@ -225,11 +273,14 @@ func (wr *writer) do(w *World, s stepKind, lost bool) {
 			for _, r := range recs {
 				if r.Event.VShard == wr.v && r.Event.HasSeq() {
 					tail = append(tail, r.Event)
+					if !slices.Contains(wr.tailConvs, r.Event.ConversationID) {
+						wr.tailConvs = append(wr.tailConvs, r.Event.ConversationID)
+					}
 				}
 			}
 		}
 		wr.m.TailRead(now, tail, nil)
-	case shardcore.EffectLoadState:
+	case shardcore.EffectLoadState: // a replay's load (a batch's goes to the loader)
 		if w.pgDown() {
 			wr.m.StateLoaded(now, nil, nil, errPgDown)
 			break
@@ -276,6 +327,7 @@ func (wr *writer) produce(w *World, e *shardcore.Effect) ([]int64, error) {
 			_ = w.log.Abort(wr.txnID, wr.pepoch)
 			return nil, err
 		}
+		rec.ProducedStep = w.step
 		offs[i] = rec.Offset
 	}
 	return offs, nil
@@ -309,11 +361,19 @@ func (wr *writer) collect(w *World) {
 			w.stats.ArrivalsBeforePersist++
 		}
 		ans := w.reply(a.Call.Tag.(*attempt), a.Reply, a.Wrote)
+		ans.by = wr
 		// whether the writer's producer was already fenced (it cannot know)
 		ans.fenced = wr.opened && w.log.producer(wr.txnID).epoch != wr.pepoch
 	}
 	if rd.Notice.TookOver {
 		w.stats.Takeovers++
+		// The writer's list of unstored events starts again: the tail's
+		// conversations at the marker's offset.
+		wr.unstored = wr.unstored[:0]
+		for _, c := range wr.tailConvs {
+			wr.unstored = append(wr.unstored, unstoredRef{c, wr.markerOff})
+		}
+		wr.tailConvs = nil
 		for _, c := range sortedKeys(w.routes) {
 			if at, to := w.locatedAt(c), w.routes[c]; at != to && (wr.v == at || wr.v == to) {
 				w.stats.MovesAcrossTakeover++
@@ -334,6 +394,9 @@ func (wr *writer) collect(w *World) {
 	}
 	if rd.Effect != nil {
 		wr.pending = rd.Effect
+		if viaLoader(rd.Effect) {
+			wr.wk.queueLoad(wr, rd.Effect)
+		}
 	}
 	if rd.Done {
 		wr.done, wr.pending = true, nil
@@ -366,3 +429,56 @@ func (wr *writer) inFlight() bool { return wr.produced }
 
 // clock is the simulated time as the writer sees it.
 func (w *World) clock() time.Time { return time.Unix(w.now, 0) }
+
+// committed notes the events of a transaction that committed (offs: their
+// offsets; nil: it did not): the marker's offset, or each event's
+// conversation as not yet known stored.
+func (wr *writer) committed(e *shardcore.Effect, offs []int64) {
+	if offs == nil {
+		return
+	}
+	if e.Marker {
+		if wr.phase() == shardcore.PhaseMarker {
+			wr.markerOff = offs[0]
+		}
+		return
+	}
+	for i, ev := range e.Events {
+		if ev.HasSeq() && i < len(offs) {
+			wr.unstored = append(wr.unstored, unstoredRef{ev.ConversationID, offs[i]})
+		}
+	}
+}
+
+// checkCache is PropCacheBound, after a housekeeping pass that read
+// persist's offset persisted: the writer caches at most MaxConvs
+// conversations, or, when more of them have events persist had not stored
+// by then, those (shardcore/writer_memory.go: "bounded by MaxConvs plus
+// persist's lag").
+func (wr *writer) checkCache(w *World, persisted int64) {
+	n := 0
+	for n < len(wr.unstored) && wr.unstored[n].off < persisted {
+		n++
+	}
+	wr.unstored = append(wr.unstored[:0], wr.unstored[n:]...)
+	var pinned []string
+	for _, u := range wr.unstored {
+		if !slices.Contains(pinned, u.conv) {
+			pinned = append(pinned, u.conv)
+		}
+	}
+	cached := cachedConvs(wr.m)
+	w.stats.Housekeeps++
+	w.stats.CacheHigh = max(w.stats.CacheHigh, cached)
+	if bound := max(w.cfg.WriterMaxConvs, len(pinned)); cached > bound {
+		w.violate(PropCacheBound, "%s caches %d conversations after housekeeping; MaxConvs is %d and %d have events persist had not stored (%v)",
+			wr, cached, w.cfg.WriterMaxConvs, len(pinned), pinned)
+	}
+}
+
+// cachedConvs is how many conversations m caches. shardcore.Writer does
+// not tell; the model reads its cache's length (the field convs) with
+// reflect, which panics if the field is renamed.
+func cachedConvs(m *shardcore.Writer) int {
+	return reflect.ValueOf(m).Elem().FieldByName("convs").Len()
+}
