@@ -203,6 +203,10 @@ type WriterFaults struct {
 	// verdict names: refused commands to many conversations grow the
 	// cache past MaxConvs.
 	VerdictsPinConvs bool
+	// DropCarriedVerdicts commits moved records without the verdicts the
+	// writer remembers for the conversation, so the writer it moves to
+	// decides a refused key again.
+	DropCarriedVerdicts bool
 }
 
 // Phase is where a Writer is.

@@ -246,7 +246,9 @@ func (m *Writer) decideMoves(now time.Time) (int, error) {
 				return n, fmt.Errorf("shardcore: message id: %w", err)
 			}
 			e := MoveEvent(conv, cid, to, m.stamp(now, id))
-			e.Verdicts = m.carried(cid, now.Add(-m.cfg.RefusalMemory))
+			if !m.cfg.Faults.DropCarriedVerdicts {
+				e.Verdicts = m.carried(cid, now.Add(-m.cfg.RefusalMemory))
+			}
 			Apply(conv, e)
 			m.events = append(m.events, e)
 			n++

@@ -34,6 +34,13 @@ var bugCases = []struct {
 	// is the one the retry reaches), every user a member at first.
 	{"ForgetNoopJoin", Bugs{ForgetNoopJoin: true}, PropOneEffect, shape{users: 3, faults: 2}},
 	{"VerdictsPinConvs", Bugs{VerdictsPinConvs: true}, PropCacheBound, shape{}},
+	// The operator deletes a released conversation's override once the
+	// sink shows it home: a move decided before, still in the log but not
+	// stored, strands it where nothing routes to any more.
+	{"ReleaseFromSink", Bugs{ReleaseFromSink: true}, PropLiveness, shape{dedicated: 1, conversations: 2}},
+	// Moved records carry no verdicts: a send refused before the move is
+	// accepted by the vshard it moved to once its sender is a member.
+	{"DropCarriedVerdicts", Bugs{DropCarriedVerdicts: true}, PropOneEffect, shape{dedicated: 1}},
 }
 
 // shape is how a bug's schedules differ from DefaultConfig (zero: not).

@@ -41,11 +41,12 @@ const (
 	PropDuplicate = "I4 duplicate-client_message_id"
 	// PropRetry: a retry of a keyed command answered other than the first result (I4).
 	PropRetry = "I4 retry-not-first-result"
-	// PropOneEffect: a keyed command took effect twice: a join answered
-	// accepted without a write (its user was a member) by a writer that
-	// later, within RefusalMemory, committed a join for the same key — the
-	// user left or was kicked in between, and the command added them again
-	// (I4; docs/protocol.md: one command, at most one effect).
+	// PropOneEffect: a keyed command took effect twice, or after it was
+	// told no: a join answered accepted without a write (its user was a
+	// member), or a final rejection, by a writer that later, within
+	// RefusalMemory, committed the op for the same key — or the vshard
+	// its moved record sent the conversation to did (I4; docs/protocol.md:
+	// one command, at most one effect).
 	PropOneEffect = "I4 keyed-command-two-effects"
 	// PropRemoved: a message from a user who was not a member at its seq (I5).
 	PropRemoved = "I5 message-from-non-member"
@@ -237,43 +238,107 @@ func noopJoin(o *op, a *answer) bool {
 	return o.cmd.Op == protocol.OpJoin && a.reply.Op == protocol.OpAccepted && !a.wrote && a.reply.MessageID == ""
 }
 
-// checkOneEffect: I4 for keyed joins of a current member. The writer
-// that answered one accepted without a write keeps that answer for the
-// key for RefusalMemory (docs/protocol.md, "Attempts in flight"): it must
-// not commit a join for the key in that time, whatever happened to the
-// membership meanwhile. (Another writer — a new owner, or the vshard the
-// conversation moved to — decides the key again.)
+// checkOneEffect: I4 for the answers a writer keeps for a key (docs/
+// protocol.md, "Attempts in flight"): a keyed join of a current member
+// answered accepted without a write, and a final rejection (forbidden,
+// not_found, too_large). The writer keeps such an answer for
+// RefusalMemory, and the moved record it commits for the conversation
+// meanwhile carries it to the vshard the conversation moves to: neither
+// may commit the sender's op for the key in that time, whatever happened
+// to the membership meanwhile — one command, at most one effect, and
+// never one told no. (A new owner after a failover decides the key
+// again: the memory is not in the log.)
 func (w *World) checkOneEffect() {
 	memory := int64(refusalMemory / time.Second)
 	for _, o := range w.ops {
-		if o.cmd.Op != protocol.OpJoin || o.cmd.ClientMessageID == "" {
+		if o.cmd.ClientMessageID == "" || o.cmd.Op == protocol.OpRead {
 			continue
 		}
 		for _, a := range o.decided {
-			if !noopJoin(o, a) || a.by == nil {
+			if !keptAnswer(o, a) {
 				continue
 			}
-			w.stats.NoopJoins++
-			for _, o2 := range w.ops {
-				if o2.cmd.ConversationID == o.cmd.ConversationID && o2.cmd.ClientMessageID == o.cmd.ClientMessageID {
-					for _, at := range o2.attempts {
-						if at.sentStep > a.sentStep {
-							w.stats.NoopJoinRetries++
+			if noopJoin(o, a) {
+				w.stats.NoopJoins++
+				for _, o2 := range w.ops {
+					if o2.cmd.ConversationID == o.cmd.ConversationID && o2.cmd.ClientMessageID == o.cmd.ClientMessageID {
+						for _, at := range o2.attempts {
+							if at.sentStep > a.sentStep {
+								w.stats.NoopJoinRetries++
+							}
 						}
 					}
 				}
 			}
-			for _, rec := range w.log.ConvRecords(o.cmd.ConversationID) {
+			recs := w.log.ConvRecords(o.cmd.ConversationID)
+			for _, rec := range recs {
 				e := rec.Event
-				if e.ClientMessageID != o.cmd.ClientMessageID || e.VShard != a.by.v || e.Epoch != a.by.epoch ||
+				if e.ClientMessageID != o.cmd.ClientMessageID || e.Sender != o.cmd.Sender || e.Kind != opKinds[o.cmd.Op] ||
 					rec.CommittedStep <= a.sentStep || e.CreatedAt.Unix()-a.sentAt > memory {
 					continue
 				}
-				w.violate(PropOneEffect, "op%d join %s of %s by %s (key %s): %s answered accepted seq %d without a write at step %d, then committed %s seq %d for the key at step %d",
-					o.id, o.cmd.ConversationID, o.cmd.UserID, o.cmd.Sender, o.cmd.ClientMessageID, a.by, a.reply.Seq, a.sentStep, e.Kind, e.Seq, rec.CommittedStep)
+				by := "the same writer"
+				if e.VShard != a.by.v || e.Epoch != a.by.epoch {
+					m := carriedBy(recs, a, e)
+					if m == nil {
+						continue
+					}
+					by = fmt.Sprintf("v%d, where its moved record at seq %d carried the answer", e.VShard, m.Seq)
+					w.stats.CarriedVerdictsTested++
+				}
+				w.violate(PropOneEffect, "op%d %s in %s by %s (key %s): %s answered %s without a write at step %d, then %s committed %s seq %d for the key at step %d",
+					o.id, o.cmd.Op, o.cmd.ConversationID, o.cmd.Sender, o.cmd.ClientMessageID, a.by, answerText(a.reply), a.sentStep, by, e.Kind, e.Seq, rec.CommittedStep)
 			}
 		}
 	}
+}
+
+// keptAnswer reports whether writer answer a to keyed op o is one the
+// writer keeps for the key: a join of a current member, or a final
+// rejection.
+func keptAnswer(o *op, a *answer) bool {
+	if a.by == nil || a.wrote {
+		return false
+	}
+	if noopJoin(o, a) {
+		return true
+	}
+	r := a.reply
+	return r.Op == protocol.OpRejected && (r.Code == protocol.CodeForbidden || r.Code == protocol.CodeNotFound || r.Code == protocol.CodeTooLarge)
+}
+
+// carriedBy returns the moved record that carried answer a to the writer
+// of event e: committed by a's writer (its vshard and epoch) after a, to
+// e's vshard, the conversation's last moved record below e's seq (nil:
+// none did).
+func carriedBy(recs []*Record, a *answer, e *logrecord.Event) *logrecord.Event {
+	var last *Record
+	for _, r := range recs {
+		if m := r.Event; m.Kind == logrecord.KindMoved && m.Seq < e.Seq && (last == nil || m.Seq > last.Event.Seq) {
+			last = r
+		}
+	}
+	if last == nil {
+		return nil
+	}
+	m := last.Event
+	if m.VShard != a.by.v || m.Epoch != a.by.epoch || last.CommittedStep < a.sentStep || m.ToVShard == nil || *m.ToVShard != e.VShard {
+		return nil
+	}
+	return m
+}
+
+func answerText(r *protocol.Reply) string {
+	if r.Op == protocol.OpRejected {
+		return string(r.Code)
+	}
+	return fmt.Sprintf("accepted seq %d", r.Seq)
+}
+
+// opKinds is the event kind each write op commits.
+var opKinds = map[string]string{
+	protocol.OpCreate: logrecord.KindCreate, protocol.OpJoin: logrecord.KindJoin, protocol.OpKick: logrecord.KindKick,
+	protocol.OpLeave: logrecord.KindLeave, protocol.OpSend: logrecord.KindMessage,
 }
 
 func (w *World) inLog(conv string, seq int64, messageID string) bool {

@@ -41,6 +41,14 @@ type Bugs struct {
 	// VerdictsPinConvs makes the writer keep every cached conversation
 	// that a remembered verdict names (shardcore.WriterFaults.VerdictsPinConvs).
 	VerdictsPinConvs bool
+	// ReleaseFromSink makes the operator, not the hashed vshard's writer,
+	// delete a released conversation's override, as soon as the sink
+	// (which lags the log) shows it at its hashed vshard.
+	ReleaseFromSink bool
+	// DropCarriedVerdicts makes moved records carry no verdicts
+	// (shardcore.WriterFaults.DropCarriedVerdicts): the writer a
+	// conversation moves to decides a key refused before the move again.
+	DropCarriedVerdicts bool
 }
 
 // Any reports whether a bug is switched on.

@@ -59,13 +59,18 @@
 // Dedicated vshards (Config.Dedicated) sit after the hashed ones, each with
 // a partition of its own. The operator isolates a conversation into one,
 // or releases it, at any step (an override in the owner store; a released
-// conversation keeps an override naming its hashed vshard); the gateway
-// and each worker read the overrides with a delay of their own, and every
-// writer that may hold the conversation is told. The writer that has it
-// commits a moved record; the one it moves to answers retry until its
-// state — loaded from the sink — says the conversation is there. The
-// checker orders a conversation's events by commit across partitions, and
-// liveness asks for every conversation to end where its override says.
+// conversation keeps an override naming its hashed vshard until that
+// vshard's writer finds it here and deletes it, as lease.ReleaseOverride
+// does: on the revision it was told of and its own owner row); the
+// gateway and each worker read the overrides with a delay of their own,
+// and every writer that may hold the conversation is told, also of a
+// deletion. The writer that has it commits a moved record, carrying the
+// verdicts it remembers for the conversation's keys; the one it moves to
+// answers retry until its state — loaded from the sink — says the
+// conversation is there. The checker orders a conversation's events by
+// commit across partitions, and liveness asks for every conversation to
+// end where its override says (its hashed vshard without one), every
+// release to end with its override deleted.
 // After a move a conversation's events are on two partitions, which the
 // projection applies in any order.
 //
@@ -106,10 +111,12 @@
 //	    events of any kind; retry-not-first-result: every answer to a
 //	    keyed send, join, kick or leave (first try, retry, the same
 //	    command again) is its first result; keyed-command-two-effects:
-//	    one keyed command, at most one effect — a join answered accepted
-//	    without a write (its user was a member) is not followed by a join
-//	    of the same key from the same writer within RefusalMemory, when
-//	    the user has left or been kicked meanwhile (docs/protocol.md)
+//	    one keyed command, at most one effect, and none once told no — a
+//	    join answered accepted without a write (its user was a member), or
+//	    a final rejection, is not followed within RefusalMemory by a commit
+//	    of the sender's op for the key from the same writer, nor from the
+//	    vshard that writer's moved record carried the answer to
+//	    (docs/protocol.md)
 //	I5  message-from-non-member: no message from a user who is not a
 //	    member at its seq; projected-membership: the read model's
 //	    membership periods of every conversation are those of its events
@@ -222,6 +229,16 @@
 //	                          verdict names (refusals kept in the cached
 //	                          state, before the writer-level table):
 //	                          bounded-writer-cache in 82
+//	ReleaseFromSink           the operator deletes a released conversation's
+//	                          override once the sink shows it home (admin
+//	                          unisolate deciding from Postgres): liveness in
+//	                          14 (two conversations, one dedicated vshard):
+//	                          a move decided before, not yet stored, strands
+//	                          the conversation where nothing routes to
+//	DropCarriedVerdicts       moved records without the writer's verdicts:
+//	                          I4 keyed-command-two-effects in 29 (one
+//	                          dedicated vshard): a send refused before the
+//	                          move is accepted after it
 //
 // The counts are of today's schedules; a change to the model moves them.
 //
@@ -283,8 +300,5 @@
 // conversations, so eviction and reloading run all the time. The loader
 // has no bound on the round trips in flight (every load queued goes in
 // the next one). The projection's delivery outbox, the feed's pushes and
-// read markers are not modelled: devices sync. A release that deletes the
-// override once the conversation is home (`admin unisolate`'s last step),
-// and a writer's verdicts carried to the vshard a conversation moves to,
-// are not modelled yet (operator.go says where the release goes).
+// read markers are not modelled: devices sync.
 package sim

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
 
@@ -108,9 +109,11 @@ func (w *World) writesPending() string {
 			fmt.Fprintf(&b, "p%d not persisted; ", p)
 		}
 	}
-	for _, c := range sortedKeys(w.routes) {
-		if at := w.locatedAt(c); at != w.routes[c] {
-			fmt.Fprintf(&b, "%s is at v%d, routed to v%d; ", c, at, w.routes[c])
+	for _, c := range w.convs {
+		if at, to := w.locatedAt(c), w.routeOf(w.routes, c); at != to {
+			fmt.Fprintf(&b, "%s is at v%d, routed to v%d; ", c, at, to)
+		} else if _, ok := w.routes[c]; ok && to == logrecord.VShard(c, w.cfg.VShards) && !w.cfg.Bugs.ReleaseFromSink {
+			fmt.Fprintf(&b, "%s is home at v%d, its override not released; ", c, at)
 		}
 	}
 	for _, wk := range w.workers {

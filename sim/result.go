@@ -29,6 +29,10 @@ type Stats struct {
 	EpochRegressions  int // events of an older ownership epoch committed after a newer one's
 	Isolations        int // overrides the operator changed (isolate or release)
 	ConvMoves         int // moved records committed
+	Releases          int // overrides deleted by a released conversation's hashed vshard's writer
+	// CarriedVerdictsTested: commits of a key at the vshard a moved
+	// record carried the key's kept answer to (PropOneEffect looked at).
+	CarriedVerdictsTested int
 	// MovesAcrossTakeover: takeovers of a vshard a conversation was moving
 	// from or to (its override named another vshard than the log).
 	MovesAcrossTakeover int
@@ -80,6 +84,8 @@ func (s *Stats) add(o Stats) {
 	s.EpochRegressions += o.EpochRegressions
 	s.Isolations += o.Isolations
 	s.ConvMoves += o.ConvMoves
+	s.Releases += o.Releases
+	s.CarriedVerdictsTested += o.CarriedVerdictsTested
 	s.MovesAcrossTakeover += o.MovesAcrossTakeover
 	s.ArrivalsBeforePersist += o.ArrivalsBeforePersist
 	s.LoadTrips += o.LoadTrips

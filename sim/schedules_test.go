@@ -174,9 +174,9 @@ func addToCorpus(t *testing.T, seed uint64, why string) {
 // had not stored the moved record yet, one round trip of a worker's
 // loader answering the loads of two writers that both asked for the
 // moving conversation, and the projection applying a conversation's newer
-// partition before its older one's tail (a hole its gap fill closed) —
-// and that every property held through them. (A release that deletes the
-// override is not modelled yet: operator.go.)
+// partition before its older one's tail (a hole its gap fill closed), a
+// released conversation's override deleted by its hashed vshard's writer
+// — and that every property held through them.
 func TestMovesUnderFaults(t *testing.T) {
 	var sum Stats
 	for seed := uint64(1); seed <= 500; seed++ {
@@ -189,9 +189,9 @@ func TestMovesUnderFaults(t *testing.T) {
 		sum.add(r.Stats)
 	}
 	t.Logf("500 schedules: %d overrides changed, %d moved records, %d takeovers mid-move, %d commands that arrived before persist stored their moved record, "+
-		"%d loader round trips that answered two writers' loads of one conversation, %d projection batches that filled a hole of a moved conversation",
-		sum.Isolations, sum.ConvMoves, sum.MovesAcrossTakeover, sum.ArrivalsBeforePersist, sum.SharedConvLoads, sum.GapFills)
-	if sum.ConvMoves == 0 || sum.MovesAcrossTakeover == 0 || sum.ArrivalsBeforePersist == 0 || sum.SharedConvLoads == 0 || sum.GapFills == 0 {
+		"%d loader round trips that answered two writers' loads of one conversation, %d projection batches that filled a hole of a moved conversation, %d overrides released",
+		sum.Isolations, sum.ConvMoves, sum.MovesAcrossTakeover, sum.ArrivalsBeforePersist, sum.SharedConvLoads, sum.GapFills, sum.Releases)
+	if sum.ConvMoves == 0 || sum.MovesAcrossTakeover == 0 || sum.ArrivalsBeforePersist == 0 || sum.SharedConvLoads == 0 || sum.GapFills == 0 || sum.Releases == 0 {
 		t.Errorf("the schedules missed a hard case: %+v", sum)
 	}
 }

@@ -131,7 +131,8 @@ func (s *Sink) LoadConv(conv string) *shardcore.Conv {
 			}
 			continue
 		}
-		shardcore.Apply(c, &logrecord.Event{Kind: e.Kind, ConversationID: conv, Seq: e.Seq, Sender: e.Sender, UserID: e.UserID, Members: e.Members, ToVShard: e.ToVShard})
+		shardcore.Apply(c, &logrecord.Event{Kind: e.Kind, ConversationID: conv, Seq: e.Seq, Sender: e.Sender, UserID: e.UserID, Members: e.Members,
+			ToVShard: e.ToVShard, CreatedAt: e.CreatedAt, Verdicts: e.Verdicts})
 	}
 	return c
 }

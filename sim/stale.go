@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 	"github.com/chatpipe/chatpipe/shardcore"
 )
@@ -82,9 +83,11 @@ func (w *World) justified(o *op, a *answer) bool {
 // first decision of its key: an earlier answer, to an attempt of an op
 // with the same key, sender and op, that the log justified and that gave
 // the same rejection, or — a join of a current member — the same
-// acceptance from the same writer. The writer answers every attempt of a
-// key with that first answer for a while (docs/protocol.md, "Attempts in
-// flight"), however the state changed since.
+// acceptance from the same writer, or from the vshard that writer's
+// moved record carried it to. The writer answers every attempt of a key
+// with that first answer for a while (docs/protocol.md, "Attempts in
+// flight"), however the state changed since, and its moved record carries
+// the answer on.
 func (w *World) remembered(o *op, a *answer) bool {
 	noop := noopJoin(o, a)
 	if o.cmd.ClientMessageID == "" || (a.reply.Op != protocol.OpRejected && !noop) {
@@ -92,7 +95,7 @@ func (w *World) remembered(o *op, a *answer) bool {
 	}
 	same := func(o2 *op, a2 *answer) bool {
 		if noop {
-			return noopJoin(o2, a2) && a2.reply.Seq == a.reply.Seq && a2.by == a.by
+			return noopJoin(o2, a2) && a2.reply.Seq == a.reply.Seq && (a2.by == a.by || w.carried(o.cmd.ConversationID, a2, a.by))
 		}
 		return a2.reply.Op == protocol.OpRejected && a2.reply.Code == a.reply.Code && a2.reply.Code != protocol.CodeUnavailable
 	}
@@ -108,4 +111,26 @@ func (w *World) remembered(o *op, a *answer) bool {
 		}
 	}
 	return false
+}
+
+// carried reports whether moved records of conv carried answer a2 to
+// writer by: a moved record committed by a2's writer (its vshard and
+// epoch) after a2, then any chain of later moved records from the vshards
+// reached (the writer it moves to adopts the answers and its own moved
+// record carries them on), reaching by's vshard.
+func (w *World) carried(conv string, a2 *answer, by *writer) bool {
+	if a2.by == nil || by == nil {
+		return false
+	}
+	reached := map[int]bool{}
+	for _, r := range w.log.ConvRecords(conv) { // in commit order
+		m := r.Event
+		if m.Kind != logrecord.KindMoved || m.ToVShard == nil || r.CommittedStep < a2.sentStep {
+			continue
+		}
+		if (m.VShard == a2.by.v && m.Epoch == a2.by.epoch) || reached[m.VShard] {
+			reached[*m.ToVShard] = true
+		}
+	}
+	return reached[by.v]
 }

@@ -15,9 +15,10 @@ type worker struct {
 	loader  loader          // the writers' batch loads (loader.go)
 	retired []*writer       // stopped writers still finishing their batch in hand
 	// routes is the owner store's overrides as this worker last read
-	// them (routesRev: the revision read).
+	// them (routesRev: the revision read; routeRevs: each one's).
 	routes    map[string]int
 	routesRev int64
+	routeRevs map[string]int64
 }
 
 func (wk *worker) paused(now int64) bool { return now < wk.pausedUntil }

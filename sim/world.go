@@ -32,10 +32,13 @@ type World struct {
 	gateway ownership.View
 	gwRev   int64
 	// routes is the owner store's overrides: conversation → vshard (its
-	// hashed vshard once released); routesRev counts their changes, and
-	// the gateway and each worker act on the copy they last read.
+	// hashed vshard while a release is in progress); routesRev counts
+	// their changes, routeRevs is the revision of each one's last write
+	// (its mod revision), and the gateway and each worker act on the copy
+	// they last read.
 	routes      map[string]int
 	routesRev   int64
+	routeRevs   map[string]int64
 	gwRoutes    map[string]int
 	gwRoutesRev int64
 
@@ -88,7 +91,7 @@ func (w *World) finish() *Result {
 }
 
 func newWorld(cfg Config, ch Chooser) *World {
-	w := &World{cfg: cfg, ch: ch, owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink(), proj: NewProjection(), routes: map[string]int{}, projBroken: map[string]bool{}}
+	w := &World{cfg: cfg, ch: ch, owners: NewOwnerStore(cfg.LeaseTTL), sink: NewSink(), proj: NewProjection(), routes: map[string]int{}, routeRevs: map[string]int64{}, projBroken: map[string]bool{}}
 	w.log = NewLog(w.layout().TopicPartitions())
 	for i := 0; i < cfg.Workers; i++ {
 		w.workers = append(w.workers, &worker{id: fmt.Sprintf("w%d", i), alive: true, writers: map[int]*writer{}})

@@ -46,6 +46,16 @@ type writer struct {
 	markerOff int64
 	tailConvs []string
 	unstored  []unstoredRef
+	// told is the last override of each conversation the writer was told
+	// of (shardworker's shard.told): a release deletes only that one.
+	told map[string]toldRoute
+}
+
+// toldRoute is an override as a writer was told of it: its target and
+// its revision.
+type toldRoute struct {
+	to  int
+	rev int64
 }
 
 // unstoredRef is a conversation with an event at a log offset.
@@ -70,7 +80,7 @@ var (
 const refusalMemory = 120 * time.Second
 
 func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
-	wr := &writer{wk: wk, v: v, part: w.layout().Partition(v), epoch: epoch, txnID: logrecord.TransactionalID(v)}
+	wr := &writer{wk: wk, v: v, part: w.layout().Partition(v), epoch: epoch, txnID: logrecord.TransactionalID(v), told: map[string]toldRoute{}}
 	faults := shardcore.WriterFaults{
 		AcceptBeforeMarker:       w.cfg.Bugs.AcceptBeforeMarker,
 		AcceptedBeforeCommit:     w.cfg.Bugs.AcceptedBeforeCommit,
@@ -79,6 +89,7 @@ func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
 		AcceptBeforeMoved:        w.cfg.Bugs.AcceptBeforeMoved,
 		ForgetNoopJoin:           w.cfg.Bugs.ForgetNoopJoin,
 		VerdictsPinConvs:         w.cfg.Bugs.VerdictsPinConvs,
+		DropCarriedVerdicts:      w.cfg.Bugs.DropCarriedVerdicts,
 		NoEmptyBatchMarker:       !w.cfg.WhatIf.FenceCheckedAnswers,
 	}
 	wr.m = shardcore.NewWriter(shardcore.WriterConfig{
@@ -381,6 +392,9 @@ func (wr *writer) collect(w *World) {
 		}
 	}
 	w.stats.ConvMoves += len(rd.Notice.Moved)
+	for _, c := range rd.Notice.Released {
+		w.release(wr, c)
+	}
 	if now := w.clock(); rd.Effect == nil && !rd.Wake.IsZero() && !rd.Wake.After(now) && wr.phase() == shardcore.PhaseAccepting && !wr.m.CanStart(now) {
 		// The driver ticks a writer whose wake time has come; with nothing
 		// to start, that Tick must leave no wake time behind that has come
