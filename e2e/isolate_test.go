@@ -106,14 +106,6 @@ func TestIsolateUnderLoad(t *testing.T) {
 		}
 	}()
 
-	admin := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
-		t.Logf("admin %v: %s", args, out)
-		if err != nil {
-			t.Fatalf("admin %v: %v", args, err)
-		}
-	}
 	retryEarlier := func(phase string) {
 		t.Helper()
 		l.mu.Lock()
@@ -138,11 +130,11 @@ func TestIsolateUnderLoad(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	isolatedAt := time.Now()
-	admin("isolate", hot)
+	adminCmd(t, dev, "isolate", hot)
 	time.Sleep(2 * time.Second)
 	retryEarlier("after isolating")
 	releasedAt := time.Now()
-	admin("unisolate", hot)
+	adminCmd(t, dev, "unisolate", hot)
 	time.Sleep(2 * time.Second)
 	retryEarlier("after releasing")
 	close(stop)
@@ -262,4 +254,15 @@ func TestIsolateUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d sends accepted (%d kick cycles); %s: seqs 1…%d, moved at seqs %v; longest pause between accepted sends of %s: %v around the isolate, %v around the release; slowest accepted send of the other conversations %v",
 		len(accepted), kicks, hot, last, moves, hot, gap(isolatedAt).Round(time.Millisecond), gap(releasedAt).Round(time.Millisecond), otherMax.Round(time.Millisecond))
+}
+
+// adminCmd runs `chatpipe admin args[0] --endpoints … args[1:]…` against
+// dev's stack and fails the test if it fails.
+func adminCmd(t *testing.T, dev *devProc, args ...string) {
+	t.Helper()
+	out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
+	t.Logf("admin %v: %s", args, out)
+	if err != nil {
+		t.Fatalf("admin %v: %v", args, err)
+	}
 }
