@@ -19,12 +19,15 @@ import (
 // TestIsolateUnderLoad: a conversation is isolated to a dedicated vshard
 // and released again while its members send (with retries), its owner
 // kicks and re-adds a member who sends too, and other conversations that
-// share its vshard go on. Nothing accepted is lost or doubled, seq keeps
-// growing across both moves, a retry of a message accepted before a move
-// gets its first result after it, no message of the kicked member lies
-// outside their membership periods, the moved records mark where the
-// conversation's events changed vshard, and a member's device converges
-// on the log.
+// share its hashed vshard go on. Nothing accepted is lost or doubled, seq
+// keeps growing across both moves, a retry of a message accepted before a
+// move gets its first result after it, no message of the kicked member
+// lies outside their membership periods, the moved records mark where the
+// conversation's events changed vshard while its neighbours stayed on
+// theirs, the read model's membership periods are the log's, the kicked
+// member reads exactly the events of their periods, a member's device
+// converges on the log, and the conversation takes sends and membership
+// changes after both moves.
 func TestIsolateUnderLoad(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
 	if dev.ep.Dedicated == 0 {
@@ -48,6 +51,39 @@ func TestIsolateUnderLoad(t *testing.T) {
 	var mu sync.Mutex
 	kxAccepted := map[string]int64{}
 	kicks := 0
+
+	// Two conversations of the same hashed vshard, written all along.
+	var neighbours []string
+	for i := 0; len(neighbours) < 2; i++ {
+		if c := fmt.Sprintf("in-%d", i); logrecord.VShard(c, dev.ep.VShards) == home {
+			neighbours = append(neighbours, c)
+		}
+	}
+	var nbAccepted []acceptedMsg
+	for _, c := range neighbours {
+		owner.must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"lu2"}})
+	}
+	nb := dev.dial(t, "lu2")
+	wg.Add(1)
+	go func() { // lu2 sends to the neighbours without pause
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			conv, cmid, sent := neighbours[i%len(neighbours)], fmt.Sprintf("in-lu2-%d", i), time.Now()
+			r, err := nb.sendRetrying(conv, cmid, "next door")
+			if err != nil || r.Op != protocol.OpAccepted {
+				t.Errorf("lu2's send %s to %s: %+v %v", cmid, conv, r, err)
+				return
+			}
+			mu.Lock()
+			nbAccepted = append(nbAccepted, acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: "lu2", Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
+			mu.Unlock()
+		}
+	}()
 	wg.Add(2)
 	go func() { // ikx sends without pause: accepted while a member, forbidden while out
 		defer wg.Done()
@@ -106,14 +142,6 @@ func TestIsolateUnderLoad(t *testing.T) {
 		}
 	}()
 
-	admin := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
-		t.Logf("admin %v: %s", args, out)
-		if err != nil {
-			t.Fatalf("admin %v: %v", args, err)
-		}
-	}
 	retryEarlier := func(phase string) {
 		t.Helper()
 		l.mu.Lock()
@@ -138,21 +166,36 @@ func TestIsolateUnderLoad(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	isolatedAt := time.Now()
-	admin("isolate", hot)
+	adminCmd(t, dev, "isolate", hot)
 	time.Sleep(2 * time.Second)
 	retryEarlier("after isolating")
 	releasedAt := time.Now()
-	admin("unisolate", hot)
+	adminCmd(t, dev, "unisolate", hot)
 	time.Sleep(2 * time.Second)
 	retryEarlier("after releasing")
 	close(stop)
 	wg.Wait()
-	// Moved there and back, the conversation takes writes at once.
+	// Moved there and back, the conversation takes writes at once: a
+	// send, and a kick that ends what the kicked member may send.
 	if r, err := owner.sendRetrying(hot, "after-the-moves", "still here"); err != nil || r.Op != protocol.OpAccepted {
 		t.Errorf("a send to %s after both moves answered %+v, %v; want accepted", hot, r, err)
 	}
-	accepted := l.finish()
+	owner.must(map[string]any{"op": "kick", "conversation_id": hot, "user_id": "ikx", "client_message_id": "ik-last-kick"})
+	if r, err := kx.sendRetrying(hot, "ikx-after-the-moves", "still in?"); err != nil || r.Code != protocol.CodeForbidden {
+		t.Errorf("ikx's send to %s after the last kick answered %+v, %v; want forbidden", hot, r, err)
+	}
+	accepted := append(l.finish(), nbAccepted...)
 	checkWorld(t, dev.ep, accepted)
+	// The neighbours went on while the conversation was away.
+	var during int
+	for _, a := range nbAccepted {
+		if a.AcceptedAt.After(isolatedAt) && a.AcceptedAt.Before(releasedAt) {
+			during++
+		}
+	}
+	if during == 0 {
+		t.Errorf("no send to %v (vshard %d, like %s) was accepted between the isolate and the release", neighbours, home, hot)
+	}
 
 	// The log: two moved records, to a dedicated vshard and back; the
 	// events between them written by the dedicated vshard, the others by
@@ -168,8 +211,11 @@ func TestIsolateUnderLoad(t *testing.T) {
 	sort.Slice(mine, func(i, j int) bool { return mine[i].Seq < mine[j].Seq })
 	vs := map[int64]int{}
 	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
-		if e.ConversationID == hot {
+		switch {
+		case e.ConversationID == hot:
 			vs[e.Seq] = e.VShard
+		case slices.Contains(neighbours, e.ConversationID) && e.HasSeq() && e.VShard != home:
+			t.Errorf("%s/%d written by vshard %d, not its own %d", e.ConversationID, e.Seq, e.VShard, home)
 		}
 	})
 	for i, r := range mine {
@@ -225,6 +271,28 @@ func TestIsolateUnderLoad(t *testing.T) {
 	if got, want := projectedPeriods(t, dev.ep)[hot], periods(mine)[hot]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("%s's membership periods in Postgres differ from the log's:\n got %v\nwant %v", hot, got, want)
 	}
+	// The kicked member reads the events of their periods and no other.
+	kxDev := newDevice(t, dev, "ikx", "ikx-read")
+	if err := kxDev.connect(); err != nil {
+		t.Fatal(err)
+	}
+	defer kxDev.disconnect()
+	hist, err := kxDev.history(hot, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantKx []int64
+	for s := range visible {
+		wantKx = append(wantKx, s)
+	}
+	slices.Sort(wantKx)
+	if !slices.Equal(hist, wantKx) {
+		t.Errorf("ikx's history of %s has %d events, their periods %v hold %d", hot, len(hist), per, len(wantKx))
+	}
+	if got := kxDev.seqs(hot); !slices.Equal(got, wantKx) {
+		t.Errorf("ikx's sync of %s gave %d events, their periods %v hold %d", hot, len(got), per, len(wantKx))
+	}
+
 	last := mine[len(mine)-1].Seq
 	waitFor(t, 60*time.Second, "the watcher's device to hold the whole conversation", func() bool {
 		s := watcher.seqs(hot)
@@ -262,4 +330,15 @@ func TestIsolateUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d sends accepted (%d kick cycles); %s: seqs 1…%d, moved at seqs %v; longest pause between accepted sends of %s: %v around the isolate, %v around the release; slowest accepted send of the other conversations %v",
 		len(accepted), kicks, hot, last, moves, hot, gap(isolatedAt).Round(time.Millisecond), gap(releasedAt).Round(time.Millisecond), otherMax.Round(time.Millisecond))
+}
+
+// adminCmd runs `chatpipe admin args[0] --endpoints … args[1:]…` against
+// dev's stack and fails the test if it fails.
+func adminCmd(t *testing.T, dev *devProc, args ...string) {
+	t.Helper()
+	out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
+	t.Logf("admin %v: %s", args, out)
+	if err != nil {
+		t.Fatalf("admin %v: %v", args, err)
+	}
 }

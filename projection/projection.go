@@ -194,6 +194,9 @@ func (p *Projector) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record
 		}
 		events = append(events, e)
 	}
+	if err := p.faultHold(ctx, recs); err != nil {
+		return logsink.Queued{}, err
+	}
 	// A record persist dead-lettered is covered by its stored offset like
 	// any other: the projection applies what it can read of it.
 	if err := p.waitForPersist(ctx, logsink.NextOffsets(recs)); err != nil {

@@ -17,9 +17,15 @@ const (
 	faultAcceptBeforeMarker               = false
 	faultAcceptDelay        time.Duration = 0
 	faultRecommitAfterAbort               = false
+	faultLoaderSlow         time.Duration = 0
 )
 
 func markCommit() {}
+
+// noteMergedLoads and faultPump do nothing without the fault points.
+func noteMergedLoads([]*loadReq) {}
+
+func (l *loader) faultPump() {}
 
 // partitionEnd, vshardConversations and recommitAfterAbort exist only in
 // fault-test builds.

@@ -4,12 +4,16 @@ package shardworker
 
 import (
 	"context"
+	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // Fault points for the fault-injection tests, compiled only into binaries
@@ -35,7 +39,56 @@ var (
 	// batch takes seqs the new owner has handed out. Tests use it to show
 	// the pause-past-the-transaction-timeout test catches it.
 	faultRecommitAfterAbort = os.Getenv("CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT") != ""
+	// faultLoaderSlow makes the writers' shared state loads (loader.go)
+	// wait: every load queues, and once per that long one round trip
+	// answers all the loads queued, so that the loads of every writer of
+	// the worker that come within it are merged.
+	faultLoaderSlow = envDuration("CHATPIPE_FAULT_LOADER_SLOW")
 )
+
+// faultPump answers the loads queued, in one round trip, once per
+// faultLoaderSlow, until the loader stops. Under faultLoaderSlow no load
+// makes its round trip itself (maxTrips is 0).
+func (l *loader) faultPump() {
+	t := time.NewTicker(faultLoaderSlow)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		batch := l.takeLocked()
+		l.mu.Unlock()
+		if len(batch) > 0 {
+			l.answer(batch)
+		}
+	}
+}
+
+// noteMergedLoads logs, under faultLoaderSlow, every conversation that
+// several loads of one round trip ask for, so a test can tell that two
+// writers' loads of it were merged.
+func noteMergedLoads(batch []*loadReq) {
+	if faultLoaderSlow == 0 {
+		return
+	}
+	n, keyed := map[string]int{}, map[string]int{}
+	for _, r := range batch {
+		for _, c := range r.convs {
+			n[c]++
+			if slices.ContainsFunc(r.keys, func(k shardcore.DedupeKey) bool { return k.Conv == c }) {
+				keyed[c]++ // a load for commands, not only to look at a move
+			}
+		}
+	}
+	for c, k := range n {
+		if k > 1 {
+			slog.Warn("PLANTED FAULT: one round trip loads a conversation for several writers", "conversation", c, "loads", k, "for_commands", keyed[c])
+		}
+	}
+}
 
 // recommitAfterAbort commits recs again with a new producer (see
 // faultRecommitAfterAbort), setting their offsets.

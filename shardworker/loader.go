@@ -60,7 +60,12 @@ const (
 var errLoaderStopped = errors.New("shardworker: the worker is stopping")
 
 func newLoader(db *pgxpool.Pool, timeout time.Duration, trips, loads adder) *loader {
-	return &loader{db: db, timeout: timeout, maxTrips: loaderTrips, done: make(chan struct{}), trips: trips, loads: loads}
+	l := &loader{db: db, timeout: timeout, maxTrips: loaderTrips, done: make(chan struct{}), trips: trips, loads: loads}
+	if faultLoaderSlow > 0 {
+		l.maxTrips = 0
+		go l.faultPump()
+	}
+	return l
 }
 
 // stop makes waiting and later loads return errLoaderStopped; round trips
@@ -146,6 +151,7 @@ func (l *loader) takeLocked() []*loadReq {
 // vshard's writer and a dedicated one's may both load) is read once, and
 // each load gets a state of its own.
 func (l *loader) answer(batch []*loadReq) {
+	noteMergedLoads(batch)
 	var convs []string
 	var keys []shardcore.DedupeKey
 	seenConv, seenKey := map[string]bool{}, map[shardcore.DedupeKey]bool{}

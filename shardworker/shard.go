@@ -246,7 +246,17 @@ func (s *shard) run() {
 			s.perform(rd.Effect)
 			continue
 		}
-		// Idle: take what has queued, then let the writer decide.
+		// Idle: take the override changes and what has queued, then let
+		// the writer decide. A writer that always finds commands queued
+		// never waits in the select below, and a route it has not taken
+		// would have it move a conversation by an override that is gone.
+		select {
+		case <-s.routeSig:
+			s.takeRoutes()
+			s.m.Tick(time.Now())
+			continue
+		default:
+		}
 		s.m.SetShare(s.w.cfg.TxnBudget / float64(max(s.w.owned.Load(), 1)))
 		if s.drain() || (!rd.Wake.IsZero() && !time.Now().Before(rd.Wake)) {
 			s.m.Tick(time.Now())
@@ -359,6 +369,10 @@ func (s *shard) perform(e *shardcore.Effect) {
 		ctx, cancel := s.effectContext(e)
 		convs, found, err := s.loadState(ctx, e)
 		cancel()
+		// The state may show a move that an override change queued
+		// meanwhile led to (its writer was told at the same time): the
+		// writer decides with that change, not with the route it had.
+		s.takeRoutes()
 		s.m.StateLoaded(time.Now(), convs, found, err)
 	case shardcore.EffectReadOwner:
 		// After a fence only the owner may make a new producer: a zombie
