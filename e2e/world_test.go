@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -24,30 +25,51 @@ type row struct {
 
 // eachLogEvent reads the whole committed log, read_committed, and calls fn
 // for each decodable event in offset order per partition.
+//
+// It reads every partition up to its last stable offset as listed first
+// (everything the test waits for was committed before): control records
+// are kept, so that the offsets read reach that offset (a transaction
+// ends with its marker, an aborted one's records are skipped but its
+// marker is not). Reading until the log stayed idle for a while instead
+// ended early on a loaded machine and took a partial log for the whole.
 func eachLogEvent(t *testing.T, ep endpoints, fn func(r *kgo.Record, e *logrecord.Event)) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, ep.kafkaOpts...)...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.KeepControlRecords()}, ep.kafkaOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	// Control records (transaction markers) and aborted records take offsets
-	// but are never delivered, so record offsets cannot be matched against
-	// the last stable offsets: everything was committed before this read,
-	// so read until the log stays idle for 3 s.
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
-		fs := cl.PollFetches(pctx)
-		pcancel()
-		if ctx.Err() != nil {
-			t.Fatal("log not read within 60 s")
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, ep.Topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("list the log's last stable offsets: %v", err)
+	}
+	left := map[int32]int64{} // partition → last stable offset not reached yet
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
 		}
-		n := 0
+	})
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("log not read within 90 s: partitions not read up to their last stable offset: %v", left)
+		}
+		for _, fe := range fs.Errors() {
+			t.Logf("reading the log: partition %d: %v", fe.Partition, fe.Err)
+		}
 		fs.EachRecord(func(r *kgo.Record) {
-			n++
+			if end, ok := left[r.Partition]; ok && r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+			if r.Attrs.IsControl() {
+				return
+			}
 			e, err := logrecord.Unmarshal(r.Value)
 			if err != nil {
 				t.Errorf("undecodable record at %d/%d: %v", r.Partition, r.Offset, err)
@@ -55,9 +77,6 @@ func eachLogEvent(t *testing.T, ep endpoints, fn func(r *kgo.Record, e *logrecor
 			}
 			fn(r, e)
 		})
-		if n == 0 {
-			return
-		}
 	}
 }
 
