@@ -204,21 +204,21 @@
 //	                          old writer commits in between, in 1 (caught in 2)
 //	AcceptBeforeMoved         the writer a conversation is routed to decides
 //	                          for it at once (one dedicated vshard): I2
-//	                          written-before-arrival in 251, I3 seq-collision
-//	                          in 248, caught in 267
+//	                          written-before-arrival in 208, I3 seq-collision
+//	                          in 209, caught in 223
 //	SharedLoadState           the loader hands every load of a round trip
 //	                          that asked for one conversation the same state
 //	                          (shardworker's loader before each load got its
 //	                          own): the dedicated vshard's writer decides from
 //	                          the moved record the hashed one applied before
 //	                          persist stored it, or the other way round —
-//	                          I2 written-before-arrival in 22 (one dedicated
-//	                          vshard; I3 seq-regression or collision in 3)
+//	                          I2 written-before-arrival in 34 (one dedicated
+//	                          vshard; I3 seq-regression in 5)
 //	ProjectionRecordOrder     the projection applies a batch's membership
 //	                          changes in record order and fills no hole (the
 //	                          order before rule 25): I5 projected-membership
-//	                          in 46, I6 devices-diverge in 20 (one dedicated
-//	                          vshard, two conversations, two faults)
+//	                          in 42 (one dedicated vshard, two conversations,
+//	                          two faults)
 //	ForgetNoopJoin            a keyed join of a current member answered
 //	                          without keeping its verdict (before shardcore
 //	                          kept it): I4 keyed-command-two-effects in 40
@@ -232,7 +232,7 @@
 //	ReleaseFromSink           the operator deletes a released conversation's
 //	                          override once the sink shows it home (admin
 //	                          unisolate deciding from Postgres): liveness in
-//	                          14 (two conversations, one dedicated vshard):
+//	                          13 (two conversations, one dedicated vshard):
 //	                          a move decided before, not yet stored, strands
 //	                          the conversation where nothing routes to
 //	DropCarriedVerdicts       moved records without the writer's verdicts:
