@@ -412,6 +412,9 @@ func (m *Writer) Accepting() bool {
 	return false
 }
 
+// Cached is the number of conversations whose state the writer holds.
+func (m *Writer) Cached() int { return len(m.convs) }
+
 // Queued is the number of commands waiting for a batch.
 func (m *Writer) Queued() int { return len(m.queue) }
 

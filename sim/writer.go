@@ -3,7 +3,6 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"time"
 
@@ -481,18 +480,11 @@ func (wr *writer) checkCache(w *World, persisted int64) {
 			pinned = append(pinned, u.conv)
 		}
 	}
-	cached := cachedConvs(wr.m)
+	cached := wr.m.Cached()
 	w.stats.Housekeeps++
 	w.stats.CacheHigh = max(w.stats.CacheHigh, cached)
 	if bound := max(w.cfg.WriterMaxConvs, len(pinned)); cached > bound {
 		w.violate(PropCacheBound, "%s caches %d conversations after housekeeping; MaxConvs is %d and %d have events persist had not stored (%v)",
 			wr, cached, w.cfg.WriterMaxConvs, len(pinned), pinned)
 	}
-}
-
-// cachedConvs is how many conversations m caches. shardcore.Writer does
-// not tell; the model reads its cache's length (the field convs) with
-// reflect, which panics if the field is renamed.
-func cachedConvs(m *shardcore.Writer) int {
-	return reflect.ValueOf(m).Elem().FieldByName("convs").Len()
 }
