@@ -1,12 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,38 +106,4 @@ func TestRetriedJoinAfterRemovalAddsNobody(t *testing.T) {
 			t.Errorf("jr-member's send to %s after their removal answered %+v %v, want forbidden", conv, r, err)
 		}
 	}
-}
-
-// metricLabeled sums a Prometheus metric over the label sets that have
-// every one of labels (each `name="value"`).
-func metricLabeled(t *testing.T, url, name string, labels ...string) float64 {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("metrics %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-next:
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") {
-			continue
-		}
-		set := line[len(name)+1 : strings.LastIndexByte(line, '}')]
-		for _, l := range labels {
-			if !strings.Contains(","+set+",", ","+l+",") {
-				continue next
-			}
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
-	}
-	return sum
 }

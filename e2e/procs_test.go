@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/chatpipe/chatpipe/lease"
 )
@@ -168,24 +170,38 @@ func waitForOr(t *testing.T, timeout time.Duration, what string, cond func() boo
 // metric sums a Prometheus metric over its label sets.
 func metric(t *testing.T, url, name string) float64 {
 	t.Helper()
+	return metricLabeled(t, url, name)
+}
+
+// metricLabeled sums a Prometheus metric (a counter, gauge or untyped
+// one) over the label sets that have every one of labels (each
+// `name="value"`).
+func metricLabeled(t *testing.T, url, name string, labels ...string) float64 {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatalf("metrics %s: %v", url, err)
 	}
 	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics %s: %v", url, err)
+	}
 	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
-			continue
+next:
+	for _, m := range fams[name].GetMetric() {
+		for _, want := range labels {
+			k, v, _ := strings.Cut(want, "=")
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == k && strconv.Quote(l.GetValue()) == v)
+			}
+			if !found {
+				continue next
+			}
 		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
 	}
 	return sum
 }

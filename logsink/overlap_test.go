@@ -10,68 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
-
-// heldDB is a member whose batch is slow to commit: it runs each batch
-// sent through it in tx and, once the batch's statements have run, closes
-// ran and keeps tx open (its rows and locks held) until release is closed.
-type heldDB struct {
-	*pgxpool.Pool
-	tx      pgx.Tx
-	ran     chan struct{}
-	release chan struct{}
-}
-
-func (h *heldDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return &heldResults{BatchResults: h.tx.SendBatch(ctx, b), h: h, ctx: ctx}
-}
-
-// heldResults commits the held transaction when the batch is closed, once
-// heldDB.release is closed.
-type heldResults struct {
-	pgx.BatchResults
-	h   *heldDB
-	ctx context.Context
-}
-
-func (r *heldResults) Close() error {
-	err := r.BatchResults.Close()
-	close(r.h.ran)
-	<-r.h.release
-	if err != nil {
-		_ = r.h.tx.Rollback(r.ctx)
-		return err
-	}
-	return r.h.tx.Commit(r.ctx)
-}
-
-// waitForLockWait waits until a session of db's database waits for a
-// lock, or done delivers (the batch it waits for ended without waiting:
-// its error is returned with finished set).
-func waitForLockWait(ctx context.Context, t *testing.T, db *pgxpool.Pool, done <-chan error, what string) (finished bool, err error) {
-	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var waiting int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatalf("waiting for %s to wait for a lock: %v", what, err)
-		}
-		if waiting > 0 {
-			return false, nil
-		}
-		select {
-		case err := <-done:
-			return true, err
-		case <-tick.C:
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s to wait for a lock", what)
-		}
-	}
-}
 
 // TestOverlappingBatchesTakeTurns: two members of a group write the same
 // records of two partitions at once (one was dropped from the group for a
@@ -118,25 +60,13 @@ func TestOverlappingBatchesTakeTurns(t *testing.T) {
 				return New(Config{Topic: testTopic, Consumer: "sink", DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 					Handle: handle}, "chatpipe_sink", "lag"), &seen
 			}
-			tx, err := s.db.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held := &heldDB{Pool: s.db, tx: tx, ran: make(chan struct{}), release: make(chan struct{})}
-			released := false
-			release := func() {
-				if !released {
-					released = true
-					close(held.release)
-				}
-			}
+			held := pgtest.NewHeld(ctx, t, s.db)
 			// Whatever happens, both batches end and give their connections
 			// back before the pool closes.
 			var writers sync.WaitGroup
 			defer func() {
-				release()
+				held.Release()
 				writers.Wait()
-				_ = tx.Rollback(context.Background()) // if no batch committed it
 			}()
 			first, firstSeen := member(held)
 			second, secondSeen := member(s.db)
@@ -145,7 +75,7 @@ func TestOverlappingBatchesTakeTurns(t *testing.T) {
 			writers.Add(1)
 			go func() { defer writers.Done(); firstDone <- first.Write(ctx, recs) }()
 			select {
-			case <-held.ran: // the first batch's rows are written, uncommitted
+			case <-held.Ran(): // the first batch's rows are written, uncommitted
 			case err := <-firstDone:
 				t.Fatalf("the first batch ended before its statements ran: %v", err)
 			case <-ctx.Done():
@@ -153,8 +83,8 @@ func TestOverlappingBatchesTakeTurns(t *testing.T) {
 			}
 			writers.Add(1)
 			go func() { defer writers.Done(); secondDone <- second.Write(ctx, recs) }()
-			finished, secondErr := waitForLockWait(ctx, t, s.db, secondDone, "the second batch")
-			release()
+			finished, secondErr := pgtest.WaitForLockWait(ctx, t, s.db, secondDone, "the second batch")
+			held.Release()
 			if err := <-firstDone; err != nil {
 				t.Fatalf("first batch: %v", err)
 			}

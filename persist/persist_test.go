@@ -399,39 +399,6 @@ func TestWriteStoresMoves(t *testing.T) {
 	}
 }
 
-// heldDB is a member whose batch is slow to commit: it runs each batch
-// sent through it in tx and, once the batch's statements have run, closes
-// ran and keeps tx open (its rows and locks held) until release is closed.
-type heldDB struct {
-	*pgxpool.Pool
-	tx      pgx.Tx
-	ran     chan struct{}
-	release chan struct{}
-}
-
-func (h *heldDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return &heldResults{BatchResults: h.tx.SendBatch(ctx, b), h: h, ctx: ctx}
-}
-
-// heldResults commits the held transaction when the batch is closed,
-// once heldDB.release is closed.
-type heldResults struct {
-	pgx.BatchResults
-	h   *heldDB
-	ctx context.Context
-}
-
-func (r *heldResults) Close() error {
-	err := r.BatchResults.Close()
-	close(r.h.ran)
-	<-r.h.release
-	if err != nil {
-		_ = r.h.tx.Rollback(r.ctx)
-		return err
-	}
-	return r.h.tx.Commit(r.ctx)
-}
-
 // TestOverlappingMembersRecordNoConflict: two members of the group write
 // the same records of a partition at once (one was dropped from the group
 // for a slow batch and still writes it). The second waits for the first's
@@ -452,25 +419,13 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			tx, err := db.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held := &heldDB{Pool: db, tx: tx, ran: make(chan struct{}), release: make(chan struct{})}
-			released := false
-			release := func() {
-				if !released {
-					released = true
-					close(held.release)
-				}
-			}
+			held := pgtest.NewHeld(ctx, t, db)
 			// Whatever happens, both batches end and give their connections
 			// back before the pool closes.
 			var writers sync.WaitGroup
 			defer func() {
-				release()
+				held.Release()
 				writers.Wait()
-				_ = tx.Rollback(context.Background()) // if no batch committed it
 			}()
 			cfg := Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 			if err := cfg.validate(); err != nil {
@@ -485,7 +440,7 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 			writers.Add(1)
 			go func() { defer writers.Done(); slowDone <- slow.Write(ctx, recs) }()
 			select {
-			case <-held.ran: // slow's rows are written, uncommitted
+			case <-held.Ran(): // slow's rows are written, uncommitted
 			case err := <-slowDone:
 				t.Fatalf("the slow member's batch ended before its statements ran: %v", err)
 			case <-ctx.Done():
@@ -495,30 +450,8 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 			go func() { defer writers.Done(); otherDone <- other.Write(ctx, recs) }()
 			// Let slow commit once the other member waits for a lock (on
 			// slow's offsets rows or, failing that, on its rows' keys).
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-			var otherErr error
-			otherFinished := false
-		wait:
-			for {
-				var waiting int
-				if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-					t.Fatalf("waiting for the second member to wait for a lock: %v", err)
-				}
-				if waiting > 0 {
-					break
-				}
-				select {
-				case otherErr = <-otherDone:
-					otherFinished = true // it did not wait: the checks below tell what it wrote
-					break wait
-				case <-tick.C:
-				case <-ctx.Done():
-					t.Fatal("timed out waiting for the second member's batch to wait for a lock while the first holds its transaction open")
-				}
-			}
-			release()
+			otherFinished, otherErr := pgtest.WaitForLockWait(ctx, t, db, otherDone, "the second member's batch")
+			held.Release()
 			if err := <-slowDone; err != nil {
 				t.Fatalf("slow member: %v", err)
 			}
