@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/chatpipe/chatpipe/internal/pglisten"
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -253,7 +254,7 @@ func (f *Feed) deliver(ctx context.Context, batch []outboxRow) error {
 func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[string][]Push, users *[]string) error {
 	// One range per conversation across the rows.
 	idx := map[string]int{}
-	var ranges []Range
+	var ranges []readmodel.Range
 	for _, row := range batch {
 		for i, c := range row.convs {
 			if j, ok := idx[c]; ok {
@@ -261,7 +262,7 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 				continue
 			}
 			idx[c] = len(ranges)
-			ranges = append(ranges, Range{Conv: c, From: row.from[i], To: row.to[i]})
+			ranges = append(ranges, readmodel.Range{Conv: c, From: row.from[i], To: row.to[i]})
 		}
 	}
 	if len(ranges) == 0 {
@@ -275,19 +276,19 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	if err != nil {
 		return fmt.Errorf("read memberships: %w", err)
 	}
-	periods := map[string][]Period{}
+	periods := map[string][]readmodel.Period{}
 	var conv, user string
 	var joined int64
 	var left *int64
 	if _, err := pgx.ForEachRow(rows, []any{&conv, &user, &joined, &left}, func() error {
 		if f.Sink.Local(user) {
-			periods[conv] = append(periods[conv], NewPeriod(conv, user, joined, left))
+			periods[conv] = append(periods[conv], readmodel.NewPeriod(conv, user, joined, left))
 		}
 		return nil
 	}); err != nil {
 		return fmt.Errorf("read memberships: %w", err)
 	}
-	var wanted []Range
+	var wanted []readmodel.Range
 	for _, r := range ranges {
 		if len(periods[r.Conv]) > 0 {
 			wanted = append(wanted, r)
@@ -309,7 +310,7 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	for i, e := range events {
 		frame := protocol.EncodeEvent(e) // once, for every device
 		f.latency.Observe(now.Sub(created[i]).Seconds())
-		for _, user := range Covering(periods[e.ConversationID], e.Seq) {
+		for _, user := range readmodel.Covering(periods[e.ConversationID], e.Seq) {
 			if _, ok := byUser[user]; !ok {
 				*users = append(*users, user)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -54,7 +55,7 @@ func scanEvents(rows pgx.Rows, op string) (out []*protocol.Event, created []time
 	return out, created, rows.Err()
 }
 
-func rangeArgs(rs []Range) (convs []string, from, to []int64) {
+func rangeArgs(rs []readmodel.Range) (convs []string, from, to []int64) {
 	for _, r := range rs {
 		convs, from, to = append(convs, r.Conv), append(from, r.From), append(to, r.To)
 	}
@@ -98,16 +99,16 @@ func (s *Store) sync(ctx context.Context, user string, cursors map[string]int64,
 		if err != nil {
 			return err
 		}
-		var ranges []Range
+		var ranges []readmodel.Range
 		var conv string
 		var joined, last int64
 		var left *int64
 		_, err = pgx.ForEachRow(rows, []any{&conv, &joined, &left, &last}, func() error {
-			p := NewPeriod(conv, user, joined, left)
+			p := readmodel.NewPeriod(conv, user, joined, left)
 			cur := cursors[conv]
 			end := min(p.To, last)
 			res.Cursors[conv] = max(res.Cursors[conv], cur, end)
-			if r, ok := Visible(p, cur, last); ok {
+			if r, ok := readmodel.Visible(p, cur, last); ok {
 				ranges = append(ranges, r)
 			}
 			return nil
@@ -169,7 +170,7 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 		if err != nil {
 			return err
 		}
-		var ranges []Range
+		var ranges []readmodel.Range
 		var joined, last int64
 		var left *int64
 		member := false
@@ -179,7 +180,7 @@ func (s *Store) History(ctx context.Context, user, conv string, beforeSeq int64,
 			if beforeSeq > 0 {
 				upper = min(upper, beforeSeq-1)
 			}
-			if r, ok := Visible(NewPeriod(conv, user, joined, left), 0, upper); ok {
+			if r, ok := readmodel.Visible(readmodel.NewPeriod(conv, user, joined, left), 0, upper); ok {
 				ranges = append(ranges, r)
 			}
 			return nil

@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/pglisten"
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/logsink"
 )
@@ -360,7 +361,7 @@ const (
 // trip.
 func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
 	start := time.Now()
-	plan := PlanBatch(events)
+	plan := readmodel.PlanBatch(events)
 	gap := len(plan.Seqs) > 0
 	if gap {
 		b.Queue(gapSQL, plan.SeqConvs, plan.Seqs)

@@ -3,7 +3,7 @@ package sim
 import (
 	"slices"
 
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -11,7 +11,7 @@ import (
 // conversation with sync, as delivery.Store.Sync answers it: the user's
 // membership periods and the conversation's last seq from the projection,
 // each period clipped to that last seq and to the seqs after the device's
-// cursor (delivery.Visible), the events in those ranges from what persist
+// cursor (readmodel.Visible), the events in those ranges from what persist
 // stored; the cursor moves to the end of the user's last period covered
 // (delivery after persist, membership from the read model). Duplicates
 // are dropped by seq, and the list is kept in seq order.
@@ -28,10 +28,10 @@ func newDevice(user string, n int) *device {
 
 // ranges is what a sync of conv reads for the device: the seq ranges it
 // may see past its cursor, and the cursor it moves to.
-func (d *device) ranges(p *Projection, conv string) ([]delivery.Range, int64) {
+func (d *device) ranges(p *Projection, conv string) ([]readmodel.Range, int64) {
 	cur, last := d.cursor[conv], p.LastSeq(conv)
 	next := cur
-	var out []delivery.Range
+	var out []readmodel.Range
 	for _, pr := range p.Periods(conv) {
 		if pr.user != d.user {
 			continue
@@ -40,9 +40,9 @@ func (d *device) ranges(p *Projection, conv string) ([]delivery.Range, int64) {
 		if pr.left != 0 {
 			left = &pr.left
 		}
-		per := delivery.NewPeriod(conv, d.user, pr.joined, left)
+		per := readmodel.NewPeriod(conv, d.user, pr.joined, left)
 		next = max(next, min(per.To, last))
-		if r, ok := delivery.Visible(per, cur, last); ok {
+		if r, ok := readmodel.Visible(per, cur, last); ok {
 			out = append(out, r)
 		}
 	}

@@ -6,7 +6,7 @@
 // shardcore.Writer (takeover order, replay, batching, the empty-batch
 // marker, dedupe and its trimming, remembered verdicts, eviction, moves,
 // every reply) with shardcore's Decide and Apply, ownership.Plan for
-// ownership, projection.PlanBatch for the read model's membership changes
+// ownership, readmodel.PlanBatch for the read model's membership changes
 // and delivery's periods for what a device may see — against in-memory
 // stand-ins with the semantics of the real parts:
 //

@@ -3,8 +3,8 @@ package sim
 import (
 	"slices"
 
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/projection"
 )
 
 // Projection is the stand-in for the projection consumer and its read
@@ -20,7 +20,7 @@ import (
 // move a conversation's newer events may be applied before its older
 // partition's tail.
 //
-// The batch's plan is projection.PlanBatch's (membership changes by
+// The batch's plan is readmodel.PlanBatch's (membership changes by
 // conversation and seq); then, as projection.queue does: gapSQL (a
 // conversation whose seqs leave a hole above its projected last seq gets
 // every period rewritten from the events persist stored up to the batch's
@@ -90,13 +90,13 @@ func (p *Projection) Poll(w *World, parts []int32, max int) []string {
 
 // apply is one batch's changes to the read model (projection.queue).
 func (p *Projection) apply(events []*logrecord.Event, s *Sink, recordOrder bool, st *Stats) []string {
-	plan := projection.PlanBatch(events)
+	plan := readmodel.PlanBatch(events)
 	members := plan.Members
 	if recordOrder {
 		// The order before rule 25: each event's changes as it comes.
 		members = nil
 		for _, e := range events {
-			members = append(members, projection.PlanBatch([]*logrecord.Event{e}).Members...)
+			members = append(members, readmodel.PlanBatch([]*logrecord.Event{e}).Members...)
 		}
 	} else if len(plan.Seqs) > 0 {
 		st.GapFills += p.fillGaps(plan.SeqConvs, plan.Seqs, s)

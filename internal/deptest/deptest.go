@@ -34,6 +34,9 @@ var Pure = map[string][]string{
 		"golang.org/x/time/rate",
 	},
 	module + "/ownership": {},
+	// The read model's pure rules: what a batch does to membership
+	// periods, and who may see which seq.
+	module + "/internal/readmodel": {module + "/logrecord"},
 	// The simulation runs the real writer and planner against stand-ins:
 	// no client of Kafka, etcd or Postgres gets into it.
 	module + "/sim": {
@@ -41,6 +44,7 @@ var Pure = map[string][]string{
 		module + "/logrecord",
 		module + "/shardcore",
 		module + "/ownership",
+		module + "/internal/readmodel",
 	},
 }
 
