@@ -25,6 +25,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/auth"
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -45,6 +46,18 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		panic("build chatpipe: " + err.Error())
+	}
+	// Every dev stack's Postgres cluster is a copy of one initdb'd here
+	// (devstack.PreparePGTemplate), not an initdb of its own.
+	if os.Getenv("CHATPIPE_PG_TEMPLATE") == "" {
+		tpl := filepath.Join(dir, "pg-template")
+		if err := os.Mkdir(tpl, 0o700); err != nil {
+			panic(err)
+		}
+		if err := devstack.PreparePGTemplate(context.Background(), tpl, nil); err != nil {
+			panic("postgres template: " + err.Error())
+		}
+		os.Setenv("CHATPIPE_PG_TEMPLATE", tpl)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -35,7 +35,7 @@ const envPrefix = "CHATPIPE_"
 var otherEnv = []string{
 	"CHATPIPE_E2E_", "CHATPIPE_SIM_", "CHATPIPE_FAULT_",
 	"CHATPIPE_ARTIFACTS", "CHATPIPE_CHROMIUM", "CHATPIPE_BENCH",
-	"CHATPIPE_PG_BIN", "CHATPIPE_JWT_SECRET",
+	"CHATPIPE_PG_BIN", "CHATPIPE_PG_TEMPLATE", "CHATPIPE_JWT_SECRET",
 }
 
 // envName is the environment variable of a flag.
