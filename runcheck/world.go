@@ -21,11 +21,9 @@ type WorldConfig struct {
 	Stack loadgen.Stack
 	// Convs are the run's conversations; the world is read for them only.
 	Convs []string
-	// PersistWait bounds the wait for persist to copy the whole log into
-	// Postgres (default 60 s).
+	// PersistWait bounds the log's read, and then the wait for persist to
+	// copy the whole log into Postgres (default 60 s each).
 	PersistWait time.Duration
-	// Idle ends the log read when no record came for this long (default 2 s).
-	Idle time.Duration
 	// PersistConsumer is persist's name in consumer_offsets (default persist).
 	PersistConsumer string
 	// KafkaOpts are appended to the log reader's options (TLS, SASL).
@@ -38,9 +36,6 @@ type WorldConfig struct {
 func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 	if cfg.PersistWait <= 0 {
 		cfg.PersistWait = time.Minute
-	}
-	if cfg.Idle <= 0 {
-		cfg.Idle = 2 * time.Second
 	}
 	if cfg.PersistConsumer == "" {
 		cfg.PersistConsumer = logsink.PersistConsumer
@@ -91,48 +86,53 @@ func ReadWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 
 // readLog reads every partition from the start, read_committed, keeping
 // the events of the wanted conversations, and returns the highest offset
-// read per partition (any record, markers included). A partition is done
-// once a record at or past its high watermark − 2 was read (the last
-// record before the last commit marker); otherwise the read ends after
-// cfg.Idle without records (a log ending in an aborted transaction).
+// of a record read per partition (markers included, control records not).
+//
+// It reads each partition up to its last stable offset as listed first:
+// control records are kept, so that the offsets read reach it (every
+// transaction ends with its marker; an aborted one's records are skipped,
+// its marker is not). Reading until no record came for a while instead
+// ended early on a loaded machine, with a partial log (or none) taken
+// for the whole.
 func readLog(ctx context.Context, cfg WorldConfig, want map[string]bool, w *World) (map[int32]int64, error) {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Stack.Kafka...), kgo.ConsumeTopics(cfg.Stack.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, cfg.KafkaOpts...)...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.KeepControlRecords()}, cfg.KafkaOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("runcheck: kafka client: %w", err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, cfg.Stack.Topic)
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, cfg.Stack.Topic)
+	if err == nil {
+		err = ends.Error()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("runcheck: end offsets: %w", err)
+		return nil, fmt.Errorf("runcheck: last stable offsets: %w", err)
 	}
-	hwm := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) { hwm[o.Partition] = o.Offset })
+	left := map[int32]int64{} // partition → last stable offset not reached yet
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
+		}
+	})
 	last := map[int32]int64{}
-	done := func() bool {
-		for p, end := range hwm {
-			if l, ok := last[p]; end > 0 && (!ok || l+2 < end) {
-				return false
-			}
-		}
-		return true
-	}
 	var bad []string
-	for !done() {
-		pctx, cancel := context.WithTimeout(ctx, cfg.Idle)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("runcheck: read the log: %w", err)
+	rctx, cancel := context.WithTimeout(ctx, cfg.PersistWait)
+	defer cancel()
+	for len(left) > 0 {
+		fs := cl.PollFetches(rctx)
+		if err := rctx.Err(); err != nil {
+			return nil, fmt.Errorf("runcheck: read the log: partitions not read up to their last stable offset %v: %w", left, err)
 		}
-		n := 0
 		fs.EachError(func(_ string, _ int32, err error) {
-			if pctx.Err() == nil {
-				bad = append(bad, err.Error())
-			}
+			bad = append(bad, err.Error())
 		})
 		fs.EachRecord(func(r *kgo.Record) {
-			n++
+			if end, ok := left[r.Partition]; ok && r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+			if r.Attrs.IsControl() {
+				return
+			}
 			last[r.Partition] = max(last[r.Partition], r.Offset)
 			e, err := logrecord.Unmarshal(r.Value)
 			if err != nil {
@@ -148,9 +148,6 @@ func readLog(ctx context.Context, cfg WorldConfig, want map[string]bool, w *Worl
 		})
 		if len(bad) > 0 {
 			return nil, fmt.Errorf("runcheck: read the log: %s", strings.Join(bad, "; "))
-		}
-		if n == 0 {
-			break // idle: the rest of the log is aborted or control records
 		}
 	}
 	return last, nil
