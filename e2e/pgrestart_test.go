@@ -490,6 +490,12 @@ func checkReadModel(t *testing.T, ep endpoints) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// A seq may be in two rows: delivery is at least once, and a batch is
+	// applied again when a projection member that was gone (killed, or
+	// dropped from the group) had committed it after the next member read
+	// the stored offsets (docs/architecture.md rule 24). A seq in none is
+	// an event no device is pushed.
+	twice := 0
 	for c, last := range lastSeq {
 		rs := ranges[c]
 		sort.Slice(rs, func(i, j int) bool { return rs[i][0] < rs[j][0] })
@@ -499,7 +505,7 @@ func checkReadModel(t *testing.T, ep endpoints) {
 			case r[0] > next:
 				t.Errorf("%s: no delivery row covers seqs %d..%d", c, next, r[0]-1)
 			case r[0] < next:
-				t.Errorf("%s: seqs %d..%d are in two delivery rows", c, r[0], min(next-1, r[1]))
+				twice += int(min(next-1, r[1]) - r[0] + 1)
 			}
 			next = max(next, r[1]+1)
 		}
@@ -507,5 +513,5 @@ func checkReadModel(t *testing.T, ep endpoints) {
 			t.Errorf("%s: delivery rows cover seqs up to %d, its last event is %d", c, next-1, last)
 		}
 	}
-	t.Logf("projection: %d delivery rows for %d conversations; %d of them repeat the row before (a batch applied again after its commit's answer was lost)", deliveryRows, len(lastSeq), again)
+	t.Logf("projection: %d delivery rows for %d conversations; %d of them repeat the row before (a batch applied again after its commit's answer was lost); %d seqs in more than one row", deliveryRows, len(lastSeq), again, twice)
 }
