@@ -167,9 +167,14 @@ func waitForOr(t *testing.T, timeout time.Duration, what string, cond func() boo
 	}
 }
 
-// metric sums a Prometheus metric over its label sets.
+// metric sums a Prometheus metric over its label sets; a name may
+// carry a selector, `name{k="v",...}`, to sum only the sets that match.
 func metric(t *testing.T, url, name string) float64 {
 	t.Helper()
+	if base, sel, ok := strings.Cut(name, "{"); ok {
+		labels := strings.Split(strings.TrimSuffix(sel, "}"), ",")
+		return metricLabeled(t, url, base, labels...)
+	}
 	return metricLabeled(t, url, name)
 }
 
