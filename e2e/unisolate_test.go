@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,7 +82,9 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 
 	// The log: the moved records of conv go to a dedicated vshard and
 	// back home, and its seqs only grow in commit order per vshard.
-	var moves []string
+	// The log is read a partition at a time, so the moves are put in seq
+	// order before they are judged.
+	var moved []*logrecord.Event
 	var seqs []int64
 	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
 		if e.ConversationID != conv || !e.HasSeq() {
@@ -89,9 +92,14 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 		}
 		seqs = append(seqs, e.Seq)
 		if e.Kind == logrecord.KindMoved {
-			moves = append(moves, fmt.Sprintf("seq %d v%d→v%d", e.Seq, e.VShard, *e.ToVShard))
+			moved = append(moved, e)
 		}
 	})
+	sort.Slice(moved, func(i, j int) bool { return moved[i].Seq < moved[j].Seq })
+	var moves []string
+	for _, e := range moved {
+		moves = append(moves, fmt.Sprintf("seq %d v%d→v%d", e.Seq, e.VShard, *e.ToVShard))
+	}
 	if len(moves) != 2 || !strings.HasSuffix(moves[1], fmt.Sprintf("→v%d", home)) {
 		t.Errorf("moved records of %s: %v, want one to a dedicated vshard and one back to v%d", conv, moves, home)
 	}
