@@ -22,6 +22,8 @@ const (
 
 func markCommit() {}
 
+func holdCommit() {}
+
 // noteMergedLoads and faultPump do nothing without the fault points.
 func noteMergedLoads([]*loadReq) {}
 

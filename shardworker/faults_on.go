@@ -25,6 +25,10 @@ var (
 	// faultCommitMark is a file created whenever a transaction enters that
 	// sleep, so a test can pause the process while one is open.
 	faultCommitMark = os.Getenv("CHATPIPE_FAULT_COMMIT_MARK")
+	// faultCommitHold is a file that, while it exists, keeps a
+	// transaction that has entered that sleep from going on to its
+	// commit, so a test can pause the process with one surely open.
+	faultCommitHold = os.Getenv("CHATPIPE_FAULT_COMMIT_HOLD")
 	// faultAcceptBeforeMarker reverses the takeover order ON PURPOSE:
 	// replay, accept (after faultAcceptDelay), and fence the previous
 	// writer only with the first commit. Tests use it to show that the
@@ -120,6 +124,16 @@ func (s *shard) recommitAfterAbort(recs []*kgo.Record) error {
 func markCommit() {
 	if faultCommitMark != "" {
 		os.WriteFile(faultCommitMark, nil, 0o644)
+	}
+}
+
+// holdCommit waits while the faultCommitHold file exists.
+func holdCommit() {
+	for faultCommitHold != "" {
+		if _, err := os.Stat(faultCommitHold); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -689,6 +689,7 @@ func (s *shard) commit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, 
 	if faultSleepBeforeCommit > 0 && !marker {
 		markCommit()
 		time.Sleep(faultSleepBeforeCommit)
+		holdCommit()
 	}
 	if confirm {
 		// The produce initialised the transactional.id (fencing every
