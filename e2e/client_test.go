@@ -359,8 +359,20 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 	if n := len(bob.Messages("cl-2")); n != 1+online {
 		t.Fatalf("bob got %d events while offline", n)
 	}
-	px.set(false, false)
 	want := int64(1 + online + offline)
+	// bob comes back once the read model holds every offline send, so his
+	// sync is what brings them and moves his cursor to the end. Back
+	// sooner, his sync stops at the projected seq, the rest reach him as
+	// pushes, which do not move the cursor, and he holds every event with
+	// his cursor short of the end until his next sync.
+	waitForOr(t, 60*time.Second, "the read model to hold every send to cl-2", func() bool {
+		h, err := alice.HistoryAll(ctx, "cl-2", 200)
+		return err == nil && int64(len(h)) == want
+	}, func() string {
+		h, err := alice.HistoryAll(ctx, "cl-2", 200)
+		return fmt.Sprintf("alice's history has %d of %d events (%v)", len(h), want, err)
+	})
+	px.set(false, false)
 	waitForOr(t, 60*time.Second, "bob to converge", func() bool {
 		return bob.Cursors()["cl-2"] == want && len(bob.Messages("cl-2")) == int(want)
 	}, func() string {
