@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,10 +44,43 @@ func waitProjectedFor(t *testing.T, ep endpoints, n int, bound time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("projection not caught up: %d of %d events in Postgres, %d conversations behind", have, n, behind)
+			t.Fatalf("projection not caught up: %d of %d events in Postgres, %d conversations behind: %s", have, n, behind, projectionBehind(ep))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// projectionBehind says which conversations the projection has not
+// caught up with (up to ten: the projected and the stored last seq), then
+// the consumers' stored offsets.
+func projectionBehind(ep endpoints) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, ep.Postgres)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(context.Background())
+	var b strings.Builder
+	rows, err := conn.Query(ctx, `SELECT e.conversation_id, coalesce(c.last_seq, 0), e.m
+		FROM (SELECT conversation_id, max(seq) m FROM events GROUP BY conversation_id) e
+		LEFT JOIN conversations c USING (conversation_id)
+		WHERE c.last_seq IS DISTINCT FROM e.m ORDER BY 1 LIMIT 10`)
+	if err != nil {
+		return err.Error()
+	}
+	for rows.Next() {
+		var conv string
+		var projected, stored int64
+		if err := rows.Scan(&conv, &projected, &stored); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "%s projected to seq %d of %d; ", conv, projected, stored)
+	}
+	if err := rows.Err(); err != nil {
+		return err.Error()
+	}
+	return b.String() + "stored offsets:\n" + storedOffsets(ep)
 }
 
 // TestDeliveryConverges: 20 users with 3 devices each across 30
