@@ -66,7 +66,7 @@ failed=0
 for test in "${tests[@]}"; do
   pattern=$test
   case $test in ^*) ;; *) pattern="^${test}\$" ;; esac
-  log="flaky-$(printf '%s' "$test" | tr -c 'A-Za-z0-9_' '_').log"
+  log="flaky-$(printf '%s' "$test" | tr -d '^$' | tr -c 'A-Za-z0-9_' '_').log"
   start=$(date +%s)
   if go test -race -p 1 -count="$n" -timeout "${timeout_min}m" -run "$pattern" "$pkg" >"$log" 2>&1; then
     printf '%-45s ok   %d runs in %ds\n' "$test" "$n" $(( $(date +%s) - start ))
