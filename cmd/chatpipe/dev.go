@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -94,6 +95,32 @@ func runDev(ctx context.Context, args []string) error {
 	return waitDev(ctx, srvErr, roles.failed, log)
 }
 
+// The shape of a new chatpipe dev deployment. chatpipe kafka creates its
+// topic with devTopicPartitions, so that chatpipe dev --kafka finds the
+// topic it needs.
+const (
+	devVShards    = 64 // virtual shards
+	devPartitions = 8  // log partitions of the hashed vshards
+	devDedicated  = 2  // dedicated vshards, each with a partition of its own
+)
+
+// newDevConfig is the deployment chatpipe dev asks etcd for, given its
+// --vshards, --partitions and --dedicated: a dedicated of -1 means
+// devDedicated (for a new deployment; prepare keeps an existing one's).
+func newDevConfig(vshards, partitions, dedicated int) lease.Config {
+	if dedicated < 0 {
+		dedicated = devDedicated
+	}
+	return lease.Config{VShards: vshards, Partitions: partitions, Topic: logrecord.DefaultTopic, Dedicated: dedicated}
+}
+
+// devTopicPartitions is how many partitions the log topic of a new
+// chatpipe dev deployment with the default shape has: the hashed ones
+// and one per dedicated vshard.
+func devTopicPartitions() int {
+	return newDevConfig(devVShards, devPartitions, devDedicated).Layout().TopicPartitions()
+}
+
 // devFlags are the flags of chatpipe dev.
 type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, admin        *string
@@ -112,9 +139,9 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.dataDir = fs.String("data-dir", "chatpipe-data", "directory for all state (etcd, Kafka, Postgres, the JWT secret)")
 	f.httpAddr = fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
 	f.workers = fs.Int("workers", 2, "shard workers to run in this process (0: run none; add them with 'chatpipe worker')")
-	f.vshards = fs.Int("vshards", 64, "virtual shards (fixed for a deployment; stored in etcd)")
-	f.partitions = fs.Int("partitions", 8, "partitions of the log topic for the hashed vshards (fixed for a deployment)")
-	f.dedicated = fs.Int("dedicated", -1, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (fixed for a deployment; -1: 2 for a new one, else as stored)")
+	f.vshards = fs.Int("vshards", devVShards, "virtual shards (fixed for a deployment; stored in etcd)")
+	f.partitions = fs.Int("partitions", devPartitions, "partitions of the log topic for the hashed vshards (fixed for a deployment)")
+	f.dedicated = fs.Int("dedicated", -1, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (fixed for a deployment; -1: "+strconv.Itoa(devDedicated)+" for a new one, else as stored)")
 	f.dbURL = fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
 	f.kafka = fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
 	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
@@ -234,10 +261,10 @@ func (s *devStack) prepare(ctx context.Context, f devFlags) error {
 	}
 	s.cli = cli
 	s.onClose(func() { cli.Close() })
-	want := lease.Config{VShards: *f.vshards, Partitions: *f.partitions, Topic: logrecord.DefaultTopic, Dedicated: *f.dedicated}
-	if want.Dedicated < 0 {
-		// 2 for a new deployment; an existing one keeps what it has.
-		want.Dedicated = 2
+	want := newDevConfig(*f.vshards, *f.partitions, *f.dedicated)
+	if *f.dedicated < 0 {
+		// devDedicated for a new deployment; an existing one keeps what
+		// it has.
 		if have, err := lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{}); err == nil {
 			want.Dedicated = have.Dedicated
 		}

@@ -447,7 +447,7 @@ func runKafka(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "chatpipe-kafka", "directory the broker persists its log in")
 	port := fs.Int("port", 9092, "listen port on 127.0.0.1 (0: a free one)")
 	topic := fs.String("topic", logrecord.DefaultTopic, "topic to create if missing")
-	partitions := fs.Int("partitions", 8, "partitions of the topic")
+	partitions := fs.Int("partitions", devTopicPartitions(), "partitions of the topic (the default fits 'chatpipe dev --kafka' with its defaults: its hashed partitions and one per dedicated vshard)")
 	adminAddr := fs.String("admin", "", "listen address of /metrics (Go and process collectors) and /healthz (default: none)")
 	checkFlags(fs, portCheck("port", true), atLeast("partitions", 1))
 	level, format := logFlags(fs)

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"flag"
+	"testing"
+)
+
+// chatpipe kafka, run with its defaults, creates the topic chatpipe dev
+// --kafka needs with its own defaults: the hashed partitions and one per
+// dedicated vshard.
+func TestKafkaTopicFitsDev(t *testing.T) {
+	dev, err := probe([]string{"dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intDefault := func(fs *flag.FlagSet, name string) int {
+		t.Helper()
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Fatalf("chatpipe %s has no --%s", fs.Name(), name)
+		}
+		return f.Value.(flag.Getter).Get().(int)
+	}
+	want := newDevConfig(intDefault(dev, "vshards"), intDefault(dev, "partitions"), intDefault(dev, "dedicated")).Layout().TopicPartitions()
+	kafka, err := probe([]string{"kafka"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := intDefault(kafka, "partitions"); got != want {
+		t.Errorf("chatpipe kafka creates the topic with %d partitions by default; chatpipe dev needs %d", got, want)
+	}
+	if got := devTopicPartitions(); got != want {
+		t.Errorf("devTopicPartitions() = %d; chatpipe dev's defaults need %d", got, want)
+	}
+}
