@@ -544,3 +544,38 @@ func TestClientCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// `chatpipe client`'s read without SEQ marks the conversation read up to
+// its last seq also before the client has any of its events (as the first
+// command, before the sync at connect is done), and convs right after read
+// shows the marker just set although the read model, its projection
+// slowed here, has it only later.
+func TestClientReadMarker(t *testing.T) {
+	parallel(t)
+	dev := startDev(t, t.TempDir(), "--projection=false")
+	startProc(t, dev.dir, "projection", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
+		"projection", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--log-level", "warn")
+	out := runCLI(t, dev, "alice", "create rm-1 bob carol\nsend rm-1 one\nsend rm-1 two\nquit\n")
+	if !strings.Contains(out, "accepted send to rm-1 seq 3") {
+		t.Fatalf("alice's sends were not accepted:\n%s", out)
+	}
+	waitFor(t, 30*time.Second, "the read model to list rm-1 at seq 3 for bob and carol", func() bool {
+		return strings.Contains(runCLI(t, dev, "bob", "convs\n"), "rm-1 last_seq 3 at ") &&
+			strings.Contains(runCLI(t, dev, "carol", "convs\n"), "rm-1 last_seq 3 at ")
+	})
+	for _, c := range []struct{ user, script, why string }{
+		{"bob", "read rm-1\nconvs\n", "read first thing, before any event of rm-1 is here"},
+		{"carol", "wait 2s\nread rm-1\nconvs\n", "read once the sync at connect brought rm-1's events"},
+	} {
+		out := runCLI(t, dev, c.user, c.script)
+		t.Logf("%s (%s):\n%s", c.user, c.why, out)
+		for _, want := range []string{"read rm-1 up to 3\n", "rm-1 last_seq 3 at ", "read to 3, 0 unread\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s's output lacks %q", c.user, want)
+			}
+		}
+		if strings.Contains(out, "error:") {
+			t.Errorf("%s's commands failed", c.user)
+		}
+	}
+}

@@ -32,7 +32,9 @@ const clientHelp = `commands (one per line):
   history CONV [N]          the last N events of CONV (default 20)
   sync                      catch up from the last sync's cursors
   convs                     your conversations, most recently active first, with unread counts
-  read CONV [SEQ]           mark CONV read up to SEQ (default: the last seq you have)
+                            (and the read markers you just set)
+  read CONV [SEQ]           mark CONV read up to SEQ (default: its last seq, asked of the
+                            server when you have none of its events yet)
   wait DURATION             pause (e.g. 500ms), for scripts
   help                      this text
   quit                      exit (so does the end of the input)
@@ -256,12 +258,16 @@ func clientCommand(ctx context.Context, c *client.Client, line string, printf fu
 		}
 		printf("synced %v\n", c.Cursors())
 	case "convs", "conversations":
-		list, err := c.ListConversations(ctx, 0)
+		list, err := listConversations(ctx, c, readModelWait)
 		if err != nil {
 			return false, err
 		}
 		for _, x := range list {
-			printf("%s last_seq %d at %s, read to %d, %d unread\n", x.ConversationID, x.LastSeq, x.LastActivityAt, x.ReadSeq, x.Unread)
+			note := ""
+			if x.stale {
+				note = " (counted before that marker: the read model has yet to catch up)"
+			}
+			printf("%s last_seq %d at %s, read to %d, %d unread%s\n", x.ConversationID, x.LastSeq, x.LastActivityAt, x.ReadSeq, x.Unread, note)
 		}
 		printf("%d conversations\n", len(list))
 	case "read":
@@ -275,10 +281,8 @@ func clientCommand(ctx context.Context, c *client.Client, line string, printf fu
 				return false, fmt.Errorf("read: bad SEQ %q", fields[2])
 			}
 			seq = n
-		} else if m := c.Messages(fields[1]); len(m) > 0 {
-			seq = m[len(m)-1].Seq
-		} else {
-			return false, fmt.Errorf("read: no events of %s here yet; give SEQ", fields[1])
+		} else if seq, err = latestSeq(ctx, c, fields[1]); err != nil {
+			return false, err
 		}
 		if err := c.MarkRead(ctx, fields[1], seq); err != nil {
 			return false, err
@@ -288,6 +292,80 @@ func clientCommand(ctx context.Context, c *client.Client, line string, printf fu
 		return false, fmt.Errorf("unknown command %q ('help' lists them)", fields[0])
 	}
 	return false, nil
+}
+
+// latestSeq is the last seq of conv as far as c knows: its newest event
+// of conv, or its cursor of conv. Knowing neither (the sync at connect has
+// not brought any yet, say), it asks the server for conv's newest event.
+func latestSeq(ctx context.Context, c *client.Client, conv string) (int64, error) {
+	seq := c.Cursors()[conv]
+	if m := c.Messages(conv); len(m) > 0 && m[len(m)-1].Seq > seq {
+		seq = m[len(m)-1].Seq
+	}
+	if seq > 0 {
+		return seq, nil
+	}
+	evs, err := c.History(ctx, conv, 0, 1)
+	if err != nil {
+		return 0, fmt.Errorf("read: the last seq of %s: %w", conv, err)
+	}
+	if len(evs) == 0 {
+		return 0, fmt.Errorf("read: %s has no events you may see", conv)
+	}
+	return evs[len(evs)-1].Seq, nil
+}
+
+// readModelWait is how long convs waits for the read model to show the
+// read markers the client knows of, such as one it has just set.
+const readModelWait = 3 * time.Second
+
+// listedConv is a conversations entry as convs shows it.
+type listedConv struct {
+	protocol.ConversationInfo
+	// stale is set when ReadSeq is a marker the client knows of but the
+	// read model did not have yet: Unread was counted before it.
+	stale bool
+}
+
+// listConversations lists the caller's conversations. A read marker
+// is committed before the read model has it, so an entry may show an
+// older marker than c knows of (one it has just set): it lists again
+// until none does, for up to wait, then shows c's markers in place of
+// the older ones (an unread count of 0 when the marker is at the last
+// seq, else the count as listed, marked stale).
+func listConversations(ctx context.Context, c *client.Client, wait time.Duration) ([]listedConv, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		list, err := c.ListConversations(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("convs: %w", err)
+		}
+		behind := false
+		for _, x := range list {
+			behind = behind || c.ReadSeq(x.ConversationID) > x.ReadSeq
+		}
+		if behind && time.Now().Before(deadline) {
+			select {
+			case <-time.After(100 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("convs: %w", ctx.Err())
+			}
+		}
+		out := make([]listedConv, len(list))
+		for i, x := range list {
+			out[i].ConversationInfo = x
+			if known := c.ReadSeq(x.ConversationID); known > x.ReadSeq {
+				out[i].ReadSeq = known
+				if known >= x.LastSeq {
+					out[i].Unread = 0
+				} else {
+					out[i].stale = true
+				}
+			}
+		}
+		return out, nil
+	}
 }
 
 // formatEvent is one event as a line: [CONV #SEQ] what happened.
