@@ -44,7 +44,7 @@ secs() { # a Go duration of h, m and s parts in seconds
 }
 timeout_s=$(($(secs "$NEMESIS_DURATION") + 1200))
 
-env_args=(CHATPIPE_E2E_NEMESIS_DURATION="$NEMESIS_DURATION" CHATPIPE_E2E_NEMESIS_REPORT="$RESULTS/report.json")
+env_args=(CHATPIPE_E2E_LONG=1 CHATPIPE_E2E_NEMESIS_DURATION="$NEMESIS_DURATION" CHATPIPE_E2E_NEMESIS_REPORT="$RESULTS/report.json")
 [ -n "$NEMESIS_SEED" ] && env_args+=(CHATPIPE_E2E_NEMESIS_SEED="$NEMESIS_SEED")
 [ "$NEMESIS_RACE" = 1 ] || env_args+=(CHATPIPE_E2E_NORACE=1)
 rm -f "$RESULTS/report.json"

@@ -48,7 +48,8 @@ import (
 // each must be 0. Last, the read model's membership periods must be the
 // log's.
 //
-// The seed is logged; CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
+// It runs only with CHATPIPE_E2E_LONG=1 (see long). The seed is logged;
+// CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
 // (the same faults in the same order with the same gaps between them, and
 // the moves drawn from the same numbers; what the processes do meanwhile
 // is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
@@ -56,6 +57,7 @@ import (
 // CHATPIPE_E2E_NEMESIS_REPORT=path writes the faults injected by kind, the
 // counts and the longest send gap per fault kind as JSON (bench/nemesis.sh).
 func TestNemesis(t *testing.T) {
+	long(t)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("CHATPIPE_E2E_NEMESIS_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)

@@ -60,6 +60,9 @@ while getopts "n:r:p:h" opt; do
 done
 case $n in ''|*[!0-9]*|0) echo "flaky.sh: -n wants a positive number, got '$n'" >&2; exit 2 ;; esac
 
+# The long runs (TestNemesis) skip themselves without this.
+export CHATPIPE_E2E_LONG=1
+
 timeout_min=$((n * 6))
 [ "$timeout_min" -ge 10 ] || timeout_min=10
 failed=0
