@@ -44,6 +44,9 @@ func TestComposeSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the compose smoke test starts a whole stack")
 	}
+	// A build of its own (CGO_ENABLED=0, -trimpath) is about 150 s when
+	// the cache does not hold it yet.
+	watch(t).Extend(10 * time.Minute)
 	etcdBin, err := exec.LookPath("etcd")
 	if err != nil {
 		t.Skip("etcd is not installed (Debian: apt-get install etcd-server); compose smoke test skipped")

@@ -26,6 +26,7 @@ import (
 	"github.com/chatpipe/chatpipe/auth"
 	chatclient "github.com/chatpipe/chatpipe/client"
 	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/testdeadline"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -37,6 +38,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "chatpipe")
+	testdeadline.AtExit(func() { os.RemoveAll(dir) })
 	// The fault points (shardworker/faults_on.go) are compiled in but stay
 	// off unless a test sets their environment variables.
 	build := exec.Command("go", "build", "-race", "-tags", "chatpipe_faults", "-o", binary, "../cmd/chatpipe")
@@ -77,6 +79,29 @@ func parallel(t *testing.T) {
 	if os.Getenv("CHATPIPE_E2E_SERIAL") == "" {
 		t.Parallel()
 	}
+	watch(t) // from here: a parallel test's clock starts when it may run
+}
+
+// testDeadline is each e2e test's own deadline, far below the package's
+// -timeout (60 minutes in the README's command): the slowest test takes
+// about 70 s alone under -race. CHATPIPE_E2E_TEST_DEADLINE sets another
+// (for a test's longer variants, e.g. CHATPIPE_E2E_KICK_CYCLES=10000).
+const testDeadline = 5 * time.Minute
+
+// watch arms t's own deadline on the first call (startDev, startProc,
+// parallel and waitFor call it): past it the test binary prints the test,
+// the waits it is in (waitFor's what) and the goroutines' stacks, and
+// exits (internal/testdeadline).
+func watch(t *testing.T) *testdeadline.Watch {
+	t.Helper()
+	d := testDeadline
+	if v := os.Getenv("CHATPIPE_E2E_TEST_DEADLINE"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil || d <= 0 {
+			t.Fatalf("CHATPIPE_E2E_TEST_DEADLINE=%q: want a positive duration such as 10m", v)
+		}
+	}
+	return testdeadline.For(t, d)
 }
 
 // long skips t unless CHATPIPE_E2E_LONG=1: the runs that take minutes by
@@ -129,6 +154,7 @@ type devProc struct {
 // startDev runs `chatpipe dev` on dir and waits until endpoints.json appears.
 func startDev(t *testing.T, dir string, args ...string) *devProc {
 	t.Helper()
+	watch(t)
 	epPath := filepath.Join(dir, "endpoints.json")
 	os.Remove(epPath)
 	logf, err := os.OpenFile(filepath.Join(dir, "dev.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -147,6 +173,7 @@ func startDev(t *testing.T, dir string, args ...string) *devProc {
 	p := &devProc{t: t, dir: dir, cmd: cmd, done: make(chan struct{}), logf: logf}
 	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(p.stop)
+	defer watch(t).Waiting(fmt.Sprintf("chatpipe dev (pid %d) to write %s", cmd.Process.Pid, epPath))()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		b, err := os.ReadFile(epPath)

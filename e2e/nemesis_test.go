@@ -74,6 +74,7 @@ func TestNemesis(t *testing.T) {
 		}
 		dur = d
 	}
+	watch(t).Extend(dur + 10*time.Minute) // the faults, then the heal and the checks
 	t.Logf("nemesis seed %d (replay: CHATPIPE_E2E_NEMESIS_SEED=%d), faults for %v", seed, seed, dur)
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d))
 

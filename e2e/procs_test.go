@@ -33,6 +33,7 @@ type proc struct {
 
 func startProc(t *testing.T, dir, name string, env []string, args ...string) *proc {
 	t.Helper()
+	watch(t)
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -155,6 +156,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // knows about why cond does not hold.
 func waitForOr(t *testing.T, timeout time.Duration, what string, cond func() bool, detail func() string) {
 	t.Helper()
+	defer watch(t).Waiting(what)()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
