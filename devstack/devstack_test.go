@@ -1,8 +1,11 @@
 package devstack
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -410,6 +413,42 @@ func TestPostgres(t *testing.T) {
 	p = startTestPostgres(t, ctx, dir)
 	if got := pgNotes(t, ctx, p); len(got) != 2 {
 		t.Fatalf("after pid-reuse restart notes = %q", got)
+	}
+}
+
+// TestPGTemplateHoldsMigratedDatabase: a cluster copied from
+// PreparePGTemplate's has the chatpipe database with the schema applied,
+// so a stack's start neither creates nor migrates it.
+func TestPGTemplateHoldsMigratedDatabase(t *testing.T) {
+	ctx := testContext(t)
+	tpl := filepath.Join(t.TempDir(), "tpl")
+	if err := PreparePGTemplate(ctx, tpl, testLogger(t)); err != nil {
+		t.Fatalf("PreparePGTemplate: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(tpl, pgLogFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the template keeps its server's log (stat: %v): every copy would start with it", err)
+	}
+	t.Setenv(pgTemplateEnv, tpl)
+	var logged bytes.Buffer
+	p, err := StartPostgres(ctx, filepath.Join(t.TempDir(), "pg"), 0, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatalf("StartPostgres from the template: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if strings.Contains(logged.String(), "created database") {
+		t.Errorf("the copy had no chatpipe database; the start created it:\n%s", logged.String())
+	}
+	conn, err := pgx.Connect(ctx, p.URL())
+	if err != nil {
+		t.Fatalf("connect %s: %v", p.URL(), err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	var applied int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&applied); err != nil {
+		t.Fatalf("the copy's database has no migrations applied: %v", err)
+	}
+	if applied == 0 {
+		t.Fatal("schema_migrations is empty")
 	}
 }
 
