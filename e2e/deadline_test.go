@@ -19,7 +19,7 @@ func TestExpiredQueuedCommandIsNotApplied(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--call-timeout", "2s")
 	dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=5s", "CHATPIPE_TXN_TIMEOUT=60s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 
 	u1 := dev.dial(t, "u1")
 	// The create's answer comes too late as well (unavailable), but it

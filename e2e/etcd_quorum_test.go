@@ -196,7 +196,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 			close(load.stop)
 		}
 	})
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	before := etcdView(t, dev.ep)
 	convsOn := map[string]int{}
 	for c := 0; c < 20; c++ {
@@ -210,7 +210,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	members[i1].proc.stop()
 	t.Logf("(1) stopped %s (the leader: %v) with SIGTERM in %v", members[i1].name, wasLeader, time.Since(stopped).Round(time.Millisecond))
 	n := load.count()
-	waitFor(t, 120*time.Second, "load to go on with one etcd member down", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on with one etcd member down", n+300)
 	t.Logf("(1) 300 more sends accepted %v after the member stopped", time.Since(stopped).Round(time.Millisecond))
 	lastRead := etcdView(t, dev.ep)
 	if ch := ownerChanges(before, lastRead, vshards); len(ch) > 0 {
@@ -325,7 +325,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		}
 	}
 	n = load.count()
-	waitFor(t, 120*time.Second, "load to go on after the quorum is back", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on after the quorum is back", n+300)
 	var after lease.View
 	waitFor(t, 120*time.Second, "every vshard to have exactly one live owner, accepting", func() bool {
 		workersAlive("after the quorum came back")

@@ -118,7 +118,7 @@ func TestEtcdLeaderStall(t *testing.T) {
 			close(load.stop)
 		}
 	})
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 100 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 100)
 	before := etcdView(t, dev.ep)
 
 	leader.proc.signal(syscall.SIGSTOP)
@@ -161,7 +161,7 @@ func TestEtcdLeaderStall(t *testing.T) {
 		}
 	}
 	n := load.count()
-	waitFor(t, 60*time.Second, "load to go on after the storm", func() bool { return load.count() > n+100 })
+	load.waitAbove(t, 60*time.Second, "load to go on after the storm", n+100)
 	accepted := load.finish()
 	cancel()
 	<-watchDone

@@ -17,10 +17,10 @@ import (
 func underLoad(t *testing.T, dev *devProc, fault func()) {
 	t.Helper()
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	fault()
 	n := load.count()
-	waitFor(t, 120*time.Second, "load to go on after the fault", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on after the fault", n+300)
 	accepted := load.finish()
 	t.Logf("%d sends accepted", len(accepted))
 	checkWorld(t, dev.ep, accepted)
@@ -29,9 +29,9 @@ func underLoad(t *testing.T, dev *devProc, fault func()) {
 func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
 	t.Helper()
 	wa := dev.startWorker(t, "wa", waEnv...)
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	wb := dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
+	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
 	for _, id := range []string{"wa", "wb"} { // /readyz: registered and accepting for every vshard assigned
 		url := strings.TrimSuffix(adminURL(t, dev.ep, id), "/metrics") + "/readyz"
 		waitFor(t, 120*time.Second, id+" to be ready", func() bool {
@@ -53,7 +53,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms")
 	underLoad(t, dev, func() {
 		wa.kill9()
-		waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+		waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
 	})
 }
 
@@ -144,9 +144,9 @@ func TestKilledOnlyWorker(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	wa.kill9()
 	time.Sleep(time.Second) // answers already on their way may still arrive
 	before := load.count()
@@ -156,9 +156,9 @@ func TestKilledOnlyWorker(t *testing.T) {
 	}
 	back := time.Now()
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
 	n := load.count()
-	waitFor(t, 120*time.Second, "load to go on after the worker returned", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on after the worker returned", n+300)
 	resumed := time.Since(back)
 	accepted := load.finish()
 	// The bound: the lease of the killed worker runs out (10 s), wb takes

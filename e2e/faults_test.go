@@ -82,6 +82,22 @@ func (l *loadGen) count() int {
 	return len(l.accepted)
 }
 
+// waitAbove waits until more than n sends are accepted; a timeout says
+// how many were and when the last one was.
+func (l *loadGen) waitAbove(t *testing.T, timeout time.Duration, what string, n int) {
+	t.Helper()
+	waitForOr(t, timeout, what, func() bool { return l.count() > n }, func() string {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if len(l.accepted) == 0 {
+			return fmt.Sprintf("want more than %d sends accepted; none was", n)
+		}
+		last := l.accepted[len(l.accepted)-1]
+		return fmt.Sprintf("want more than %d sends accepted; %d were, the last (%s to %s, seq %d) %v ago",
+			n, len(l.accepted), last.ClientMessageID, last.Conv, last.Seq, time.Since(last.AcceptedAt).Round(time.Millisecond))
+	})
+}
+
 func (l *loadGen) finish() []acceptedMsg {
 	close(l.stop)
 	l.wg.Wait()
@@ -110,26 +126,26 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 	// fencing — not Kafka's timeout — can stop its late commits.
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	wa := startWorker("wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	startWorker("wb", wbEnv...)
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
+	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
 	waMetrics := adminURL(t, dev.ep, "wa")
 
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 30*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 30*time.Second, "load to flow", 200)
 	// pause wa while one of its transactions sits between produce and commit
 	os.Remove(mark)
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
 	t.Logf("shards moved %v after the pause", time.Since(paused).Round(time.Millisecond))
 	// Let wb finish taking over (and, in the broken order, sit in its
 	// accept delay) before wa wakes up.
 	time.Sleep(2500 * time.Millisecond)
 	wa.signal(syscall.SIGCONT)
 	n := load.count()
-	waitFor(t, 60*time.Second, "load to go on after the pause", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
 	accepted := load.finish()
 	time.Sleep(500 * time.Millisecond)
 	return accepted, metric(t, waMetrics, "chatpipe_worker_fenced_writes_total")

@@ -101,9 +101,9 @@ func TestStarvedKeepAlive(t *testing.T) {
 	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
 		"--etcd", "http://"+link.addr(), "--id", "wa", "--log-level", "warn")
 	vshards := dev.ep.all()
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), vshards, "wa") == vshards })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, vshards, "wa", vshards)
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), vshards, "wb") == vshards/2 })
+	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, vshards, "wb", vshards/2)
 	waitReady(t, dev, "wa")
 	waitReady(t, dev, "wb")
 	waMetrics, wbMetrics := adminURL(t, dev.ep, "wa"), adminURL(t, dev.ep, "wb")
@@ -123,7 +123,7 @@ func TestStarvedKeepAlive(t *testing.T) {
 			close(load.stop)
 		}
 	})
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 
 	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/wa")
 	if err != nil || len(resp.Kvs) != 1 {
@@ -189,7 +189,7 @@ func TestStarvedKeepAlive(t *testing.T) {
 	})
 	t.Logf("wa registered again %v after the heal", time.Since(healed).Round(time.Millisecond))
 	n := load.count()
-	waitFor(t, 60*time.Second, "load to go on after the heal", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 60*time.Second, "load to go on after the heal", n+300)
 	accepted := load.finish()
 
 	le := readLogEpochs(t, dev.ep)

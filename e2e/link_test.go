@@ -108,7 +108,7 @@ func TestLinkFaults(t *testing.T) {
 	proxy := startFreezer(t, "127.0.0.1:"+strconv.Itoa(listen))
 	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wa", "--log-level", "warn",
 		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", proxy.addr(), "--wire-queue", "256", "--wire-write-timeout", "2s")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 
 	alice := dev.dial(t, "alice")
 	alice.must(map[string]any{"op": "create", "conversation_id": "lk", "members": []string{}})

@@ -31,7 +31,7 @@ func TestMoveFromBusyVShard(t *testing.T) {
 	ep := filepath.Join(dev.dir, "endpoints.json")
 	startProc(t, dev.dir, "w1", []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms"},
 		"worker", "--endpoints", ep, "--id", "w1", "--log-level", "warn")
-	waitFor(t, 120*time.Second, "w1 to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "w1") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "w1 to own every vshard", dev.ep, dev.ep.all(), "w1", dev.ep.all())
 
 	const hot = "mb-hot"
 	home := logrecord.VShard(hot, dev.ep.VShards)

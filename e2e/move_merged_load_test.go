@@ -41,7 +41,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	ep := filepath.Join(dev.dir, "endpoints.json")
 	w := startProc(t, dev.dir, "w1", []string{"CHATPIPE_FAULT_LOADER_SLOW=150ms"},
 		"worker", "--endpoints", ep, "--id", "w1", "--log-level", "warn", "--cache-convs", "4")
-	waitFor(t, 120*time.Second, "w1 to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "w1") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "w1 to own every vshard", dev.ep, dev.ep.all(), "w1", dev.ep.all())
 
 	const hot, cycles = "mm-hot", 3
 	home := logrecord.VShard(hot, dev.ep.VShards)

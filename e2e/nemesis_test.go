@@ -133,7 +133,7 @@ func TestNemesis(t *testing.T) {
 	// delivery fell behind or whose writes stall ("reconnect and sync").
 	const loadUsers, loadConvs = 10, 20
 	load, reconnects := startReconnectingLoad(t, dev, loadUsers, loadConvs)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	// Beside the load: members kicked (or leaving) and joined again over
 	// and over while they and others send (for the post-kick counts), the
 	// conversations they are in moved to dedicated vshards and back, and
@@ -244,7 +244,7 @@ func TestNemesis(t *testing.T) {
 		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
 	})
 	healed := load.count()
-	waitFor(t, 120*time.Second, "load to go on after the faults", func() bool { return load.count() > healed+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on after the faults", healed+300)
 	accepted := load.finish()
 	moved, isolated := moves.finish()
 	churned, rejected := churn.finish()

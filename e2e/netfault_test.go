@@ -64,9 +64,9 @@ func blackholeThenHeal(t *testing.T, dev *devProc, load *loadGen, np *netProxy, 
 	np.heal()
 	healed = time.Now()
 	n = load.count()
-	waitFor(t, netRecoverBound, "a send accepted after the heal of "+what, func() bool { return load.count() > n })
+	load.waitAbove(t, netRecoverBound, "a send accepted after the heal of "+what, n)
 	first := time.Since(healed)
-	waitFor(t, netRecoverBound, "300 sends accepted after the heal of "+what, func() bool { return load.count() > n+300 })
+	load.waitAbove(t, netRecoverBound, "300 sends accepted after the heal of "+what, n+300)
 	resumed := time.Since(healed)
 	waitFor(t, netRecoverBound, "Postgres to hold what was accepted before the heal of "+what, func() bool { return dbMessages(t, dev.ep) >= n })
 	caughtUp := time.Since(healed)
@@ -116,7 +116,7 @@ func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
 	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--id", "wa", "--log-level", "warn",
 		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", np.addr())
 	logsOnFailure(t, dev.dir, "dev", "wa")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	return dev, np
 }
 
@@ -126,7 +126,7 @@ func TestNetworkFaultsGatewayWorker(t *testing.T) {
 	parallel(t)
 	dev, np := gatewayWorkerLink(t)
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream", "downstream")
 	accepted := load.finish()
@@ -143,7 +143,7 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 	parallel(t)
 	dev, np := gatewayWorkerLink(t)
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	began, healed := blackholeThenHeal(t, dev, load, np, 6*time.Second, "downstream") // answers and pongs stop
 	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream")                    // requests and pings stop
 	accepted := load.finish()
@@ -213,7 +213,7 @@ func TestNetworkFaultsBroker(t *testing.T) {
 	dev := startDev(t, dir, "--kafka", np.addr())
 	logsOnFailure(t, dir, "dev")
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 12*time.Second, "upstream", "downstream")
 	accepted := load.finish()
@@ -237,7 +237,7 @@ func TestNetworkFaultsPersistPostgres(t *testing.T) {
 		"--database-url", strings.Replace(dev.ep.Postgres, upstream, np.addr(), 1), "--log-level", "warn")
 	logsOnFailure(t, dev.dir, "dev", "persist")
 	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	waitFor(t, 60*time.Second, "persist to write", func() bool { return dbMessages(t, dev.ep) > 0 })
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 10*time.Second, "upstream", "downstream")

@@ -34,19 +34,19 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 		env = append(env, "CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT=1")
 	}
 	wa := dev.startWorker(t, "wa", env...)
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to get its half", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all()/2 })
+	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
 	waMetrics := adminURL(t, dev.ep, "wa")
 	aborts0 := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort")
 
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 30*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 30*time.Second, "load to flow", 200)
 	os.Remove(mark)
 	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
 	wa.signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitFor(t, 120*time.Second, "wb to take over every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
 	if d := time.Since(paused); d < 2*txnTimeout {
 		time.Sleep(2*txnTimeout - d)
 	}
@@ -57,7 +57,7 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 	}
 	wa.signal(syscall.SIGCONT)
 	n := load.count()
-	waitFor(t, 60*time.Second, "load to go on after the pause", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
 	accepted := load.finish()
 	time.Sleep(500 * time.Millisecond)
 	refused := metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")

@@ -41,7 +41,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	pg := startTestPG(t, filepath.Join(dir, "pg"))
 	dev := startDev(t, dir, "--workers", "0", "--database-url", pg.url)
 	wa := dev.startWorker(t, "wa")
-	waitFor(t, 120*time.Second, "wa to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wa") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	probes := newPGProbes(t, dev, 240)
 	waitFor(t, 60*time.Second, "persist to store the probe conversations", func() bool {
 		return pgCountStored(t, pg.url, probes.firsts) == len(probes.firsts)
@@ -50,7 +50,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	// offsets, past the probes, so it holds none of them in memory.
 	wa.stop()
 	wb := dev.startWorker(t, "wb")
-	waitFor(t, 120*time.Second, "wb to own every vshard", func() bool { return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wb") == dev.ep.all() })
+	waitOwned(t, 120*time.Second, "wb to own every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("wb's log:\n%s\ndev's log:\n%s", tail(wb.log), tail(filepath.Join(dev.dir, "dev.log")))
@@ -58,7 +58,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	})
 
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	for phase, stop := range []struct {
 		name string
 		stop func()
@@ -88,7 +88,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		time.Sleep(time.Until(upDone.Add(time.Second))) // probes go on a little after the start
 		probes.halt()
 		n := load.count()
-		waitFor(t, 60*time.Second, "load to go on after the restart", func() bool { return load.count() > n+300 })
+		load.waitAbove(t, 60*time.Second, "load to go on after the restart", n+300)
 		// A send decided just before the stop may be answered a moment
 		// after it (its commit); after that nothing can be decided.
 		quiet := downAt.Add(500 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,6 +145,60 @@ func ownedBy(v lease.View, vshards int, worker string) int {
 		}
 	}
 	return n
+}
+
+// owners says who owns the first vshards of v, live or not: "wa 40, wb 26
+// (live workers: wa gen 1, wb gen 2)", with the vshards whose owner row is
+// missing or names a worker that is gone or of another generation.
+func owners(v lease.View, vshards int) string {
+	count := map[string]int{}
+	var dead []string
+	for s := 0; s < vshards; s++ {
+		row, _, ok := v.Live(s)
+		switch {
+		case ok:
+			count[row.Worker]++
+		case row.Worker == "":
+			dead = append(dead, fmt.Sprintf("%d: no owner", s))
+		default:
+			dead = append(dead, fmt.Sprintf("%d: %s gen %d, not live", s, row.Worker, row.Gen))
+		}
+	}
+	names := make([]string, 0, len(count))
+	for w := range count {
+		names = append(names, w)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, w := range names {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", w, count[w])
+	}
+	if len(dead) > 0 {
+		fmt.Fprintf(&b, "; %d without a live owner (%s)", len(dead), strings.Join(dead[:min(len(dead), 8)], ", "))
+	}
+	live := make([]string, 0, len(v.Workers))
+	for id, w := range v.Workers {
+		live = append(live, fmt.Sprintf("%s gen %d", id, w.Gen))
+	}
+	sort.Strings(live)
+	fmt.Fprintf(&b, " (live workers: %s)", strings.Join(live, ", "))
+	return b.String()
+}
+
+// waitOwned waits until worker is the live owner of n of ep's first
+// vshards; a timeout says who owned what.
+func waitOwned(t *testing.T, timeout time.Duration, what string, ep endpoints, vshards int, worker string, n int) {
+	t.Helper()
+	var last lease.View
+	waitForOr(t, timeout, what, func() bool {
+		last = etcdView(t, ep)
+		return ownedBy(last, vshards, worker) == n
+	}, func() string {
+		return fmt.Sprintf("want %s to own %d of %d vshards; owners: %s", worker, n, vshards, owners(last, vshards))
+	})
 }
 
 // waitFor polls cond until it holds or the timeout passes.

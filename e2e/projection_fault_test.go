@@ -65,13 +65,13 @@ func TestKilledProjectionResumes(t *testing.T) {
 		}
 	}()
 	load := startLoad(t, dev, 10, 20)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 200 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	time.Sleep(time.Second)
 	p1.kill9()
 	time.Sleep(time.Second) // events pile up unprojected
 	startProc(t, dev.dir, "projection2", nil, "projection", "--endpoints", ep, "--log-level", "warn")
 	n := load.count()
-	waitFor(t, 120*time.Second, "load to go on after the fault", func() bool { return load.count() > n+300 })
+	load.waitAbove(t, 120*time.Second, "load to go on after the fault", n+300)
 	accepted := load.finish()
 	close(stop)
 	churn.Wait()

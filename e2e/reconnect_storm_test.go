@@ -192,7 +192,7 @@ func TestReconnectStorm(t *testing.T) {
 	}
 	parallel(users, 32, func(u int) { send(u, fmt.Sprintf("su%d-before", u)) })
 	load, loadReconnects := startReconnectingLoad(t, dev, 4, 4)
-	waitFor(t, 60*time.Second, "load to flow", func() bool { return load.count() > 20 })
+	load.waitAbove(t, 60*time.Second, "load to flow", 20)
 	time.Sleep(2 * time.Second)
 	metrics := dev.ep.Admin + "/metrics"
 	before := sampleGateway(t, pid, metrics)
