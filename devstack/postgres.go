@@ -591,6 +591,7 @@ const pgTemplateEnv = "CHATPIPE_PG_TEMPLATE"
 // initdb. The cluster holds the chatpipe database already, migrated: its
 // CREATE DATABASE (a checkpoint) was about a second of each stack's start.
 func PreparePGTemplate(ctx context.Context, dir string, log *slog.Logger) error {
+	startLog := log
 	log = orDefault(log).With("component", "postgres")
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -610,7 +611,7 @@ func PreparePGTemplate(ctx context.Context, dir string, log *slog.Logger) error 
 	if err := runInitdb(ctx, bin, dir, cred, log); err != nil {
 		return err
 	}
-	p, err := StartPostgres(ctx, dir, 0, log) // creates the database
+	p, err := StartPostgres(ctx, dir, 0, startLog) // creates the database
 	if err != nil {
 		return fmt.Errorf("devstack: postgres template: %w", err)
 	}
