@@ -73,7 +73,9 @@ func AtExit(fn func()) {
 
 // For returns t's watch, arming it with limit on the first call for t
 // (later calls return the same watch and ignore limit). The watch is
-// disarmed when t and its subtests end.
+// disarmed when t and its subtests end. Once t's clean-up has begun (its
+// Context is done), a first call returns a watch that is never armed: a
+// goroutine that outlives its test must not end the binary later.
 func For(t testing.TB, limit time.Duration) *Watch {
 	mu.Lock()
 	defer mu.Unlock()
@@ -81,6 +83,9 @@ func For(t testing.TB, limit time.Duration) *Watch {
 		return w
 	}
 	w := &Watch{name: t.Name(), limit: limit, started: time.Now(), waits: map[int]wait{}}
+	if t.Context().Err() != nil {
+		return w
+	}
 	w.timer = time.AfterFunc(limit, func() { expire(w) })
 	watches[t] = w
 	t.Cleanup(func() {
@@ -98,7 +103,7 @@ func For(t testing.TB, limit time.Duration) *Watch {
 func (w *Watch) Extend(limit time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if limit <= w.limit {
+	if limit <= w.limit || w.timer == nil {
 		return
 	}
 	w.limit = limit

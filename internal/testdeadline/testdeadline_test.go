@@ -108,3 +108,23 @@ func TestExtend(t *testing.T) {
 		}
 	})
 }
+
+// TestNotArmedAfterTheTest: a goroutine that outlives its test and asks
+// for the test's watch gets one that never fires.
+func TestNotArmedAfterTheTest(t *testing.T) {
+	fired := make(chan string, 1)
+	old := expire
+	expire = func(w *Watch) { fired <- w.name }
+	t.Cleanup(func() { expire = old })
+
+	var ended testing.TB
+	t.Run("ends", func(t *testing.T) { ended = t })
+	w := For(ended, 50*time.Millisecond)
+	w.Extend(100 * time.Millisecond)
+	w.Waiting("something after the end")()
+	select {
+	case name := <-fired:
+		t.Errorf("a watch asked for after %s ended fired", name)
+	case <-time.After(400 * time.Millisecond):
+	}
+}
