@@ -29,7 +29,10 @@ type CoordinatorConfig struct {
 	Settle time.Duration
 	// Interval bounds the time between two plans (default 1 s).
 	Interval time.Duration
-	Log      *slog.Logger
+	// TTL is the seconds the leader's etcd session lives without renewal
+	// (default DefaultTTL): how long a dead leader blocks a new one.
+	TTL int64
+	Log *slog.Logger
 }
 
 // RunCoordinator campaigns for <prefix>coordinator and, while elected,
@@ -61,7 +64,11 @@ func RunCoordinator(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg C
 }
 
 func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig) error {
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(DefaultTTL), concurrency.WithContext(ctx))
+	ttl := cfg.TTL
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl)), concurrency.WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("lease: coordinator session: %w", err)
 	}

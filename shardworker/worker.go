@@ -393,7 +393,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() {
 		defer bgwg.Done()
 		_ = lease.RunCoordinator(ctx, w.cfg.Etcd, watcher, lease.CoordinatorConfig{
-			Prefix: w.cfg.Prefix, VShards: w.layout().AllVShards(), Candidate: w.cfg.ID, Log: w.log})
+			Prefix: w.cfg.Prefix, VShards: w.layout().AllVShards(), Candidate: w.cfg.ID, TTL: w.cfg.LeaseTTL, Log: w.log})
 	}()
 
 	readyOnce := sync.Once{}

@@ -127,6 +127,7 @@ type devFlags struct {
 	workers, vshards, partitions, dedicated, cacheConvs *int
 	persist, projection, opsPublic, metricsPublic       *bool
 	linger                                              *time.Duration
+	leaseTTL                                            *int64
 	lim                                                 limitFlags
 	dlv                                                 deliveryFlags
 	sec                                                 *secFlags
@@ -150,6 +151,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.tokens = addTokenFlags(fs, "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	f.linger = fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
+	f.leaseTTL = fs.Int64("lease-ttl", lease.DefaultTTL, leaseTTLUsage)
 	f.admin = fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops of the whole process (empty: none; in endpoints.json as admin)")
 	f.opsPublic = fs.Bool("ops-public", true, "serve the pipeline page (/ops, with /ops/state) on the --http address too (chatpipe gateway: false)")
 	f.metricsPublic = fs.Bool("metrics-public", false, "serve /metrics on the --http address too (it is on --admin, which endpoints.json names as metrics)")
@@ -157,7 +159,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.dlv = addDeliveryFlags(fs)
 	f.sec = addSecFlags(fs)
 	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1), atLeast("dedicated", -1),
-		notNegative("linger"), atLeast("cache-convs", 1))
+		notNegative("linger"), atLeast("cache-convs", 1), atLeast("lease-ttl", 2))
 	f.level, f.format = logFlags(fs)
 	return f
 }
@@ -292,7 +294,8 @@ func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGro
 	}
 	var ws []*shardworker.Worker
 	for i := 1; i <= *f.workers; i++ {
-		w, err := newWorker(fmt.Sprintf("w%d", i), "", "", "", s.cli, s.cfg, s.brokers, s.kopts, s.db, *f.linger, *f.cacheConvs, f.lim, log)
+		w, err := newWorker(workerOpts{id: fmt.Sprintf("w%d", i), cli: s.cli, cfg: s.cfg, brokers: s.brokers, kopts: s.kopts, db: s.db,
+			linger: *f.linger, cacheConvs: *f.cacheConvs, leaseTTL: *f.leaseTTL, lim: f.lim, log: log})
 		if err != nil {
 			return nil, err
 		}

@@ -100,8 +100,9 @@ func runWorker(ctx context.Context, args []string) error {
 	linger := fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
+	leaseTTL := fs.Int64("lease-ttl", lease.DefaultTTL, leaseTTLUsage)
 	lim := addLimitFlags(fs)
-	checkFlags(fs, notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"))
+	checkFlags(fs, notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"), atLeast("lease-ttl", 2))
 	level, format := logFlags(fs)
 	log, err := inf.setup(fs, args, level, format)
 	if err != nil {
@@ -131,7 +132,9 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(*id, *listen, *advertise, shardworker.Advertised(ln.Addr().String()), cli, cfg, splitList(*inf.kafka), kopts, db, *linger, *cacheConvs, lim, log)
+	w, err := newWorker(workerOpts{id: *id, listen: *listen, advertise: *advertise, admin: shardworker.Advertised(ln.Addr().String()),
+		cli: cli, cfg: cfg, brokers: splitList(*inf.kafka), kopts: kopts, db: db,
+		linger: *linger, cacheConvs: *cacheConvs, leaseTTL: *leaseTTL, lim: lim, log: log})
 	if err != nil {
 		ln.Close()
 		return err
@@ -369,15 +372,35 @@ func (g *gatewayRole) shutdown() {
 	g.gw.Shutdown(ctx)
 }
 
-func newWorker(id, listen, advertise, admin string, cli *clientv3.Client, cfg lease.Config, brokers []string, kopts []kgo.Opt, db *pgxpool.Pool, linger time.Duration, cacheConvs int, lim limitFlags, log *slog.Logger) (*shardworker.Worker, error) {
+// workerOpts is what newWorker builds a shard worker from: the command's
+// flags and the deployment's connections.
+type workerOpts struct {
+	id, listen, advertise, admin string
+	cli                          *clientv3.Client
+	cfg                          lease.Config
+	brokers                      []string
+	kopts                        []kgo.Opt
+	db                           *pgxpool.Pool
+	linger                       time.Duration
+	cacheConvs                   int
+	leaseTTL                     int64 // seconds
+	lim                          limitFlags
+	log                          *slog.Logger
+}
+
+func newWorker(o workerOpts) (*shardworker.Worker, error) {
 	wc := shardworker.Config{
-		ID: id, Listen: listen, Advertise: advertise, AdminAddr: admin, Etcd: cli, Prefix: lease.DefaultPrefix,
-		Brokers: brokers, KafkaOpts: kopts, Topic: cfg.Topic, VShards: cfg.VShards, Partitions: cfg.Partitions,
-		Dedicated: cfg.Dedicated, DB: db, Linger: linger, MaxConvs: cacheConvs, Log: log.With("role", "worker"),
+		ID: o.id, Listen: o.listen, Advertise: o.advertise, AdminAddr: o.admin, Etcd: o.cli, Prefix: lease.DefaultPrefix,
+		Brokers: o.brokers, KafkaOpts: o.kopts, Topic: o.cfg.Topic, VShards: o.cfg.VShards, Partitions: o.cfg.Partitions,
+		Dedicated: o.cfg.Dedicated, DB: o.db, Linger: o.linger, MaxConvs: o.cacheConvs, LeaseTTL: o.leaseTTL,
+		Log: o.log.With("role", "worker"),
 	}
-	lim.worker(&wc)
+	o.lim.worker(&wc)
 	return shardworker.New(wc)
 }
+
+// leaseTTLUsage is the help of the worker's and dev's --lease-ttl.
+const leaseTTLUsage = "seconds a worker's etcd lease lives without a renewal (renewed every third of it): how long a dead or paused worker keeps its vshards, and the coordinator's election, before others take them over"
 
 // linkCollectors are the link certificate's expiry gauge when the
 // gateway↔worker link is mutual TLS, else none.
