@@ -202,13 +202,36 @@ func (s *devStack) close() {
 // start brings up etcd, Kafka and Postgres, the deployment's config in
 // etcd, the topic and the schema.
 func (s *devStack) start(ctx context.Context, f devFlags, dir string, log *slog.Logger) error {
-	if err := s.startEtcd(ctx, *f.etcd, dir, log); err != nil {
-		return err
+	// The embedded Postgres (its start is the longest of the three) comes
+	// up beside etcd and Kafka; it is closed after them, as if started last.
+	pgCtx, cancelPG := context.WithCancel(ctx)
+	defer cancelPG()
+	var pg *devstack.Postgres
+	pgErr := make(chan error, 1)
+	if s.pgURL = *f.dbURL; s.pgURL == "" {
+		go func() {
+			var err error
+			pg, err = devstack.StartPostgres(pgCtx, filepath.Join(dir, "postgres"), 0, log)
+			pgErr <- err
+		}()
+	} else {
+		pgErr <- nil
 	}
-	if err := s.startKafka(ctx, *f.kafka, f.sec, dir, log); err != nil {
-		return err
+	err := s.startEtcd(ctx, *f.etcd, dir, log)
+	if err == nil {
+		err = s.startKafka(ctx, *f.kafka, f.sec, dir, log)
 	}
-	if err := s.startPostgres(ctx, *f.dbURL, dir, log); err != nil {
+	if err != nil {
+		cancelPG() // no need to wait for a start that is not used
+	}
+	if perr := <-pgErr; err == nil {
+		err = perr
+	}
+	if pg != nil {
+		s.onClose(func() { pg.Close() })
+		s.pgURL = pg.URL()
+	}
+	if err != nil {
 		return err
 	}
 	return s.prepare(ctx, f)
@@ -239,19 +262,6 @@ func (s *devStack) startKafka(ctx context.Context, addrs string, sec *secFlags, 
 	var err error
 	s.kopts, err = sec.kafkaOpts(ctx, s.brokers)
 	return err
-}
-
-func (s *devStack) startPostgres(ctx context.Context, url, dir string, log *slog.Logger) error {
-	if s.pgURL = url; url != "" {
-		return nil
-	}
-	pg, err := devstack.StartPostgres(ctx, filepath.Join(dir, "postgres"), 0, log)
-	if err != nil {
-		return err
-	}
-	s.onClose(func() { pg.Close() })
-	s.pgURL = pg.URL()
-	return nil
 }
 
 // prepare writes (or checks) the deployment's config in etcd, makes the
