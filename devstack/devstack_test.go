@@ -416,10 +416,10 @@ func TestPostgres(t *testing.T) {
 	}
 }
 
-// TestPGTemplateHoldsMigratedDatabase: a cluster copied from
-// PreparePGTemplate's has the chatpipe database with the schema applied,
-// so a stack's start neither creates nor migrates it.
-func TestPGTemplateHoldsMigratedDatabase(t *testing.T) {
+// TestPGTemplateHoldsDatabase: a cluster copied from PreparePGTemplate's
+// has the chatpipe database, so a stack's start does not create it, and
+// no server log of the template's.
+func TestPGTemplateHoldsDatabase(t *testing.T) {
 	ctx := testContext(t)
 	tpl := filepath.Join(t.TempDir(), "tpl")
 	if err := PreparePGTemplate(ctx, tpl, testLogger(t)); err != nil {
@@ -438,18 +438,7 @@ func TestPGTemplateHoldsMigratedDatabase(t *testing.T) {
 	if strings.Contains(logged.String(), "created database") {
 		t.Errorf("the copy had no chatpipe database; the start created it:\n%s", logged.String())
 	}
-	conn, err := pgx.Connect(ctx, p.URL())
-	if err != nil {
-		t.Fatalf("connect %s: %v", p.URL(), err)
-	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	var applied int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&applied); err != nil {
-		t.Fatalf("the copy's database has no migrations applied: %v", err)
-	}
-	if applied == 0 {
-		t.Fatal("schema_migrations is empty")
-	}
+	pgExec(t, ctx, p, "SELECT 1") // p.URL() names the chatpipe database
 }
 
 func TestPostgresNotEmptyDir(t *testing.T) {
