@@ -33,6 +33,13 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	if v := os.Getenv("CHATPIPE_E2E_TEST_DEADLINE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			panic(fmt.Sprintf("CHATPIPE_E2E_TEST_DEADLINE=%q: want a positive duration such as 10m", v))
+		}
+		testDeadline = d
+	}
 	dir, err := os.MkdirTemp("", "chatpipe-e2e-bin")
 	if err != nil {
 		panic(err)
@@ -85,23 +92,16 @@ func parallel(t *testing.T) {
 // testDeadline is each e2e test's own deadline, far below the package's
 // -timeout (60 minutes in the README's command): the slowest test takes
 // about 70 s alone under -race. CHATPIPE_E2E_TEST_DEADLINE sets another
-// (for a test's longer variants, e.g. CHATPIPE_E2E_KICK_CYCLES=10000).
-const testDeadline = 5 * time.Minute
+// (for a test's longer variants, e.g. CHATPIPE_E2E_KICK_CYCLES=10000);
+// TestMain reads it.
+var testDeadline = 5 * time.Minute
 
 // watch arms t's own deadline on the first call (startDev, startProc,
 // parallel and waitFor call it): past it the test binary prints the test,
 // the waits it is in (waitFor's what) and the goroutines' stacks, and
 // exits (internal/testdeadline).
 func watch(t *testing.T) *testdeadline.Watch {
-	t.Helper()
-	d := testDeadline
-	if v := os.Getenv("CHATPIPE_E2E_TEST_DEADLINE"); v != "" {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil || d <= 0 {
-			t.Fatalf("CHATPIPE_E2E_TEST_DEADLINE=%q: want a positive duration such as 10m", v)
-		}
-	}
-	return testdeadline.For(t, d)
+	return testdeadline.For(t, testDeadline)
 }
 
 // long skips t unless CHATPIPE_E2E_LONG=1: the runs that take minutes by
