@@ -154,7 +154,7 @@ type devProc struct {
 // startDev runs `chatpipe dev` on dir and waits until endpoints.json appears.
 func startDev(t *testing.T, dir string, args ...string) *devProc {
 	t.Helper()
-	watch(t)
+	watch(t) // before p.stop's clean-up, so that the deadline covers it
 	epPath := filepath.Join(dir, "endpoints.json")
 	os.Remove(epPath)
 	logf, err := os.OpenFile(filepath.Join(dir, "dev.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
