@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -73,11 +71,7 @@ func TestAdminHot(t *testing.T) {
 	}
 
 	// Route it to the first dedicated vshard, as `admin isolate` does.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: dev.ep.Etcd, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, dev.ep)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	to := dev.ep.VShards

@@ -15,11 +15,7 @@ import (
 func TestLeaseTTLFlag(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--lease-ttl", "3")
-	cli, err := clientv3.New(clientv3.Config{Endpoints: dev.ep.Etcd, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, dev.ep)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	granted := func(key string, prefix bool) int64 {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -96,11 +95,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	stopLoad := sync.OnceFunc(func() { close(stop); load.Wait() })
 	defer stopLoad()
 
-	cli, err := clientv3.New(clientv3.Config{Endpoints: dev.ep.Etcd, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, dev.ep)
 	hotClients := make([]*client, len(users))
 	for i, u := range users {
 		hotClients[i] = dev.dial(t, u)

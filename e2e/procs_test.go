@@ -104,6 +104,18 @@ func terminate(proc *os.Process, done <-chan struct{}, within time.Duration) boo
 	return false
 }
 
+// etcdClient dials ep's etcd (with the secured stack's client certificate,
+// if any) for the rest of t.
+func etcdClient(t *testing.T, ep endpoints) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second, TLS: ep.etcdTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
 // etcdView reads the owner rows and live workers.
 func etcdView(t *testing.T, ep endpoints) lease.View {
 	t.Helper()
