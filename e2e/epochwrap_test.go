@@ -141,6 +141,9 @@ func TestProducerEpochRotation(t *testing.T) {
 	os.Remove(mark)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var halted sync.Once
+	halt := func() { halted.Do(func() { close(stop) }) }
+	defer func() { halt(); wg.Wait() }() // no sender outlives a test that fails half-way
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -179,7 +182,7 @@ func TestProducerEpochRotation(t *testing.T) {
 	n0 := len(accepted)
 	mu.Unlock()
 	waitFor(t, 60*time.Second, "sends to "+conv+" to go on after the pause", func() bool { mu.Lock(); defer mu.Unlock(); return len(accepted) > n0+20 })
-	close(stop)
+	halt()
 	wg.Wait()
 	t.Logf("%d sends accepted; wa had %v writes or commits refused after waking; now producer %d", len(accepted), refused(), describeTxn(t, k.Addr(), txnID).ProducerID)
 	checkEpochOrder(t, dev.ep)

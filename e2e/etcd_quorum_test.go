@@ -189,13 +189,6 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	}
 
 	load := startLoad(t, dev, 10, 20)
-	t.Cleanup(func() { // in case the test stops early
-		select {
-		case <-load.stop:
-		default:
-			close(load.stop)
-		}
-	})
 	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 	before := etcdView(t, dev.ep)
 	convsOn := map[string]int{}

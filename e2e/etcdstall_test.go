@@ -111,13 +111,6 @@ func TestEtcdLeaderStall(t *testing.T) {
 	}()
 
 	load := startLoad(t, dev, 10, 20)
-	t.Cleanup(func() {
-		select {
-		case <-load.stop:
-		default:
-			close(load.stop)
-		}
-	})
 	load.waitAbove(t, 60*time.Second, "load to flow", 100)
 	before := etcdView(t, dev.ep)
 

@@ -19,7 +19,37 @@ type loadGen struct {
 	mu       sync.Mutex
 	accepted []acceptedMsg
 	stop     chan struct{}
+	halted   sync.Once
 	wg       sync.WaitGroup
+}
+
+// newLoadGen returns a load with nothing sending yet. Its senders stop and
+// are waited for when the test ends, however it ends: the first clean-up
+// (registered here, so it runs last) waits for them, the second (register
+// it with stopOnCleanup after the senders' connections, so it runs before
+// they close) stops them, and a sender whose send fails after the stop
+// says nothing. A test that fails half-way leaves no sender behind to
+// report into a test that is over.
+func newLoadGen(t *testing.T) *loadGen {
+	l := &loadGen{t: t, stop: make(chan struct{})}
+	t.Cleanup(l.wg.Wait)
+	return l
+}
+
+// stopOnCleanup registers the clean-up that stops the senders.
+func (l *loadGen) stopOnCleanup() { l.t.Cleanup(l.halt) }
+
+// halt tells the senders to stop; safe more than once.
+func (l *loadGen) halt() { l.halted.Do(func() { close(l.stop) }) }
+
+// stopped says whether halt was called.
+func (l *loadGen) stopped() bool {
+	select {
+	case <-l.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // createLoadConversations creates conversations lc0..lc<convs-1>, owned by
@@ -46,7 +76,7 @@ func createLoadConversations(t *testing.T, dev *devProc, users, convs int) {
 
 func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
 	t.Helper()
-	l := &loadGen{t: t, stop: make(chan struct{})}
+	l := newLoadGen(t)
 	createLoadConversations(t, dev, users, convs)
 	for u := 0; u < users; u++ {
 		user := fmt.Sprintf("lu%d", u)
@@ -54,17 +84,14 @@ func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
+			for i := 0; !l.stopped(); i++ {
 				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
 				sent := time.Now()
 				r, err := cl.sendRetrying(conv, cmid, "load")
 				if err != nil || r.Op != protocol.OpAccepted {
-					t.Errorf("load send %s: %+v %v", cmid, r, err)
+					if !l.stopped() {
+						t.Errorf("load send %s: %+v %v", cmid, r, err)
+					}
 					return
 				}
 				l.mu.Lock()
@@ -73,6 +100,7 @@ func startLoad(t *testing.T, dev *devProc, users, convs int) *loadGen {
 			}
 		}()
 	}
+	l.stopOnCleanup()
 	return l
 }
 
@@ -99,7 +127,7 @@ func (l *loadGen) waitAbove(t *testing.T, timeout time.Duration, what string, n 
 }
 
 func (l *loadGen) finish() []acceptedMsg {
-	close(l.stop)
+	l.halt()
 	l.wg.Wait()
 	return l.accepted
 }

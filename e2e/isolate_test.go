@@ -48,6 +48,9 @@ func TestIsolateUnderLoad(t *testing.T) {
 	owner.must(map[string]any{"op": "join", "conversation_id": hot, "user_id": "ikx"})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var halted sync.Once
+	halt := func() { halted.Do(func() { close(stop) }) }
+	defer func() { halt(); wg.Wait() }() // no sender outlives a test that fails half-way
 	var mu sync.Mutex
 	kxAccepted := map[string]int64{}
 	kicks := 0
@@ -173,7 +176,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 	adminCmd(t, dev, "unisolate", hot)
 	time.Sleep(2 * time.Second)
 	retryEarlier("after releasing")
-	close(stop)
+	halt()
 	wg.Wait()
 	// Moved there and back, the conversation takes writes at once: a
 	// send, and a kick that ends what the kicked member may send.

@@ -116,13 +116,6 @@ func TestStarvedKeepAlive(t *testing.T) {
 	ctx := context.Background()
 
 	load := startLoad(t, dev, 10, 20)
-	t.Cleanup(func() {
-		select {
-		case <-load.stop:
-		default:
-			close(load.stop)
-		}
-	})
 	load.waitAbove(t, 60*time.Second, "load to flow", 200)
 
 	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/wa")

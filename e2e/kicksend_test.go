@@ -39,6 +39,9 @@ func TestKickVersusSend(t *testing.T) {
 	accepted := map[string]int64{} // client_message_id → seq
 	forbidden := 0
 	var wg sync.WaitGroup
+	var halted sync.Once
+	halt := func() { halted.Do(func() { close(stop) }) }
+	defer func() { halt(); wg.Wait() }() // no sender outlives a test that fails half-way
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -80,7 +83,7 @@ func TestKickVersusSend(t *testing.T) {
 			t.Fatalf("join %d: %v %+v", i, err, f)
 		}
 	}
-	close(stop)
+	halt()
 	wg.Wait()
 	t.Logf("%d kick/re-add cycles in %v; the member's sends: %d accepted, %d forbidden", cycles, time.Since(start).Round(time.Millisecond), len(accepted), forbidden)
 	if len(accepted) == 0 || forbidden == 0 {

@@ -117,7 +117,7 @@ func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
 // and the number of reconnects.
 func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadGen, *atomic.Int64) {
 	t.Helper()
-	l := &loadGen{t: t, stop: make(chan struct{})}
+	l := newLoadGen(t)
 	reconnects := new(atomic.Int64)
 	createLoadConversations(t, dev, users, convs)
 	for u := 0; u < users; u++ {
@@ -126,18 +126,13 @@ func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadG
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
+			for i := 0; !l.stopped(); i++ {
 				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
 				sent := time.Now()
 				var r *protocol.Reply
 				var err error
 				for start := time.Now(); ; {
-					if r, err = cl.sendRetrying(conv, cmid, "load"); err == nil || time.Since(start) > time.Minute {
+					if r, err = cl.sendRetrying(conv, cmid, "load"); err == nil || time.Since(start) > time.Minute || l.stopped() {
 						break
 					}
 					// the connection closed: reconnect and send again
@@ -148,7 +143,9 @@ func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadG
 					}
 				}
 				if err != nil || r.Op != protocol.OpAccepted {
-					t.Errorf("load send %s: %+v %v", cmid, r, err)
+					if !l.stopped() {
+						t.Errorf("load send %s: %+v %v", cmid, r, err)
+					}
 					return
 				}
 				l.mu.Lock()
@@ -157,5 +154,6 @@ func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadG
 			}
 		}()
 	}
+	l.stopOnCleanup()
 	return l, reconnects
 }
