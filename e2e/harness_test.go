@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,6 +152,14 @@ type devProc struct {
 	logf   *os.File
 }
 
+// testVShards is the hashed vshards of a test's dev stack, a quarter of
+// dev's default of 64: each vshard's writer fences and loads on every
+// start and takeover, so 16 make a stack start and a worker take over
+// sooner, and still spread a test's conversations over both workers and
+// every partition (8). A test's own --vshards comes later and wins
+// (TestInitAndConfig runs dev's default shape).
+const testVShards = 16
+
 // startDev runs `chatpipe dev` on dir and waits until endpoints.json appears.
 func startDev(t *testing.T, dir string, args ...string) *devProc {
 	t.Helper()
@@ -164,7 +173,8 @@ func startDev(t *testing.T, dir string, args ...string) *devProc {
 	// CHATPIPE_E2E_DEV_ARGS adds flags to every dev process (for measuring
 	// variants, e.g. "--delivery-listen=false --delivery-poll 50ms").
 	args = append(args, strings.Fields(os.Getenv("CHATPIPE_E2E_DEV_ARGS"))...)
-	cmd := exec.Command(binary, append([]string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
+	base := []string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--log-level", "warn", "--vshards", strconv.Itoa(testVShards)}
+	cmd := exec.Command(binary, append(base, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

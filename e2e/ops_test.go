@@ -21,7 +21,7 @@ import (
 // shape (idempotent), refuses another shape, and `chatpipe version` runs.
 func TestInitAndConfig(t *testing.T) {
 	parallel(t)
-	dev := startDev(t, t.TempDir())
+	dev := startDev(t, t.TempDir(), "--vshards", "64") // dev's own default shape
 	run := func(args ...string) (string, error) {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		return string(out), err
