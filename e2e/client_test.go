@@ -432,7 +432,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 // conversations is killed with kill -9.
 func TestClientSurvivesWorkerKill(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	wa, _ := twoWorkers(t, dev)
+	wa, _ := twoWorkers(t, dev, shortLease)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var log frameLog

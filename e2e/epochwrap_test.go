@@ -101,7 +101,7 @@ func TestProducerEpochRotation(t *testing.T) {
 
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	hold := filepath.Join(dev.dir, "wa-hold-commit")
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=1ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_FAULT_COMMIT_HOLD="+hold)
+	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=1ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_FAULT_COMMIT_HOLD="+hold, shortLease)
 	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	waMetrics := adminURL(t, dev.ep, "wa")
 	owner := dev.dial(t, "wu0")

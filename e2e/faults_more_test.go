@@ -50,7 +50,7 @@ func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
 // its transactions sit between produce and commit (fault test 2).
 func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms")
+	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", shortLease)
 	underLoad(t, dev, func() {
 		wa.kill9()
 		waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
@@ -143,7 +143,7 @@ func dialable(port int) bool {
 func TestKilledOnlyWorker(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s")
+	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s", shortLease)
 	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	load := startLoad(t, dev, 10, 20)
 	load.waitAbove(t, 60*time.Second, "load to flow", 200)
@@ -161,7 +161,7 @@ func TestKilledOnlyWorker(t *testing.T) {
 	load.waitAbove(t, 120*time.Second, "load to go on after the worker returned", n+300)
 	resumed := time.Since(back)
 	accepted := load.finish()
-	// The bound: the lease of the killed worker runs out (10 s), wb takes
+	// The bound: the lease of the killed worker runs out (4 s), wb takes
 	// over (its markers fence and abort what is still open), and the
 	// consumers read on; with the load it sent meanwhile, well under 60 s.
 	logRows := readLog(t, dev.ep)

@@ -153,7 +153,7 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 	// Its transaction timeout outlasts the pause, so only the new owner's
 	// fencing — not Kafka's timeout — can stop its late commits.
 	mark := filepath.Join(dev.dir, "wa-in-commit")
-	wa := startWorker("wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s")
+	wa := startWorker("wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s", shortLease)
 	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
 	startWorker("wb", wbEnv...)
 	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)

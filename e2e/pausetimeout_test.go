@@ -29,7 +29,7 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	mark := filepath.Join(dev.dir, "wa-in-commit")
 	const txnTimeout = 2 * time.Second
-	env := []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK=" + mark, "CHATPIPE_TXN_TIMEOUT=" + txnTimeout.String()}
+	env := []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK=" + mark, "CHATPIPE_TXN_TIMEOUT=" + txnTimeout.String(), shortLease}
 	if os.Getenv("CHATPIPE_E2E_PLANT") == "recommit" {
 		env = append(env, "CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT=1")
 	}

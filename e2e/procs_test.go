@@ -54,6 +54,13 @@ func startProc(t *testing.T, dir, name string, env []string, args ...string) *pr
 }
 
 // startWorker runs `chatpipe worker` joining dev's stack.
+// shortLease is the environment of a worker that a test kills or pauses
+// to have its vshards taken over: its lease lives 4 s (--lease-ttl), not
+// the default 10, so the takeover the test waits for comes sooner. The
+// worker still stops accepting a margin (1 s) before the lease's local
+// deadline, and the new owner still fences what the old one left open.
+const shortLease = "CHATPIPE_LEASE_TTL=4"
+
 func (d *devProc) startWorker(t *testing.T, id string, env ...string) *proc {
 	return startProc(t, d.dir, id, env, "worker", "--endpoints", filepath.Join(d.dir, "endpoints.json"), "--id", id, "--log-level", "warn")
 }
