@@ -170,7 +170,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		eps = append(eps, m.endpoint())
 	}
 	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","))
-	wa, wb := twoWorkers(t, dev)
+	wa, wb := twoWorkersEnv(t, dev, []string{shortLease}, []string{shortLease})
 	vshards := dev.ep.all()
 	workers := map[string]*proc{"wa": wa, "wb": wb}
 	metricsURL := map[string]string{"wa": adminURL(t, dev.ep, "wa"), "wb": adminURL(t, dev.ep, "wb")}
@@ -247,7 +247,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	// it, so from outageStart + TTL on no worker may accept.
 	n = load.count()
 	refusedBefore := sumMetric("chatpipe_worker_lease_refused_total")
-	pastTTL := outageStart.Add(lease.DefaultTTL * time.Second)
+	pastTTL := outageStart.Add(shortTTL)
 	minOwned := float64(vshards)
 	// (Each load user sends to its conversations in turn and waits for
 	// each answer, so the users soon all wait on one worker: only that one
@@ -257,7 +257,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		if owned := sumMetric("chatpipe_worker_owned_shards"); owned < minOwned {
 			minOwned = owned
 		}
-		return time.Since(outageStart) > (lease.DefaultTTL+2)*time.Second && sumMetric("chatpipe_worker_lease_refused_total") > refusedBefore
+		return time.Since(outageStart) > shortTTL+2*time.Second && sumMetric("chatpipe_worker_lease_refused_total") > refusedBefore
 	})
 	outage := time.Since(outageStart)
 	takeoversDuring := sumMetric("chatpipe_worker_takeovers_total") - takeoversBefore
@@ -277,7 +277,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		}
 	}
 	if late > 0 {
-		t.Errorf("(2) %d sends accepted %v or more after the quorum was lost: a worker accepted past its lease's deadline", late, lease.DefaultTTL*time.Second)
+		t.Errorf("(2) %d sends accepted %v or more after the quorum was lost: a worker accepted past its lease's deadline", late, shortTTL)
 	}
 	if minOwned < float64(vshards) {
 		t.Errorf("(2) without quorum the workers stopped their writers for some vshards: at one point only %v of %d", minOwned, vshards)

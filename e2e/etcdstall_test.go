@@ -50,12 +50,16 @@ func TestEtcdLeaderStall(t *testing.T) {
 			others = append(others, m.endpoint())
 		}
 	}
-	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","))
+	// Leases of shortTTL (the coordinator's session too), so that the stall
+	// outlasts them sooner; dev's 64 vshards, so that the storm is as big
+	// as a dev stack's.
+	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","),
+		"--lease-ttl", strconv.Itoa(int(shortTTL/time.Second)), "--vshards", "64")
 	vshards := dev.ep.all()
 	epPath := filepath.Join(dev.dir, "endpoints.json")
 	workers := map[string]*proc{}
 	for _, id := range []string{"wa", "wb"} {
-		workers[id] = startProc(t, dev.dir, id, nil, "worker", "--endpoints", epPath, "--etcd", leader.endpoint(), "--id", id, "--log-level", "warn")
+		workers[id] = startProc(t, dev.dir, id, []string{shortLease}, "worker", "--endpoints", epPath, "--etcd", leader.endpoint(), "--id", id, "--log-level", "warn")
 	}
 	waitFor(t, 120*time.Second, "wa and wb to share the vshards", func() bool {
 		v := etcdView(t, dev.ep)
@@ -161,7 +165,7 @@ func TestEtcdLeaderStall(t *testing.T) {
 
 	late := 0
 	for _, a := range accepted {
-		if a.AcceptedAt.After(stalled.Add(lease.DefaultTTL*time.Second)) && a.AcceptedAt.Before(resumed) {
+		if a.AcceptedAt.After(stalled.Add(shortTTL)) && a.AcceptedAt.Before(resumed) {
 			late++
 		}
 	}

@@ -26,11 +26,20 @@ func underLoad(t *testing.T, dev *devProc, fault func()) {
 	checkWorld(t, dev.ep, accepted)
 }
 
+// twoWorkers starts worker wa (with waEnv), waits until it owns every
+// vshard, then starts wb and waits until they share them and both are
+// ready.
 func twoWorkers(t *testing.T, dev *devProc, waEnv ...string) (*proc, *proc) {
+	t.Helper()
+	return twoWorkersEnv(t, dev, waEnv, nil)
+}
+
+// twoWorkersEnv is twoWorkers with an environment for wb as well.
+func twoWorkersEnv(t *testing.T, dev *devProc, waEnv, wbEnv []string) (*proc, *proc) {
 	t.Helper()
 	wa := dev.startWorker(t, "wa", waEnv...)
 	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
-	wb := dev.startWorker(t, "wb")
+	wb := dev.startWorker(t, "wb", wbEnv...)
 	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
 	for _, id := range []string{"wa", "wb"} { // /readyz: registered and accepting for every vshard assigned
 		url := strings.TrimSuffix(adminURL(t, dev.ep, id), "/metrics") + "/readyz"

@@ -156,8 +156,10 @@ type devProc struct {
 // dev's default of 64: each vshard's writer fences and loads on every
 // start and takeover, so 16 make a stack start and a worker take over
 // sooner, and still spread a test's conversations over both workers and
-// every partition (8). A test's own --vshards comes later and wins
-// (TestInitAndConfig runs dev's default shape).
+// every partition (8). A test's own --vshards comes later and wins: the
+// nemesis and the etcd leader stall's takeover storm, whose point is many
+// writers at once, and TestInitAndConfig, which checks dev's default
+// shape, ask for 64.
 const testVShards = 16
 
 // startDev runs `chatpipe dev` on dir and waits until endpoints.json appears.

@@ -95,7 +95,8 @@ func TestNemesis(t *testing.T) {
 		return p
 	}
 	broker := startBroker()
-	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port), "--workers", "0", "--persist=false", "--projection=false")
+	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port), "--workers", "0", "--persist=false", "--projection=false",
+		"--vshards", "64") // dev's own: the faults land on as many writers as a dev stack has
 	ep := filepath.Join(dev.dir, "endpoints.json")
 	t.Cleanup(func() {
 		if t.Failed() {

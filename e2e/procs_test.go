@@ -54,12 +54,16 @@ func startProc(t *testing.T, dir, name string, env []string, args ...string) *pr
 }
 
 // startWorker runs `chatpipe worker` joining dev's stack.
-// shortLease is the environment of a worker that a test kills or pauses
-// to have its vshards taken over: its lease lives 4 s (--lease-ttl), not
-// the default 10, so the takeover the test waits for comes sooner. The
-// worker still stops accepting a margin (1 s) before the lease's local
-// deadline, and the new owner still fences what the old one left open.
-const shortLease = "CHATPIPE_LEASE_TTL=4"
+// shortLease is the environment of a worker that a test kills, pauses or
+// cuts off from etcd to have its lease run out: its lease lives shortTTL
+// (--lease-ttl), not the default 10 s, so what the test waits for comes
+// sooner. The worker still stops accepting a margin (1 s) before the
+// lease's local deadline, and a new owner still fences what the old one
+// left open.
+var shortLease = fmt.Sprintf("CHATPIPE_LEASE_TTL=%d", int(shortTTL/time.Second))
+
+// shortTTL is the lease of the workers started with shortLease.
+const shortTTL = 4 * time.Second
 
 func (d *devProc) startWorker(t *testing.T, id string, env ...string) *proc {
 	return startProc(t, d.dir, id, env, "worker", "--endpoints", filepath.Join(d.dir, "endpoints.json"), "--id", id, "--log-level", "warn")
