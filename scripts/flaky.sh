@@ -37,8 +37,15 @@ tests=(
   TestClientOfflineDeviceConverges
   TestNemesis
   TestPausedWriterIsFenced
+  TestReversedTakeoverOrderIsCaught
+  TestSecuredPausedWriterIsFenced
   TestPausedPastTxnTimeout
   TestKilledWriterBetweenProduceAndCommit
+  TestKilledOnlyWorker
+  TestClientSurvivesWorkerKill
+  TestStarvedKeepAlive
+  TestEtcdQuorumLoss
+  TestEtcdLeaderStall
   TestAddWorkerUnderLoad
   TestIsolateUnderLoad
   TestUnisolateWhilePersistIsBehind
