@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +34,18 @@ import (
 
 var binary string
 
+// defaultParallel is how many of the tests marked parallel run at once
+// when go test is given no -parallel (its own default is GOMAXPROCS, 2
+// here). Two at a time kept the machine under half busy on the
+// developers' 2-core machine: those tests mostly wait on a lease, a
+// timeout or a fault. CHATPIPE_E2E_PARALLEL sets another number.
+const defaultParallel = 4
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if err := setParallel(os.Getenv("CHATPIPE_E2E_PARALLEL")); err != nil {
+		panic(err)
+	}
 	if v := os.Getenv("CHATPIPE_E2E_TEST_DEADLINE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -74,15 +86,31 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// parallel lets t run beside one other such test (go test's -parallel:
-// GOMAXPROCS, 2 on the CI machines) once the tests that run alone are
-// done. It marks the tests that mostly wait (on a lease's TTL, a
-// transaction timeout, a proxy's fault, a token's expiry) or do little:
-// run one at a time under -race, each kept the machine 0.4 to 1.06 of its
-// two cores busy on average (22 of them under 0.9), and together they took
-// 12 of the package's 37 minutes. Load, fault schedules, the reconnect storm and the
-// compose stack still run alone, so that no timing they depend on is
-// stretched by a neighbour. CHATPIPE_E2E_SERIAL=1 runs every test alone.
+// setParallel sets go test's -parallel to env's number (defaultParallel
+// if env is empty), unless -parallel was given.
+func setParallel(env string) error {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if given {
+		return nil
+	}
+	n := defaultParallel
+	if env != "" {
+		var err error
+		if n, err = strconv.Atoi(env); err != nil || n < 1 {
+			return fmt.Errorf("CHATPIPE_E2E_PARALLEL=%q: want a positive number", env)
+		}
+	}
+	return flag.Set("test.parallel", strconv.Itoa(n))
+}
+
+// parallel lets t run beside other such tests (defaultParallel at once)
+// once the tests that run alone are done. It marks the tests that mostly
+// wait (on a lease's TTL, a transaction timeout, a proxy's fault, a
+// token's expiry) or do little. Load, fault schedules, the reconnect storm
+// and the compose stack still run alone, so that no timing they depend on
+// is stretched by a neighbour. CHATPIPE_E2E_SERIAL=1 runs every test
+// alone.
 func parallel(t *testing.T) {
 	if os.Getenv("CHATPIPE_E2E_SERIAL") == "" {
 		t.Parallel()
