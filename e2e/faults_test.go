@@ -182,6 +182,7 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 // TestPausedWriterIsFenced: a writer paused past its lease cannot make
 // anything visible when it wakes up; Kafka fences it (fault test 1).
 func TestPausedWriterIsFenced(t *testing.T) {
+	parallel(t)
 	dev, accepted, fenced := pausedWriter(t)
 	checkPausedWriterFenced(t, dev, accepted, fenced)
 }

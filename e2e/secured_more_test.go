@@ -44,6 +44,7 @@ func (s *securedStack) startWorker(id string, env ...string) *proc {
 // new owner's fencing of the paused one goes through the same broker
 // checks; persist and projection run with their own users.
 func TestSecuredPausedWriterIsFenced(t *testing.T) {
+	parallel(t)
 	s := startSecuredForChecks(t)
 	s.startRole(clientsec.RolePersist)
 	s.startRole(clientsec.RoleProjection)

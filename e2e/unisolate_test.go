@@ -26,6 +26,7 @@ import (
 // at its hashed vshard, and its moved records in the log go there and
 // back in seq order.
 func TestUnisolateWhilePersistIsBehind(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--persist=false")
 	if dev.ep.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
