@@ -54,8 +54,9 @@ func startProc(t *testing.T, dir, name string, env []string, args ...string) *pr
 }
 
 // startWorker runs `chatpipe worker` joining dev's stack.
-// shortLease is the environment of a worker that a test kills, pauses or
-// cuts off from etcd to have its lease run out: its lease lives shortTTL
+// shortLease is the environment of a worker that a fault test kills,
+// pauses or cuts off from etcd to have its lease run out (not
+// TestStarvedKeepAlive's, whose point is the margin): its lease lives shortTTL
 // (--lease-ttl), not the default 10 s, so what the test waits for comes
 // sooner. The worker still stops accepting a margin (1 s) before the
 // lease's local deadline, and a new owner still fences what the old one
