@@ -18,7 +18,7 @@ import (
 func (w *World) checkStale() {
 	for _, o := range w.ops {
 		for _, a := range o.answers {
-			if a.wrote || w.justified(o, a) || w.remembered(o, a) {
+			if a.wrote || w.justified(o, a) || w.remembered(o, a) || w.carriedVerdict(o, a) {
 				continue
 			}
 			w.stale(PropStaleAnswer, a, "op%d %s %s by %s (user %s, cmid %s) sent at step %d answered %s %s seq %d at step %d; no state of the log in between gives that answer",
@@ -133,4 +133,79 @@ func (w *World) carried(conv string, a2 *answer, by *writer) bool {
 		}
 	}
 	return reached[by.v]
+}
+
+// carriedVerdict reports whether answer a, which wrote nothing, repeats a
+// verdict that a committed moved record of the conversation carried: the
+// decision of an attempt decided in the moving batch, which its client may
+// never have heard (the commit's reply was lost, so the writer answered
+// unavailable), but which the writer the conversation moved to adopted
+// and answers every later attempt of the key with. Some attempt of the
+// key must have been sent before that record's commit, and the log must
+// justify the verdict between that send and the commit. A join of a
+// current member must also come from a vshard the record's chain of moves
+// reached.
+func (w *World) carriedVerdict(o *op, a *answer) bool {
+	noop := noopJoin(o, a)
+	if o.cmd.ClientMessageID == "" || (a.reply.Op != protocol.OpRejected && !noop) || a.reply.Code == protocol.CodeUnavailable {
+		return false
+	}
+	recs := w.log.ConvRecords(o.cmd.ConversationID)
+	for i, r := range recs {
+		m := r.Event
+		if m.Kind != logrecord.KindMoved || r.CommittedStep == 0 || r.CommittedStep > a.sentStep {
+			continue
+		}
+		for _, v := range m.Verdicts {
+			if v.ClientMessageID != o.cmd.ClientMessageID || v.Sender != o.cmd.Sender || v.Op != o.cmd.Op {
+				continue
+			}
+			if noop {
+				if v.Code != "" || v.Seq != a.reply.Seq || a.by == nil || !reachedFrom(recs[i:])[a.by.v] {
+					continue
+				}
+			} else if v.Code != string(a.reply.Code) {
+				continue
+			}
+			if w.decidedBefore(o, a.reply, r.CommittedStep) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// decidedBefore reports whether some attempt of an op with o's key, sender
+// and op, sent at or before step, could have been answered reply: the log
+// justifies reply between that attempt's send and step.
+func (w *World) decidedBefore(o *op, reply *protocol.Reply, step int) bool {
+	for _, o2 := range w.ops {
+		if o2.cmd.ConversationID != o.cmd.ConversationID || o2.cmd.ClientMessageID != o.cmd.ClientMessageID ||
+			o2.cmd.Sender != o.cmd.Sender || o2.cmd.Op != o.cmd.Op {
+			continue
+		}
+		for _, att := range o2.attempts {
+			if att.sentStep <= step && w.justified(o2, &answer{att: att, reply: reply, sentStep: step}) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reachedFrom returns the vshards that recs[0], a moved record, and the
+// moved records after it from the vshards reached carried a
+// conversation to.
+func reachedFrom(recs []*Record) map[int]bool {
+	reached := map[int]bool{}
+	for i, r := range recs {
+		m := r.Event
+		if m.Kind != logrecord.KindMoved || m.ToVShard == nil || r.CommittedStep == 0 {
+			continue
+		}
+		if i == 0 || reached[m.VShard] {
+			reached[*m.ToVShard] = true
+		}
+	}
+	return reached
 }
