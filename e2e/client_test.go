@@ -238,6 +238,7 @@ func createVisible(t *testing.T, ctx context.Context, c *chatclient.Client, conv
 // A send whose answer is lost with its connection is sent again on the
 // next one with the same client_message_id: exactly one message.
 func TestClientSendSurvivesDisconnect(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -21,6 +21,7 @@ import (
 // of an aborted transaction (and read_uncommitted would show it, so the
 // check has teeth).
 func TestKcatExample(t *testing.T) {
+	parallel(t)
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
 		if os.Getenv("CI") != "" {

@@ -40,6 +40,7 @@ var forgedLines = []string{
 // while a message sent through the gateway (over the same worker's port)
 // does, and the worker logs each refusal.
 func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
+	parallel(t)
 	for _, l := range forgedLines { // the lines are requests a worker reads
 		var r wire.Request
 		dec := json.NewDecoder(strings.NewReader(l))

@@ -22,6 +22,7 @@ import (
 // copy of the run directory where one accepted seq is duplicated, and on
 // the world after one accepted event was deleted from Postgres.
 func TestLoadgenThenCheck(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
 	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--rate", "60", "--duration", "10s",

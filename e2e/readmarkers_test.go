@@ -54,6 +54,7 @@ func unread(t *testing.T, ctx context.Context, c *chatclient.Client, conv string
 // connects later), a lower marker never moves it back, and the unread
 // counts of conversations are right after bursts from another member.
 func TestReadMarkers(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 // millisecond after create answers forbidden: the membership is not
 // projected yet.
 func TestReadYourWrites(t *testing.T) {
+	parallel(t)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1")
 	alice := newDevice(t, dev, "alice", "alice.d0")
 	if err := alice.connect(); err != nil {
