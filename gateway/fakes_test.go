@@ -181,12 +181,19 @@ type fakeReads struct {
 	sinceCalls int
 	marks      map[string]int64 // the user's read markers Since reports
 	gate       chan struct{}    // when set, Since waits for it to close
+	entered    chan struct{}    // when set, Since signals it (without blocking) on entry
 }
 
 func (f *fakeReads) Since(_ context.Context, user string, cursors map[string]int64, limit int) (*delivery.SyncResult, error) {
 	f.mu.Lock()
-	gate := f.gate
+	gate, entered := f.gate, f.entered
 	f.mu.Unlock()
+	if entered != nil {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+	}
 	if gate != nil {
 		<-gate
 	}

@@ -492,18 +492,25 @@ func TestBurstLargerThanTheSendBufferIsReadBack(t *testing.T) {
 // model's newer marker, which the feed's older pushes would then follow.
 func TestPushesDuringABacklogJoinIt(t *testing.T) {
 	events, pushes := storedEvents(t, "c1", 60, "")
-	reads := &fakeReads{stored: events, marks: map[string]int64{"c1": 9}, gate: make(chan struct{})}
+	reads := &fakeReads{stored: events, marks: map[string]int64{"c1": 9}, gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	g, srv := readGateway(t, reads, func(c *Config) { c.SendBuffer = 4 })
 	w := dialWS(t, srv, "u1")
 	if !waitFor(5*time.Second, func() bool { return g.Local("u1") }) {
 		t.Fatal("the device was not attached")
 	}
 	s := onlySession(g, "u1")
-	s.backlog.mu.Lock() // hold the catch-up while more is pushed
+	s.backlog.mu.Lock()
 	s.backlog.active = true
 	s.backlog.add(pushes[0])
 	s.backlog.wake <- struct{}{}
 	s.backlog.mu.Unlock()
+	// The catch-up has taken the backlog as it was (one event, no marker)
+	// and waits in its read while more is pushed.
+	select {
+	case <-reads.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the catch-up did not start reading back")
+	}
 	marker := func(seq int64) delivery.Push {
 		return delivery.Push{Conv: "c1", Seq: seq, Read: true, Frame: []byte(fmt.Sprintf(`{"op":"read","conversation_id":"c1","seq":%d}`, seq))}
 	}
