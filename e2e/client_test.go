@@ -17,8 +17,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/chatpipe/chatpipe/auth"
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/auth"
 )
 
 // tcpProxy sits between a client and the gateway so a test can break the

@@ -24,7 +24,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/internal/auth"
 )
 
 // TestComposeSmoke runs the compose file's own stack as local processes:

@@ -25,9 +25,9 @@ import (
 	"github.com/coder/websocket"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/auth"
 	chatclient "github.com/chatpipe/chatpipe/client"
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/internal/testdeadline"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -136,7 +136,7 @@ func watch(t *testing.T) *testdeadline.Watch {
 // long skips t unless CHATPIPE_E2E_LONG=1: the runs that take minutes by
 // design (the nemesis's fault schedule) stay out of the README's test
 // command and run where they are asked for (.ci/run runs them after it,
-// scripts/flaky.sh sets it).
+// tools/scripts/flaky.sh sets it).
 func long(t *testing.T) {
 	t.Helper()
 	if os.Getenv("CHATPIPE_E2E_LONG") != "1" {

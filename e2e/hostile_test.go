@@ -12,7 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/internal/auth"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

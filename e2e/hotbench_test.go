@@ -20,7 +20,7 @@ import (
 
 // TestHotConversationBench measures what isolating a hot conversation buys
 // the conversations that share its vshard (issue 18, "Measured"). It
-// asserts nothing about time; it reports. Run it with bench/hot.sh, or
+// asserts nothing about time; it reports. Run it with tools/bench/hot.sh, or
 // CHATPIPE_E2E_HOT_BENCH=1 CHATPIPE_E2E_NORACE=1 go test ./e2e -run
 // TestHotConversationBench -v; CI skips it.
 //
@@ -50,7 +50,7 @@ import (
 // CHATPIPE_E2E_HOT_BENCH_OUT (a file for the markdown table and notes).
 func TestHotConversationBench(t *testing.T) {
 	if os.Getenv("CHATPIPE_E2E_HOT_BENCH") != "1" {
-		t.Skip("set CHATPIPE_E2E_HOT_BENCH=1 to run the hot conversation benchmark (bench/hot.sh)")
+		t.Skip("set CHATPIPE_E2E_HOT_BENCH=1 to run the hot conversation benchmark (tools/bench/hot.sh)")
 	}
 	phaseLen := envDuration(t, "CHATPIPE_E2E_HOT_BENCH_PHASE", 20*time.Second)
 	rate := envInt(t, "CHATPIPE_E2E_HOT_BENCH_RATE", 500)

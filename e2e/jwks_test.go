@@ -8,8 +8,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/chatpipe/chatpipe/auth/authtest"
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/auth/authtest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

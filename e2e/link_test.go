@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/link"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // freezer is a TCP proxy whose connections can be frozen: a frozen
@@ -135,7 +135,7 @@ func TestLinkFaults(t *testing.T) {
 	go func() {
 		bw := bufio.NewWriter(raw)
 		for i := 1; i <= 200000; i++ {
-			b, _ := json.Marshal(&wire.Request{RID: uint64(i), User: "mallory", Budget: time.Minute,
+			b, _ := json.Marshal(&link.Request{RID: uint64(i), User: "mallory", Budget: time.Minute,
 				Req: &protocol.Request{Op: protocol.OpSend, ID: "f", ConversationID: "lk", ClientMessageID: "f" + strconv.Itoa(i), Body: "flood"}})
 			bw.Write(append(b, '\n'))
 		}

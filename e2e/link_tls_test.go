@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/link"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // forgedLines are wire requests as a gateway would send them, naming their
@@ -42,7 +42,7 @@ var forgedLines = []string{
 func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 	parallel(t)
 	for _, l := range forgedLines { // the lines are requests a worker reads
-		var r wire.Request
+		var r link.Request
 		dec := json.NewDecoder(strings.NewReader(l))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&r); err != nil || r.Req == nil || r.User == "" {
@@ -52,8 +52,8 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 	s := startSecured(t)
 	port := strconv.Itoa(freePort(t))
 	addr := "127.0.0.1:" + port
-	w := s.startRole(clientsec.RoleWorker, "--listen", addr)
-	s.startRole(clientsec.RolePersist)
+	w := s.startRole(clustersec.RoleWorker, "--listen", addr)
+	s.startRole(clustersec.RolePersist)
 
 	alice := s.dev.dial(t, "alice")
 	alice.must(map[string]any{"op": "create", "conversation_id": "lt", "members": []string{"bob"}})
@@ -61,7 +61,7 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 		t.Fatalf("send through the gateway: %+v %v", r, err)
 	}
 
-	worker := clientsec.LinkDir(s.link, clientsec.RoleWorker)
+	worker := clustersec.LinkDir(s.link, clustersec.RoleWorker)
 	workerCert, err := tls.LoadX509KeyPair(worker.Cert, worker.Key)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 	}
 
 	// The log itself, read uncommitted: not even an aborted record.
-	rd := s.roleClient(clientsec.RoleReader, kgo.ConsumeTopics(logrecord.DefaultTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	rd := s.roleClient(clustersec.RoleReader, kgo.ConsumeTopics(logrecord.DefaultTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadUncommitted()))
 	seenM2 := false
 	for !seenM2 {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
 // TestLoadgenShardsMerged runs two loadgen processes at once against one

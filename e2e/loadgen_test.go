@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
 // TestLoadgenThenCheck runs `chatpipe loadgen` against `chatpipe dev` (rate

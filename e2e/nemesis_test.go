@@ -55,7 +55,7 @@ import (
 // is not deterministic), CHATPIPE_E2E_NEMESIS_DURATION
 // sets how long faults are injected (default 2 minutes), and
 // CHATPIPE_E2E_NEMESIS_REPORT=path writes the faults injected by kind, the
-// counts and the longest send gap per fault kind as JSON (bench/nemesis.sh).
+// counts and the longest send gap per fault kind as JSON (tools/bench/nemesis.sh).
 func TestNemesis(t *testing.T) {
 	long(t)
 	seed := uint64(time.Now().UnixNano())
@@ -300,7 +300,7 @@ type faultAt struct {
 }
 
 // nemesisReport is what a nemesis run writes to CHATPIPE_E2E_NEMESIS_REPORT
-// (bench/nemesis.sh turns it into a table). Every count under "zero" comes
+// (tools/bench/nemesis.sh turns it into a table). Every count under "zero" comes
 // from a check over the committed log, Postgres and the devices' views.
 type nemesisReport struct {
 	Seed         uint64           `json:"seed,string"` // a string: a float64 reader (jq) would round it
@@ -397,7 +397,7 @@ type nemesisRun struct {
 
 // countViolationsOf is countViolations over everything run holds: what
 // `chatpipe check` verifies of a loadgen run (cmd/chatpipe/check.go,
-// runcheck) is counted here too — every accepted event in the log and
+// loadcheck) is counted here too — every accepted event in the log and
 // Postgres once, as answered; no seq collision or regression; no message
 // stored twice; nobody sending after their removal; no finally rejected
 // send stored; Postgres holding exactly the log; every device holding

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 )
 
 // testPG is a Postgres cluster run by the test itself (not by chatpipe

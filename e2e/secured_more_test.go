@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
 )
 
 // The paused-writer and delivery scenarios in the secured mode: Kafka
@@ -22,8 +22,8 @@ import (
 func startSecuredForChecks(t *testing.T) *securedStack {
 	t.Helper()
 	s := startSecured(t)
-	s.dev.ep.kafkaOpts = s.kafkaOpts(clientsec.RoleReader, securedUsers[clientsec.RoleReader], "pw-"+clientsec.RoleReader)
-	etls, err := clientsec.TLS{CAFile: s.certs.CAFile, CertFile: s.certs.ClientCert, KeyFile: s.certs.ClientKey}.Config()
+	s.dev.ep.kafkaOpts = s.kafkaOpts(clustersec.RoleReader, securedUsers[clustersec.RoleReader], "pw-"+clustersec.RoleReader)
+	etls, err := clustersec.TLS{CAFile: s.certs.CAFile, CertFile: s.certs.ClientCert, KeyFile: s.certs.ClientKey}.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func startSecuredForChecks(t *testing.T) *securedStack {
 // etcd client certificate and link certificate, and env.
 func (s *securedStack) startWorker(id string, env ...string) *proc {
 	args := []string{"worker", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--id", id, "--log-level", "warn"}
-	args = append(append(args, s.linkFlags(clientsec.RoleWorker)...), s.roleFlags(clientsec.RoleWorker)...)
+	args = append(append(args, s.linkFlags(clustersec.RoleWorker)...), s.roleFlags(clustersec.RoleWorker)...)
 	return startProc(s.t, s.dir, id, env, args...)
 }
 
@@ -46,8 +46,8 @@ func (s *securedStack) startWorker(id string, env ...string) *proc {
 func TestSecuredPausedWriterIsFenced(t *testing.T) {
 	parallel(t)
 	s := startSecuredForChecks(t)
-	s.startRole(clientsec.RolePersist)
-	s.startRole(clientsec.RoleProjection)
+	s.startRole(clustersec.RolePersist)
+	s.startRole(clustersec.RoleProjection)
 	accepted, fenced := pausedWriterOn(t, s.dev, s.startWorker)
 	checkPausedWriterFenced(t, s.dev, accepted, fenced)
 }
@@ -60,8 +60,8 @@ func TestSecuredPausedWriterIsFenced(t *testing.T) {
 func TestSecuredDeliveryConverges(t *testing.T) {
 	s := startSecuredForChecks(t)
 	s.startWorker("w1")
-	s.startRole(clientsec.RolePersist)
-	s.startRole(clientsec.RoleProjection)
+	s.startRole(clustersec.RolePersist)
+	s.startRole(clustersec.RoleProjection)
 	waitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := etcdView(t, s.dev.ep).Workers["w1"]; return ok })
 	for role, url := range map[string]string{"gateway": s.dev.ep.Admin + "/metrics", "worker": adminURL(t, s.dev.ep, "w1")} {
 		left := time.Duration(metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))
@@ -82,7 +82,7 @@ func linkTLSGatewayMetrics(t *testing.T, dev *devProc) map[string]bool {
 	if r := runChatpipe(t, "init", "--link-certs", link); r.err != nil {
 		t.Fatalf("init --link-certs: %v\n%s", r.err, r.out)
 	}
-	f := clientsec.LinkDir(link, clientsec.RoleGateway)
+	f := clustersec.LinkDir(link, clustersec.RoleGateway)
 	port, adminPort := freePort(t), freePort(t)
 	startProc(t, dev.dir, "gateway-link-tls", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
 		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--admin", "127.0.0.1:"+strconv.Itoa(adminPort), "--log-level", "warn",

@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/clientsec"
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -41,16 +41,16 @@ type securedStack struct {
 // securedUsers are the SASL users of the secured broker: one per role, with
 // a mechanism each, so every mechanism kfake knows is used.
 var securedUsers = map[string]string{
-	clientsec.RoleWorker:     "SCRAM-SHA-512",
-	clientsec.RolePersist:    "SCRAM-SHA-256",
-	clientsec.RoleProjection: "PLAIN",
-	clientsec.RoleGateway:    "SCRAM-SHA-256",
-	clientsec.RoleReader:     "SCRAM-SHA-256",
-	clientsec.RoleInit:       "SCRAM-SHA-256",
+	clustersec.RoleWorker:     "SCRAM-SHA-512",
+	clustersec.RolePersist:    "SCRAM-SHA-256",
+	clustersec.RoleProjection: "PLAIN",
+	clustersec.RoleGateway:    "SCRAM-SHA-256",
+	clustersec.RoleReader:     "SCRAM-SHA-256",
+	clustersec.RoleInit:       "SCRAM-SHA-256",
 }
 
 // startSecured starts the secured stack. The topic is created by the
-// superuser before dev starts, and every role's ACLs (clientsec.ACLs) are
+// superuser before dev starts, and every role's ACLs (clustersec.ACLs) are
 // granted to its user with CreateACLs, as an operator would with
 // kafka-acls.sh.
 func startSecured(t *testing.T) *securedStack {
@@ -94,7 +94,7 @@ func startSecured(t *testing.T) *securedStack {
 	}
 	defer cl.Close()
 	for role := range securedUsers {
-		acls, err := clientsec.ACLs(role, logrecord.DefaultTopic)
+		acls, err := clustersec.ACLs(role, logrecord.DefaultTopic)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func startSecured(t *testing.T) *securedStack {
 		t.Fatal(err)
 	}
 	args := []string{"--kafka", s.broker, "--etcd", s.etcd, "--workers", "0", "--persist=false", "--projection=false"}
-	args = append(append(args, s.roleFlags(clientsec.RoleGateway)...), s.linkFlags(clientsec.RoleGateway)...)
+	args = append(append(args, s.roleFlags(clustersec.RoleGateway)...), s.linkFlags(clustersec.RoleGateway)...)
 	s.dev = startDev(t, devDir, args...)
 	return s
 }
@@ -132,7 +132,7 @@ func startSecured(t *testing.T) *securedStack {
 // linkFlags are the link TLS flags of role (gateway or worker), from the
 // files init made.
 func (s *securedStack) linkFlags(role string) []string {
-	f := clientsec.LinkDir(s.link, role)
+	f := clustersec.LinkDir(s.link, role)
 	return []string{"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key}
 }
 
@@ -160,7 +160,7 @@ func (s *securedStack) roleFlags(role string) []string {
 // credentials (the worker role as worker id "w1").
 func (s *securedStack) startRole(role string, extra ...string) *proc {
 	args := []string{role, "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--log-level", "warn"}
-	if role == clientsec.RoleWorker {
+	if role == clustersec.RoleWorker {
 		args = append(append(args, "--id", "w1"), s.linkFlags(role)...)
 	}
 	return startProc(s.t, s.dir, role, nil, append(append(args, s.roleFlags(role)...), extra...)...)
@@ -174,7 +174,7 @@ func (s *securedStack) kafkaOpts(user, mech, password string) []kgo.Opt {
 	if err := os.WriteFile(file, []byte(password), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
-	opts, err := clientsec.Kafka{TLS: clientsec.TLS{CAFile: s.certs.CAFile}, SASLMechanism: mech, SASLUser: user, SASLPasswordFile: file}.Opts()
+	opts, err := clustersec.Kafka{TLS: clustersec.TLS{CAFile: s.certs.CAFile}, SASLMechanism: mech, SASLUser: user, SASLPasswordFile: file}.Opts()
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -213,9 +213,9 @@ func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string
 func TestSecuredWritePath(t *testing.T) {
 	parallel(t)
 	s := startSecured(t)
-	s.startRole(clientsec.RoleWorker)
-	s.startRole(clientsec.RolePersist)
-	s.startRole(clientsec.RoleProjection)
+	s.startRole(clustersec.RoleWorker)
+	s.startRole(clustersec.RolePersist)
+	s.startRole(clustersec.RoleProjection)
 
 	alice := s.dev.dial(t, "alice")
 	alice.must(map[string]any{"op": "create", "conversation_id": "sec", "members": []string{"bob"}})
@@ -242,7 +242,7 @@ func TestSecuredWritePath(t *testing.T) {
 	if lg.err != nil {
 		t.Fatalf("loadgen: %v\n%s", lg.err, lg.out)
 	}
-	check := runChatpipe(t, append([]string{"check", "--run", filepath.Join(out, "secured")}, s.roleFlags(clientsec.RoleReader)...)...)
+	check := runChatpipe(t, append([]string{"check", "--run", filepath.Join(out, "secured")}, s.roleFlags(clustersec.RoleReader)...)...)
 	if check.err != nil || !strings.Contains(check.out, "PASS") {
 		t.Fatalf("check: %v\n%s", check.err, check.out)
 	}
@@ -262,7 +262,7 @@ func TestSecuredWrongCredentials(t *testing.T) {
 	parallel(t)
 	s := startSecured(t)
 	s.writeSecret("wrong", "not-the-password")
-	for _, role := range []string{clientsec.RolePersist, clientsec.RoleWorker} {
+	for _, role := range []string{clustersec.RolePersist, clustersec.RoleWorker} {
 		p := startProc(t, s.dir, role+"-wrong", nil, role, "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"),
 			"--kafka-tls-ca", s.certs.CAFile, "--kafka-sasl-mechanism", securedUsers[role], "--kafka-sasl-user", role,
 			"--kafka-sasl-password-file", s.secretFile("wrong"), "--etcd-tls-ca", s.certs.CAFile,
@@ -282,8 +282,8 @@ func TestSecuredWrongCredentials(t *testing.T) {
 	}
 	// The worker with the right Kafka user but no etcd client certificate.
 	p = startProc(t, s.dir, "worker-noetcdcert", nil, "worker", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"),
-		"--kafka-tls-ca", s.certs.CAFile, "--kafka-sasl-mechanism", securedUsers[clientsec.RoleWorker], "--kafka-sasl-user", clientsec.RoleWorker,
-		"--kafka-sasl-password-file", s.secretFile(clientsec.RoleWorker), "--etcd-tls-ca", s.certs.CAFile)
+		"--kafka-tls-ca", s.certs.CAFile, "--kafka-sasl-mechanism", securedUsers[clustersec.RoleWorker], "--kafka-sasl-user", clustersec.RoleWorker,
+		"--kafka-sasl-password-file", s.secretFile(clustersec.RoleWorker), "--etcd-tls-ca", s.certs.CAFile)
 	code, log := waitExit(t, p, 60*time.Second)
 	if code == 0 || !strings.Contains(log, "etcd") {
 		t.Fatalf("worker without an etcd client certificate: exit %d, log:\n%s", code, log)
@@ -300,7 +300,7 @@ func TestSecuredLeastPrivilege(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	p := s.roleClient(clientsec.RolePersist, kgo.DefaultProduceTopic(logrecord.DefaultTopic), kgo.RecordDeliveryTimeout(5*time.Second))
+	p := s.roleClient(clustersec.RolePersist, kgo.DefaultProduceTopic(logrecord.DefaultTopic), kgo.RecordDeliveryTimeout(5*time.Second))
 	err := p.ProduceSync(ctx, &kgo.Record{Value: []byte("forged")}).FirstErr()
 	// The idempotent producer is refused its producer id (no WRITE on any
 	// topic, no IDEMPOTENT_WRITE), or the write itself.
@@ -308,7 +308,7 @@ func TestSecuredLeastPrivilege(t *testing.T) {
 		t.Fatalf("persist produces to the log: %v, want an authorization failure", err)
 	}
 	t.Logf("persist produces: %v", err)
-	pt := s.roleClient(clientsec.RolePersist, kgo.TransactionalID(logrecord.TransactionalID(0)), kgo.DefaultProduceTopic(logrecord.DefaultTopic),
+	pt := s.roleClient(clustersec.RolePersist, kgo.TransactionalID(logrecord.TransactionalID(0)), kgo.DefaultProduceTopic(logrecord.DefaultTopic),
 		kgo.RecordDeliveryTimeout(5*time.Second))
 	if err := pt.BeginTransaction(); err == nil {
 		err = pt.ProduceSync(ctx, &kgo.Record{Value: []byte("forged")}).FirstErr()
@@ -317,24 +317,24 @@ func TestSecuredLeastPrivilege(t *testing.T) {
 		}
 	}
 
-	w := kadm.NewClient(s.roleClient(clientsec.RoleWorker))
+	w := kadm.NewClient(s.roleClient(clustersec.RoleWorker))
 	offs := kadm.Offsets{}
 	offs.AddOffset(logrecord.DefaultTopic, 0, 0, -1)
-	resp, err := w.CommitOffsets(ctx, clientsec.PersistGroup, offs)
+	resp, err := w.CommitOffsets(ctx, clustersec.PersistGroup, offs)
 	if err == nil {
 		err = resp.Error()
 	}
 	if !errors.Is(err, kerr.GroupAuthorizationFailed) {
 		t.Fatalf("worker commits persist's offsets: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
-	fetched, err := w.FetchOffsets(ctx, clientsec.PersistGroup)
+	fetched, err := w.FetchOffsets(ctx, clustersec.PersistGroup)
 	if err == nil {
 		err = fetched.Error()
 	}
 	if !errors.Is(err, kerr.GroupAuthorizationFailed) {
 		t.Fatalf("worker reads persist's offsets: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
-	wg := s.roleClient(clientsec.RoleWorker, kgo.ConsumerGroup(clientsec.ProjectionGroup), kgo.ConsumeTopics(logrecord.DefaultTopic))
+	wg := s.roleClient(clustersec.RoleWorker, kgo.ConsumerGroup(clustersec.ProjectionGroup), kgo.ConsumeTopics(logrecord.DefaultTopic))
 	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer pcancel()
 	fs := wg.PollFetches(pctx)
@@ -342,8 +342,8 @@ func TestSecuredLeastPrivilege(t *testing.T) {
 		t.Fatalf("worker joins projection's group: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
 	// Persist's own group is its to use.
-	pc := kadm.NewClient(s.roleClient(clientsec.RolePersist))
-	if resp, err := pc.CommitOffsets(ctx, clientsec.PersistGroup, offs); err != nil || resp.Error() != nil {
+	pc := kadm.NewClient(s.roleClient(clustersec.RolePersist))
+	if resp, err := pc.CommitOffsets(ctx, clustersec.PersistGroup, offs); err != nil || resp.Error() != nil {
 		t.Fatalf("persist commits its own group: %v %v", err, resp.Error())
 	}
 }

@@ -18,8 +18,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/delivery"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

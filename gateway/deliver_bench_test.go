@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/delivery"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

@@ -7,17 +7,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/delivery"
+	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/ownership"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // The production types satisfy the gateway's interfaces.
 var (
 	_ Owners    = (*lease.Watcher)(nil)
-	_ Link      = (*wire.Client)(nil)
+	_ Link      = (*link.Client)(nil)
 	_ ReadModel = (*delivery.Store)(nil)
 )
 
@@ -61,7 +61,7 @@ func (o *fakeOwners) Changed() <-chan struct{} {
 }
 
 // answerFunc is a fake worker: how it answers one command.
-type answerFunc func(ctx context.Context, user string, req *protocol.Request) (*wire.Response, error)
+type answerFunc func(ctx context.Context, user string, req *protocol.Request) (*link.Response, error)
 
 // fakeLink is one link to a fake worker.
 type fakeLink struct {
@@ -76,10 +76,10 @@ type fakeLink struct {
 	once sync.Once
 }
 
-func (l *fakeLink) Do(ctx context.Context, user string, req *protocol.Request) (*wire.Response, error) {
+func (l *fakeLink) Do(ctx context.Context, user string, req *protocol.Request) (*link.Response, error) {
 	select {
 	case <-l.done:
-		return nil, fmt.Errorf("%w: %w", wire.ErrNotSent, wire.ErrClosed)
+		return nil, fmt.Errorf("%w: %w", link.ErrNotSent, link.ErrClosed)
 	default:
 	}
 	l.mu.Lock()
@@ -111,7 +111,7 @@ func (n *fakeNet) worker(addr string, f answerFunc) {
 	n.workers[addr] = f
 }
 
-func (n *fakeNet) dial(ctx context.Context, addr string, _ wire.Config) (Link, error) {
+func (n *fakeNet) dial(ctx context.Context, addr string, _ link.Config) (Link, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	f := n.workers[addr]
@@ -147,15 +147,15 @@ func (n *fakeNet) calls(addr string) []*protocol.Request {
 // acceptAs answers every command accepted at seq, with the worker's
 // address as the message id (to tell who answered).
 func acceptAs(addr string, seq int64) answerFunc {
-	return func(_ context.Context, _ string, req *protocol.Request) (*wire.Response, error) {
-		return &wire.Response{Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.ID, ConversationID: req.ConversationID,
+	return func(_ context.Context, _ string, req *protocol.Request) (*link.Response, error) {
+		return &link.Response{Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.ID, ConversationID: req.ConversationID,
 			Seq: seq, MessageID: addr, ClientMessageID: req.ClientMessageID}}, nil
 	}
 }
 
 // retryAnswer is a worker's "not mine, nothing written".
-func retryAnswer(req *protocol.Request, msg string) *wire.Response {
-	return &wire.Response{Retry: true, Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "%s", msg))}
+func retryAnswer(req *protocol.Request, msg string) *link.Response {
+	return &link.Response{Retry: true, Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "%s", msg))}
 }
 
 // fakeReads is a read model in memory.

@@ -23,12 +23,12 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/delivery"
+	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/ownership"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // Owners is the gateway's view of who owns each vshard: *lease.Watcher,
@@ -44,13 +44,13 @@ type Owners interface {
 	Override(conversationID string) (int, bool)
 }
 
-// Link is a pipelined connection to one worker (*wire.Client).
+// Link is a pipelined connection to one worker (*link.Client).
 type Link interface {
 	// Do sends a command and waits for its answer. An error wrapping
-	// wire.ErrNotSent means the command was not sent; any other error
+	// link.ErrNotSent means the command was not sent; any other error
 	// means its outcome is unknown. The context's deadline travels with
 	// the command as its budget.
-	Do(ctx context.Context, user string, req *protocol.Request) (*wire.Response, error)
+	Do(ctx context.Context, user string, req *protocol.Request) (*link.Response, error)
 	// Done is closed when the link is gone: the pool then dials a new one.
 	Done() <-chan struct{}
 	// Close closes the link; pending calls end as unknown outcomes.
@@ -58,11 +58,11 @@ type Link interface {
 }
 
 // DialFunc opens a link to the worker at addr.
-type DialFunc func(ctx context.Context, addr string, cfg wire.Config) (Link, error)
+type DialFunc func(ctx context.Context, addr string, cfg link.Config) (Link, error)
 
-// dialWire is the default DialFunc: wire.Dial.
-func dialWire(ctx context.Context, addr string, cfg wire.Config) (Link, error) {
-	cl, err := wire.Dial(ctx, addr, cfg)
+// dialWire is the default DialFunc: link.Dial.
+func dialWire(ctx context.Context, addr string, cfg link.Config) (Link, error) {
+	cl, err := link.Dial(ctx, addr, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -134,9 +134,9 @@ type Config struct {
 	// cap: commands racing each other may pass it by a few.
 	MaxConvsPerUser int
 	// Wire tunes the links to the workers: write deadline, health pings
-	// and read timeout (defaults: wire.Default*).
-	Wire wire.Config
-	// Dial opens the links to the workers (default: wire.Dial).
+	// and read timeout (defaults: link.Default*).
+	Wire link.Config
+	// Dial opens the links to the workers (default: link.Dial).
 	Dial DialFunc
 	Log  *slog.Logger
 }
@@ -920,7 +920,7 @@ func (g *Gateway) attempt(ctx context.Context, addr string, v int, epoch int64, 
 		moved = mc.moved.Load()
 	}
 	switch {
-	case errors.Is(err, wire.ErrNotSent):
+	case errors.Is(err, link.ErrNotSent):
 		return nil, moved, "could not be asked (the request was not sent)", 0 // nothing was written
 	case err != nil && !safe:
 		return unavailable(req.ID, "the outcome of this command is unknown; look at the conversation before sending it again", 200), false, "", 0

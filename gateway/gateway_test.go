@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/link"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // fakeGateway is a gateway over fake owners and workers; edit tunes its
@@ -122,7 +122,7 @@ func TestCommandWaitsForAnOwner(t *testing.T) {
 func TestRetryGoesToTheNewOwner(t *testing.T) {
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "old", 1)
-	n.worker("old", func(_ context.Context, _ string, req *protocol.Request) (*wire.Response, error) {
+	n.worker("old", func(_ context.Context, _ string, req *protocol.Request) (*link.Response, error) {
 		owners.set(0, "new", 2) // handed off while the command was on its way
 		return retryAnswer(req, "not the owner"), nil
 	})
@@ -142,7 +142,7 @@ func TestRetryGoesToTheNewOwner(t *testing.T) {
 func TestRetriesStopAtTheRouteBudget(t *testing.T) {
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "w1", 1)
-	n.worker("w1", func(_ context.Context, _ string, req *protocol.Request) (*wire.Response, error) {
+	n.worker("w1", func(_ context.Context, _ string, req *protocol.Request) (*link.Response, error) {
 		return retryAnswer(req, "not accepting yet"), nil
 	})
 	g := fakeGateway(t, owners, n, func(c *Config) { c.RouteTimeout = 200 * time.Millisecond })
@@ -166,7 +166,7 @@ func TestFrozenOwnerIsLeftWhenTheShardMoves(t *testing.T) {
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "frozen", 1)
 	asked := make(chan struct{}, 1)
-	n.worker("frozen", func(ctx context.Context, _ string, _ *protocol.Request) (*wire.Response, error) {
+	n.worker("frozen", func(ctx context.Context, _ string, _ *protocol.Request) (*link.Response, error) {
 		asked <- struct{}{}
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -195,7 +195,7 @@ func TestUnkeyedCommandStaysWithItsOwnerWhenTheShardMoves(t *testing.T) {
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "frozen", 1)
 	asked := make(chan struct{}, 1)
-	n.worker("frozen", func(ctx context.Context, _ string, _ *protocol.Request) (*wire.Response, error) {
+	n.worker("frozen", func(ctx context.Context, _ string, _ *protocol.Request) (*link.Response, error) {
 		asked <- struct{}{}
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -239,14 +239,14 @@ func TestAttemptRunsUnderTheCallTimeout(t *testing.T) {
 func TestWorkerAnswersArePassedOn(t *testing.T) {
 	owners, n := newFakeOwners(), newFakeNet()
 	owners.set(0, "w1", 1)
-	n.worker("w1", func(_ context.Context, _ string, req *protocol.Request) (*wire.Response, error) {
+	n.worker("w1", func(_ context.Context, _ string, req *protocol.Request) (*link.Response, error) {
 		switch {
 		case req.Op == protocol.OpKick:
-			return &wire.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeForbidden, "not the owner of c1"))}, nil
+			return &link.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeForbidden, "not the owner of c1"))}, nil
 		case req.Op == protocol.OpLeave:
-			return &wire.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "busy"))}, nil
+			return &link.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "busy"))}, nil
 		case req.Op == protocol.OpSend && req.ID == "r3":
-			return &wire.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "busy"))}, nil
+			return &link.Response{Reply: protocol.Rejected(req.ID, protocol.Errorf(protocol.CodeUnavailable, "busy"))}, nil
 		}
 		return acceptAs("w1", 2)(context.Background(), "", req)
 	})

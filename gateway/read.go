@@ -7,7 +7,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/chatpipe/chatpipe/delivery"
+	"github.com/chatpipe/chatpipe/internal/delivery"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/link"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // fakeWorker speaks the wire protocol by hand; answer decides, for each
@@ -25,10 +25,10 @@ type fakeWorker struct {
 	ln     net.Listener
 	mu     sync.Mutex
 	counts map[string]int
-	answer func(op string, n int, req *wire.Request) *wire.Response
+	answer func(op string, n int, req *link.Request) *link.Response
 }
 
-func newFakeWorker(t *testing.T, answer func(op string, n int, req *wire.Request) *wire.Response) *fakeWorker {
+func newFakeWorker(t *testing.T, answer func(op string, n int, req *link.Request) *link.Response) *fakeWorker {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -53,12 +53,12 @@ func (f *fakeWorker) serve(c net.Conn) {
 	sc := bufio.NewScanner(c)
 	enc := json.NewEncoder(c)
 	for sc.Scan() {
-		var req wire.Request
+		var req link.Request
 		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
 			return
 		}
 		if req.Ping {
-			enc.Encode(&wire.Response{RID: req.RID, Pong: true})
+			enc.Encode(&link.Response{RID: req.RID, Pong: true})
 			continue
 		}
 		f.mu.Lock()
@@ -95,8 +95,8 @@ func testGateway(t *testing.T, addr string) *Gateway {
 	return g
 }
 
-func accept(req *wire.Request, seq int64) *wire.Response {
-	return &wire.Response{Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID, ConversationID: req.Req.ConversationID, Seq: seq}}
+func accept(req *link.Request, seq int64) *link.Response {
+	return &link.Response{Reply: &protocol.Reply{Op: protocol.OpAccepted, ID: req.Req.ID, ConversationID: req.Req.ConversationID, Seq: seq}}
 }
 
 // A join whose first attempt has an unknown outcome must not be sent
@@ -107,7 +107,7 @@ func TestJoinWithUnknownOutcomeIsNotRetried(t *testing.T) {
 	var mu sync.Mutex
 	member := false
 	var seq int64 = 1
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -144,9 +144,9 @@ func TestJoinWithUnknownOutcomeIsNotRetried(t *testing.T) {
 // A join the worker answered with a retry (nothing was written: it does not
 // own the vshard yet) is sent again by the gateway.
 func TestJoinNotWrittenIsRetried(t *testing.T) {
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response {
 		if n == 1 {
-			return &wire.Response{Retry: true, Reply: protocol.Rejected(req.Req.ID, protocol.Errorf(protocol.CodeUnavailable, "not the owner"))}
+			return &link.Response{Retry: true, Reply: protocol.Rejected(req.Req.ID, protocol.Errorf(protocol.CodeUnavailable, "not the owner"))}
 		}
 		return accept(req, 7)
 	})
@@ -160,7 +160,7 @@ func TestJoinNotWrittenIsRetried(t *testing.T) {
 // A send with an unknown outcome is still retried by the gateway: dedupe
 // by client_message_id returns the first result.
 func TestSendWithUnknownOutcomeIsRetried(t *testing.T) {
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response {
 		if n == 1 {
 			return nil
 		}
@@ -176,7 +176,7 @@ func TestSendWithUnknownOutcomeIsRetried(t *testing.T) {
 // A keyed join with an unknown outcome is resent: the writer dedupes it by
 // its client_message_id, so the second attempt answers the first result.
 func TestKeyedJoinWithUnknownOutcomeIsRetried(t *testing.T) {
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response {
 		if n == 1 {
 			return nil
 		}
@@ -192,7 +192,7 @@ func TestKeyedJoinWithUnknownOutcomeIsRetried(t *testing.T) {
 // kick, leave and create without a key with an unknown outcome answer
 // unavailable after one attempt.
 func TestMembershipOpsWithUnknownOutcomeAreNotRetried(t *testing.T) {
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response { return nil })
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response { return nil })
 	g := testGateway(t, f.ln.Addr().String())
 	for _, req := range []*protocol.Request{
 		{Op: protocol.OpCreate, ID: "r1", ConversationID: "c1"},
@@ -209,7 +209,7 @@ func TestMembershipOpsWithUnknownOutcomeAreNotRetried(t *testing.T) {
 // Every call carries the gateway's remaining budget for it.
 func TestCallsCarryTheirBudget(t *testing.T) {
 	got := make(chan time.Duration, 1)
-	f := newFakeWorker(t, func(op string, n int, req *wire.Request) *wire.Response {
+	f := newFakeWorker(t, func(op string, n int, req *link.Request) *link.Response {
 		got <- req.Budget
 		return accept(req, 1)
 	})
@@ -229,7 +229,7 @@ func TestHalfOpenPooledLinkIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	live := &fakeWorker{counts: map[string]int{}, answer: func(op string, n int, req *wire.Request) *wire.Response { return accept(req, 5) }}
+	live := &fakeWorker{counts: map[string]int{}, answer: func(op string, n int, req *link.Request) *link.Response { return accept(req, 5) }}
 	conns := make(chan int, 10)
 	go func() {
 		for i := 1; ; i++ {
@@ -250,7 +250,7 @@ func TestHalfOpenPooledLinkIsReplaced(t *testing.T) {
 		Workers: map[string]lease.WorkerInfo{"w1": {Addr: ln.Addr().String(), Gen: 1}},
 	})
 	g, err := New(Config{Owners: owners, VShards: 1, Secret: []byte("s"),
-		Wire: wire.Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond},
+		Wire: link.Config{PingInterval: 50 * time.Millisecond, ReadTimeout: 300 * time.Millisecond},
 		Log:  slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

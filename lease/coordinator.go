@@ -14,7 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/chatpipe/chatpipe/ownership"
+	"github.com/chatpipe/chatpipe/internal/ownership"
 )
 
 // CoordinatorConfig configures RunCoordinator.

@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 )
 

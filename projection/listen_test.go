@@ -7,10 +7,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/logsink"
 	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // TestPersistCommitWakesTheWait: a NOTIFY on persist's channel (what

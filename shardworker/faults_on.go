@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/chatpipe/chatpipe/shardcore"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 )
 
 // Fault points for the fault-injection tests, compiled only into binaries

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/chatpipe/chatpipe/hotconv"
+	"github.com/chatpipe/chatpipe/internal/hotconv"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 

@@ -7,9 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/shardcore"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // The lease gate (docs/architecture.md, rule 7). A worker whose renewals
@@ -79,15 +79,15 @@ func (g *leaseGate) admits(now time.Time) (until time.Time, ok bool, why string)
 }
 
 // leaseGated wraps the worker's request handler with the gate.
-func (w *Worker) leaseGated(next wire.Handler) wire.Handler {
-	return func(req *wire.Request, reply func(*wire.Response)) {
+func (w *Worker) leaseGated(next link.Handler) link.Handler {
+	return func(req *link.Request, reply func(*link.Response)) {
 		until, ok, why := w.gate.admits(time.Now())
 		if !ok {
 			w.gate.refused.Add(1)
 			if !w.gate.closed.Swap(true) {
 				w.log.Warn("not accepting: lease renewal overdue or lease gone", "why", why)
 			}
-			reply(&wire.Response{RID: req.RID, Retry: true,
+			reply(&link.Response{RID: req.RID, Retry: true,
 				Reply: shardcore.Unavailable(req.Req.ID, "worker %s is not accepting: %s", w.cfg.ID, why)})
 			return
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/chatpipe/chatpipe/shardcore"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 )
 
 // loader merges the state loads of a worker's writers — conversations they

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // TestLoaderMergesLoads: loads queued together are answered by a few

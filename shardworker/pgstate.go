@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/chatpipe/chatpipe/internal/logsink"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/logsink"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // loadConvsSQL reads, in one statement (one snapshot), every membership

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/shardcore"
 
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 )

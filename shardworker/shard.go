@@ -17,11 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/logsink"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/logsink"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // replyFunc is a queued command's Tag (shardcore.Call): it is called

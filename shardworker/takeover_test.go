@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // TestShardWaitsForItsTurnToTakeOver: a vshard whose worker has no

@@ -16,11 +16,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
-	"github.com/chatpipe/chatpipe/wire"
 )
 
 // Config configures a Worker. Zero fields get the defaults of validate.
@@ -44,7 +44,7 @@ type Config struct {
 	Linger    time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
 	// LingerMax is the latency budget of the adaptive group commit: a
 	// vshard's writer waits up to this long for its batch to fill once its
-	// commands arrive faster than its share of TxnBudget (shardcore/groupcommit.go).
+	// commands arrive faster than its share of TxnBudget (internal/shardcore/groupcommit.go).
 	// Default 5 ms; negative: never wait (take what queued during the last
 	// commit). A fixed Linger turns the adaptive wait off.
 	LingerMax time.Duration
@@ -79,12 +79,12 @@ type Config struct {
 	ConvRate      float64         // messages/s per conversation (default 100; negative: off)
 	ConvBurst     int             // default 200
 	// Wire tunes the gateway links: write deadline, read timeout, replies
-	// queued per link (defaults: wire.Default*).
-	Wire wire.Config
+	// queued per link (defaults: link.Default*).
+	Wire link.Config
 	Log  *slog.Logger
 }
 
-// Defaults of the adaptive group commit (shardcore/groupcommit.go).
+// Defaults of the adaptive group commit (internal/shardcore/groupcommit.go).
 const (
 	DefaultLingerMax = 5 * time.Millisecond // latency budget of a writer's wait for its batch
 	DefaultTxnBudget = 2000                 // Kafka transactions/s per worker, shared by its vshards
@@ -386,7 +386,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()
-		if err := wire.Serve(bg, ln, w.leaseGated(w.handle), w.cfg.Wire, w.log); err != nil {
+		if err := link.Serve(bg, ln, w.leaseGated(w.handle), w.cfg.Wire, w.log); err != nil {
 			w.log.Error("worker listener failed", "err", err)
 		}
 	}()
@@ -517,9 +517,9 @@ func (w *Worker) vshardOf(cid string) int {
 }
 
 // handle routes a gateway request to the shard writer of its conversation.
-func (w *Worker) handle(req *wire.Request, reply func(*wire.Response)) {
+func (w *Worker) handle(req *link.Request, reply func(*link.Response)) {
 	r := req.Req
-	done := func(rep *protocol.Reply, retry bool) { reply(&wire.Response{RID: req.RID, Reply: rep, Retry: retry}) }
+	done := func(rep *protocol.Reply, retry bool) { reply(&link.Response{RID: req.RID, Reply: rep, Retry: retry}) }
 	if e := r.Validate(w.cfg.Protocol); e != nil {
 		done(protocol.Rejected(r.ID, e), false)
 		return

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // op is one client operation: a command the client keeps retrying, with the

@@ -134,7 +134,7 @@
 // plus bounded-writer-cache (DESIGN rule 8: state is bounded): after every
 // housekeeping pass a writer caches at most MaxConvs conversations, or the
 // ones with events persist had not stored if they are more
-// (shardcore/writer_memory.go), however many conversations clients are
+// (internal/shardcore/writer_memory.go), however many conversations clients are
 // refused in; and liveness: the healed world answers every op, persists
 // and projects everything and syncs every device.
 //

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // drainOrder is the fixed policy of the drain: the first category with

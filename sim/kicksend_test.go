@@ -6,8 +6,8 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // kickSendConfig is one conversation on one or two vshards: u0 owns it, u1

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // reopenSchedule is the schedule of the issue doc.go describes: w0's

@@ -1,7 +1,7 @@
 package sim
 
 import (
-	"github.com/chatpipe/chatpipe/shardcore"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 )
 
 // loader is the model of a worker's state loader (shardworker/loader.go):

@@ -1,6 +1,6 @@
 package sim
 
-import "github.com/chatpipe/chatpipe/ownership"
+import "github.com/chatpipe/chatpipe/internal/ownership"
 
 type workerLease struct {
 	gen     int64

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/chatpipe/chatpipe/ownership"
+	"github.com/chatpipe/chatpipe/internal/ownership"
 )
 
 // category groups the actions a schedule can take at a step.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // Sink is the stand-in for persist and its Postgres tables: each poll is

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // checkStale checks every answer that wrote nothing (a rejection, a

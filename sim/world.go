@@ -6,10 +6,10 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/chatpipe/chatpipe/internal/ownership"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/ownership"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // World is one simulated deployment: log, owner store, sink, workers,

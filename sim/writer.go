@@ -6,9 +6,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 )
 
 // writer drives the real writer of one vshard for one ownership epoch,
@@ -38,7 +38,7 @@ type writer struct {
 	// loader (pending is its effect).
 	loading *loadReq
 	// What the driver knows of the events the writer may not know stored
-	// (shardcore/writer_memory.go), for PropCacheBound: the offset of its
+	// (internal/shardcore/writer_memory.go), for PropCacheBound: the offset of its
 	// session's marker, the conversations of the log tail it replayed,
 	// and, since it took over, the conversation of each event it
 	// committed and the tail's conversations at the marker's offset.
@@ -466,7 +466,7 @@ func (wr *writer) committed(e *shardcore.Effect, offs []int64) {
 // checkCache is PropCacheBound, after a housekeeping pass that read
 // persist's offset persisted: the writer caches at most MaxConvs
 // conversations, or, when more of them have events persist had not stored
-// by then, those (shardcore/writer_memory.go: "bounded by MaxConvs plus
+// by then, those (internal/shardcore/writer_memory.go: "bounded by MaxConvs plus
 // persist's lag").
 func (wr *writer) checkCache(w *World, persisted int64) {
 	n := 0

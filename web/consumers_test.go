@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/devstack"
-	"github.com/chatpipe/chatpipe/schema"
+	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/schema"
 )
 
 // TestConsumers checks the consumers' lag against a real Postgres and a

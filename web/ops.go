@@ -19,8 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/logsink"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/logsink"
 )
 
 // OpsConfig says where the pipeline's state is read from.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/internal/auth"
 )
 
 //go:embed static

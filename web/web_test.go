@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/internal/auth"
 )
 
 func testLog(t *testing.T) *slog.Logger {

@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/chatpipe/chatpipe/atomicfile"
-	"github.com/chatpipe/chatpipe/loadgen"
-	"github.com/chatpipe/chatpipe/runcheck"
+	"github.com/chatpipe/chatpipe/internal/atomicfile"
+	"github.com/chatpipe/chatpipe/tools/loadcheck"
+	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
 func init() {
@@ -58,11 +58,11 @@ func runCheck(ctx context.Context, args []string) error {
 	for _, c := range run.Info.Plan.Conversations {
 		convs = append(convs, c.ID)
 	}
-	world, err := runcheck.ReadWorld(ctx, runcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
+	world, err := loadcheck.ReadWorld(ctx, loadcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
 	if err != nil {
 		return err
 	}
-	res := runcheck.Check(run, world)
+	res := loadcheck.Check(run, world)
 	fmt.Print(res.Text())
 	if err := atomicfile.WriteJSON(filepath.Join(*runDir, "check.json"), res, 0o644); err != nil {
 		fmt.Fprintf(os.Stderr, "chatpipe check: %v\n", err)

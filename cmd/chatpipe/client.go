@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/chatpipe/chatpipe/auth"
 	"github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/auth"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 

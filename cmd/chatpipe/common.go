@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/schema"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/schema"
 )
 
 // Endpoints is what `chatpipe dev` writes to DIR/endpoints.json: how to
@@ -94,7 +94,7 @@ func probeEtcd(ctx context.Context, tc *tls.Config, endpoints []string) error {
 		if u, err := url.Parse(ep); err == nil && u.Host != "" {
 			addr = u.Host
 		}
-		err := clientsec.ProbeTLS(ctx, addr, tc)
+		err := clustersec.ProbeTLS(ctx, addr, tc)
 		if err == nil {
 			return nil
 		}

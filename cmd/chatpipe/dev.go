@@ -19,8 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/chatpipe/chatpipe/atomicfile"
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/atomicfile"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/shardworker"

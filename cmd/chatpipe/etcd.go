@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 )
 
 // runEtcd runs one member of a static etcd cluster on 127.0.0.1 until

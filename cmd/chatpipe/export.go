@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/chatpipe/chatpipe/export"
+	"github.com/chatpipe/chatpipe/internal/export"
 )
 
 // runExport is the nightly export of one day's committed events

@@ -8,7 +8,7 @@ import (
 )
 
 // commitFlags tune the shard writers: their adaptive group commit
-// (shardcore/groupcommit.go), and how many take over at once.
+// (internal/shardcore/groupcommit.go), and how many take over at once.
 type commitFlags struct {
 	lingerMax *time.Duration
 	txnBudget *float64

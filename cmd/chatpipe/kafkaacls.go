@@ -7,23 +7,23 @@ import (
 	"io"
 	"os"
 
-	"github.com/chatpipe/chatpipe/clientsec"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // adminKafkaACLs prints the kafka-acls.sh commands that grant each role its
-// least-privilege ACLs (clientsec.ACLs).
+// least-privilege ACLs (clustersec.ACLs).
 func adminKafkaACLs(_ context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin kafka-acls", flag.ContinueOnError)
 	topic := fs.String("topic", logrecord.DefaultTopic, "log topic")
 	bootstrap := fs.String("bootstrap-server", "$BROKERS", "--bootstrap-server of the printed commands")
 	config := fs.String("command-config", "admin.properties", "--command-config of the printed commands (the admin's TLS and SASL settings)")
-	role := fs.String("role", "", "print only this role's: "+fmt.Sprint(clientsec.Roles))
+	role := fs.String("role", "", "print only this role's: "+fmt.Sprint(clustersec.Roles))
 	principal := fs.String("principal", "", "principal of --role (default User:chatpipe-ROLE)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	roles := clientsec.Roles
+	roles := clustersec.Roles
 	if *role != "" {
 		roles = []string{*role}
 	} else if *principal != "" {
@@ -34,7 +34,7 @@ func adminKafkaACLs(_ context.Context, args []string) error {
 
 func printKafkaACLs(w io.Writer, roles []string, principal, topic, bootstrap, config string) error {
 	for _, r := range roles {
-		acls, err := clientsec.ACLs(r, topic)
+		acls, err := clustersec.ACLs(r, topic)
 		if err != nil {
 			return err
 		}

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/gateway"
+	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/protocol"
-	"github.com/chatpipe/chatpipe/shardcore"
 	"github.com/chatpipe/chatpipe/shardworker"
 )
 

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/loadgen"
+	"github.com/chatpipe/chatpipe/internal/auth"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
 func init() {

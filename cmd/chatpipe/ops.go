@@ -11,8 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/clientsec"
-	"github.com/chatpipe/chatpipe/devstack"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -75,7 +75,7 @@ func runInit(ctx context.Context, args []string) error {
 		return err
 	}
 	if *linkDir != "" {
-		created, err := clientsec.WriteLinkCerts(*linkDir, *linkValid)
+		created, err := clustersec.WriteLinkCerts(*linkDir, *linkValid)
 		if err != nil {
 			return err
 		}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/chatpipe/chatpipe/delivery"
 	"github.com/chatpipe/chatpipe/gateway"
+	"github.com/chatpipe/chatpipe/internal/delivery"
 
 	"github.com/chatpipe/chatpipe/projection"
 )

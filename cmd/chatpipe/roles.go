@@ -20,10 +20,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/chatpipe/chatpipe/auth"
-	"github.com/chatpipe/chatpipe/delivery"
-	"github.com/chatpipe/chatpipe/devstack"
 	"github.com/chatpipe/chatpipe/gateway"
+	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/delivery"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"

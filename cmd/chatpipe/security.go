@@ -12,15 +12,15 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/clientsec"
-	"github.com/chatpipe/chatpipe/wire"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/link"
 )
 
 // secFlags are the TLS and SASL flags of every command that talks to Kafka
 // or etcd. Secrets are named by file, never given as values.
 type secFlags struct {
-	kafka clientsec.Kafka
-	etcd  clientsec.TLS
+	kafka clustersec.Kafka
+	etcd  clustersec.TLS
 
 	kopts  []kgo.Opt // built once by kafkaOpts
 	probed bool
@@ -58,7 +58,7 @@ func (s *secFlags) kafkaOpts(ctx context.Context, brokers []string) ([]kgo.Opt, 
 	}
 	if !s.probed && s.kafka.On() && len(brokers) > 0 {
 		s.probed = true
-		if err := clientsec.Probe(ctx, brokers, s.kopts, s.kafka.String()); err != nil {
+		if err := clustersec.Probe(ctx, brokers, s.kopts, s.kafka.String()); err != nil {
 			return nil, err
 		}
 	}
@@ -86,13 +86,13 @@ var errEmbeddedSecured = errors.New("the embedded Kafka broker is plaintext with
 type linkFlags struct {
 	ca, cert, key *string
 	insecure      *bool
-	creds         *wire.TLS // set by the check when the link is TLS
+	creds         *link.TLS // set by the check when the link is TLS
 }
 
 func addLinkFlags(fs *flag.FlagSet) *linkFlags {
 	l := &linkFlags{
 		ca:   fs.String("link-tls-ca", "", "PEM file of the link CA(s): the gateway↔worker link is mutual TLS 1.3 with --link-tls-cert and --link-tls-key (chatpipe init --link-certs makes them)"),
-		cert: fs.String("link-tls-cert", "", "PEM certificate of this end of the gateway↔worker link: a gateway's names "+wire.GatewayID+", a worker's "+wire.WorkerID),
+		cert: fs.String("link-tls-cert", "", "PEM certificate of this end of the gateway↔worker link: a gateway's names "+link.GatewayID+", a worker's "+link.WorkerID),
 		key:  fs.String("link-tls-key", "", "PEM key of --link-tls-cert"),
 	}
 	if fs.Name() == "worker" {
@@ -123,13 +123,13 @@ func (l *linkFlags) check(fs *flag.FlagSet) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("the link's mutual TLS needs --link-tls-ca, --link-tls-cert and --link-tls-key: %s missing", strings.Join(missing, ", "))
 	}
-	creds, err := wire.LoadTLS(*l.ca, *l.cert, *l.key)
+	creds, err := link.LoadTLS(*l.ca, *l.cert, *l.key)
 	if err != nil {
 		return err
 	}
-	want := wire.GatewayID
+	want := link.GatewayID
 	if fs.Name() == "worker" {
-		want = wire.WorkerID
+		want = link.WorkerID
 	}
 	if got := creds.Role(); got != want {
 		if got == "" {
@@ -150,7 +150,7 @@ func (l *linkFlags) check(fs *flag.FlagSet) error {
 // apply sets the link's TLS in c: the credentials, and with
 // --link-insecure as well plaintext links too (while a deployment turns TLS
 // on).
-func (l *linkFlags) apply(c *wire.Config) {
+func (l *linkFlags) apply(c *link.Config) {
 	c.TLS = l.creds
 	c.AllowPlaintext = l.creds != nil && l.insecure != nil && *l.insecure
 }

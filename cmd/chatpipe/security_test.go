@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chatpipe/chatpipe/clientsec"
-	"github.com/chatpipe/chatpipe/wire"
+	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/link"
 )
 
 func TestLoopbackAddr(t *testing.T) {
@@ -42,11 +42,11 @@ func linkCheck(t *testing.T, cmd string, args ...string) (*linkFlags, error) {
 // certificate; dev takes them for its gateway only.
 func TestLinkFlags(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := clientsec.WriteLinkCerts(dir, time.Hour); err != nil {
+	if _, err := clustersec.WriteLinkCerts(dir, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	tlsArgs := func(role string) []string {
-		f := clientsec.LinkDir(dir, role)
+		f := clustersec.LinkDir(dir, role)
 		return []string{"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key}
 	}
 	for _, c := range []struct {
@@ -83,10 +83,10 @@ func TestLinkFlags(t *testing.T) {
 // plaintext links both served.
 func TestLinkFlagsSwitchOver(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := clientsec.WriteLinkCerts(dir, time.Hour); err != nil {
+	if _, err := clustersec.WriteLinkCerts(dir, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	f := clientsec.LinkDir(dir, "worker")
+	f := clustersec.LinkDir(dir, "worker")
 	tlsArgs := []string{"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key}
 	for _, c := range []struct {
 		args           []string
@@ -100,7 +100,7 @@ func TestLinkFlagsSwitchOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var wc wire.Config
+		var wc link.Config
 		l.apply(&wc)
 		if (wc.TLS != nil) != c.tls || wc.AllowPlaintext != c.plaintext {
 			t.Errorf("%v: TLS %v, AllowPlaintext %v; want %v, %v", c.args, wc.TLS != nil, wc.AllowPlaintext, c.tls, c.plaintext)

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/chatpipe/chatpipe/auth"
+	"github.com/chatpipe/chatpipe/internal/auth"
 )
 
 // tokenFlags are how a gateway checks bearer tokens: HS256 with the shared

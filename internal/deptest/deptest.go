@@ -1,8 +1,8 @@
 // Package deptest holds checks on the module's structure, run by its tests
 // against `go list` output.
 //
-// Check keeps the pure packages (protocol, logrecord, shardcore,
-// ownership, internal/jsonenc, and sim, which runs them) to what they are allowed to depend
+// Check keeps the pure packages (protocol, logrecord, internal/shardcore,
+// internal/ownership, internal/jsonenc, and sim, which runs them) to what they are allowed to depend
 // on: the standard library less the I/O packages in Forbidden, the
 // third-party packages named in their rule, and other pure packages. The
 // etcd side of ownership (lease) is not pure and is not covered.
@@ -28,12 +28,12 @@ var Pure = map[string][]string{
 	module + "/internal/jsonenc": {},
 	module + "/protocol":         {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
 	module + "/logrecord":        {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
-	module + "/shardcore": {
+	module + "/internal/shardcore": {
 		module + "/protocol",
 		module + "/logrecord",
 		"golang.org/x/time/rate",
 	},
-	module + "/ownership": {},
+	module + "/internal/ownership": {},
 	// The read model's pure rules: what a batch does to membership
 	// periods, and who may see which seq.
 	module + "/internal/readmodel": {module + "/logrecord"},
@@ -42,8 +42,8 @@ var Pure = map[string][]string{
 	module + "/sim": {
 		module + "/protocol",
 		module + "/logrecord",
-		module + "/shardcore",
-		module + "/ownership",
+		module + "/internal/shardcore",
+		module + "/internal/ownership",
 		module + "/internal/readmodel",
 	},
 }

@@ -39,7 +39,7 @@ func TestPurePackages(t *testing.T) {
 // protocol (which imports the JSON library) and whatever extra names.
 func synthetic(extra ...Package) []Package {
 	core := Package{
-		ImportPath: module + "/shardcore",
+		ImportPath: module + "/internal/shardcore",
 		Imports:    []string{module + "/protocol", "sort"},
 		Deps:       []string{"github.com/go-json-experiment/json", module + "/protocol", "sort"},
 	}
@@ -61,8 +61,8 @@ func synthetic(extra ...Package) []Package {
 // rules are Pure's without logrecord, which the synthetic list lacks.
 func TestCheckAllows(t *testing.T) {
 	rules := map[string][]string{
-		module + "/shardcore": Pure[module+"/shardcore"],
-		module + "/protocol":  Pure[module+"/protocol"],
+		module + "/internal/shardcore": Pure[module+"/internal/shardcore"],
+		module + "/protocol":           Pure[module+"/protocol"],
 	}
 	if err := Check(synthetic(Package{ImportPath: "golang.org/x/time/rate"}), rules); err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestCheckRefuses(t *testing.T) {
 		{"os/exec", Package{ImportPath: "os/exec", Standard: true}},
 		{"database/sql", Package{ImportPath: "database/sql", Standard: true}},
 		{"unlisted module", Package{ImportPath: "github.com/google/uuid"}},
-		{"impure package of the module", Package{ImportPath: module + "/wire"}},
+		{"impure package of the module", Package{ImportPath: module + "/internal/link"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Check(synthetic(tc.dep), Pure)
@@ -103,12 +103,12 @@ func TestCheckRefusesIndirect(t *testing.T) {
 		switch pkgs[i].ImportPath {
 		case "github.com/go-json-experiment/json":
 			pkgs[i].Imports = []string{"net/http"}
-		case module + "/shardcore":
+		case module + "/internal/shardcore":
 			pkgs[i].Deps = append(pkgs[i].Deps, "net/http")
 		}
 	}
 	pkgs = append(pkgs, Package{ImportPath: "net/http", Standard: true, DepOnly: true})
-	err := Check(pkgs, map[string][]string{module + "/shardcore": Pure[module+"/shardcore"]})
+	err := Check(pkgs, map[string][]string{module + "/internal/shardcore": Pure[module+"/internal/shardcore"]})
 	if err == nil || !strings.Contains(err.Error(), "imported by github.com/go-json-experiment/json") {
 		t.Fatalf("got %v", err)
 	}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// floor is tools/bench/floor's two runs: what one small loopback write costs
+// this machine at one frame per write, and at batch frames per write.
+type floor struct {
+	one       float64 // the writer's µs per write, one frame per write
+	sinkOne   float64 // the reader's µs per frame, one frame per write
+	batch     int     // frames per write of the second run
+	batchW    float64 // the writer's µs per write at batch frames per write
+	sinkBatch float64 // the reader's µs per frame at batch frames per write
+	rate      float64 // frames/s of the first run
+	conns     float64
+	bytes     float64
+	secs      float64
+}
+
+// readFloor reads results/floor-1.txt and the other floor-N.txt.
+func readFloor(dir string) floor {
+	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN()}
+	one := keyValues(filepath.Join(dir, "floor-1.txt"))
+	f.one, f.sinkOne = orNaN(one, "floor_writer_us_per_write"), orNaN(one, "floor_sink_us_per_frame")
+	f.rate, f.conns, f.bytes, f.secs = orNaN(one, "floor_writes_per_sec"), orNaN(one, "conns"), orNaN(one, "frame_bytes"), orNaN(one, "window_secs")
+	names, _ := filepath.Glob(filepath.Join(dir, "floor-*.txt"))
+	sort.Strings(names)
+	for _, n := range names {
+		b, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-"), ".txt"))
+		if err != nil || b <= 1 {
+			continue
+		}
+		kv := keyValues(n)
+		f.batch, f.batchW, f.sinkBatch = b, orNaN(kv, "floor_writer_us_per_write"), orNaN(kv, "floor_sink_us_per_frame")
+	}
+	return f
+}
+
+func (f floor) ok() bool { return !math.IsNaN(f.one) && f.one > 0 }
+
+// linear estimates the cost of one write (or read) of k frames from its
+// cost at one frame and at f.batch frames: linear between the floor's two
+// runs, extended past them, and never below the one-frame cost.
+func (f floor) linear(k, atOne, atBatch float64) float64 {
+	if f.batch < 2 || math.IsNaN(atBatch) {
+		return atOne
+	}
+	return max(atOne, atOne+(atBatch-atOne)*(k-1)/float64(f.batch-1))
+}
+
+// writesUS is what r's websocket writes cost the floor's writer per
+// accepted message: at least (every write at the one-frame write's cost),
+// and priced by their frames per write (linear). NaN when not counted.
+func (f floor) writesUS(r runFig) (least, priced float64) {
+	if !f.ok() {
+		return math.NaN(), math.NaN()
+	}
+	return r.writesPerMsg() * f.one, r.writesPerMsg() * f.linear(r.framesPerWrite(), f.one, f.batchW)
+}
+
+// readsUS is what reading them cost the floor's reader per accepted
+// message, priced the same way.
+func (f floor) readsUS(r runFig) float64 {
+	if !f.ok() || math.IsNaN(f.sinkOne) {
+		return math.NaN()
+	}
+	return r.writesPerMsg() * f.linear(r.framesPerWrite(), f.sinkOne, f.sinkBatch*float64(f.batch))
+}
+
+// batchedPerFrame is the writer's µs per frame at f.batch frames per write.
+func (f floor) batchedPerFrame() float64 {
+	if f.batch < 1 {
+		return math.NaN()
+	}
+	return f.batchW / float64(f.batch)
+}
+
+func (f floor) beside() string {
+	if !f.ok() {
+		return ""
+	}
+	return fmt.Sprintf("write floor, same machine and run: a bare loopback write of one frame costs its writer %s µs (%s µs per frame at %d frames per write)", num(f.one), num(f.batchedPerFrame()), f.batch)
+}
+
+// gatewayWhy says what the floor leaves of the gateway's goal in run r.
+func (f floor) gatewayWhy(r runFig) string {
+	if !f.ok() || f.batch < 2 || !r.ok || r.win.secs <= 0 || r.rep.Users*r.rep.Devices <= 0 {
+		return ""
+	}
+	perDevice := float64(r.delivered) / r.win.secs / float64(r.rep.Users*r.rep.Devices)
+	shared := ""
+	if k := r.framesPerWrite(); !math.IsNaN(k) {
+		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(k))
+	}
+	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (tools/bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms%s",
+		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice), shared)
+}
+
+// loadgenWhy says what the floor's reading side costs loadgen per message:
+// its devices read what the gateway wrote.
+func (f floor) loadgenWhy(r runFig) string {
+	reads := f.readsUS(r)
+	if math.IsNaN(reads) {
+		return ""
+	}
+	return fmt.Sprintf("; loadgen read %s frames per message (its events, read markers and the answer) in %s websocket messages, and the floor's bare reader spent %s µs per frame at one frame per read, %s at %d: priced by their %s frames per websocket message as the gateway's writes are, %s µs per message before any decoding",
+		num(r.framesPerMsg()), num(r.writesPerMsg()), num(f.sinkOne), num(f.sinkBatch), f.batch, num(r.framesPerWrite()), num(reads))
+}
+
+// writeFloor writes the floor's section, and what the gateway wrote in
+// each of runs.
+func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
+	b.WriteString("## Write floor (same machine, same run)\n\n")
+	if !f.ok() {
+		b.WriteString("Not measured (see logs/floor-1.log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`tools/bench/floor`, run after the stack is stopped: one process writes frames of %.0f bytes to %.0f loopback TCP connections, round robin, paced at %s frames a second, from one goroutine (no websocket framing, no encoding, no fan-out); a second process reads them, one goroutine per connection, as devices do. CPU is utime + stime of every thread over %.0f s. A websocket message costs the gateway at least such a write and its device such a read; a plain device gets one message per event frame, a batching one (loadgen's devices ask for `chatpipe.v1.batch`) may get several frames in one, which the second row prices.\n\n",
+		f.bytes, f.conns, num(f.rate), f.secs)
+	b.WriteString("| frames per write | writer µs per write | writer µs per frame | reader µs per frame |\n|---|---|---|---|\n")
+	fmt.Fprintf(b, "| 1 | %s | %s | %s |\n", num(f.one), num(f.one), num(f.sinkOne))
+	if f.batch > 1 {
+		fmt.Fprintf(b, "| %d | %s | %s | %s |\n", f.batch, num(f.batchW), num(f.batchedPerFrame()), num(f.sinkBatch))
+	}
+	b.WriteString("\n")
+	var rows []string
+	for _, r := range runs {
+		least, priced := f.writesUS(r)
+		if math.IsNaN(least) {
+			continue
+		}
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |", r.name, num(r.framesPerMsg()), num(r.writesPerMsg()),
+			num(r.framesPerWrite()), num(least), num(priced), num(r.roleUS("gateway"))))
+	}
+	if len(rows) > 0 {
+		fmt.Fprintf(b, "What the gateway wrote in each run's window (`chatpipe_gateway_ws_frames_total`, `chatpipe_gateway_ws_messages_total`), per accepted message, and what those writes would cost the floor's writer: at least (every write priced as a one-frame write), and priced by their frames per write, linear between the two rows above (an estimate; past %d frames per write, extended):\n\n", f.batch)
+		b.WriteString("| run | frames per message | websocket messages per message | frames per websocket message | floor µs per message, at least | floor µs per message, priced by frames per write | gateway µs per message, measured |\n|---|---|---|---|---|---|---|\n")
+		b.WriteString(strings.Join(rows, "\n") + "\n\n")
+	}
+}

@@ -1,0 +1,209 @@
+// Command report turns the raw results of tools/bench/run.sh into BENCHMARKS.md:
+// the goal table (each figure beside its target, the ratio, met or not, and
+// the same-run bare-pipeline ceiling), CPU per message of every process per
+// run, the roles' CPU profile tops, the other figures and ceilings, the
+// group-commit trade-off when it was swept, the machine and the commands. `report -batch PREFIX` prints the events
+// per Kafka transaction between PREFIX.before and PREFIX.after (metrics
+// snapshots), which run.sh feeds to the produce ceiling.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/chatpipe/chatpipe/internal/atomicfile"
+	"github.com/chatpipe/chatpipe/tools/loadgen"
+)
+
+func main() {
+	dir := flag.String("dir", "", "results directory of tools/bench/run.sh")
+	out := flag.String("out", "BENCHMARKS.md", "file to write")
+	batch := flag.String("batch", "", "print events per transaction between PREFIX.before and PREFIX.after, and exit")
+	flag.Parse()
+	if *batch != "" {
+		d, err := metricDelta(*batch)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Println(max(1, int(math.Round(d.eventsPerTxn()))))
+		return
+	}
+	if *dir == "" {
+		fail(fmt.Errorf("-dir is required"))
+	}
+	md, err := render(*dir)
+	if err != nil {
+		fail(err)
+	}
+	if err := atomicfile.Write(*out, []byte(md), 0o644); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "report:", err)
+	os.Exit(1)
+}
+
+// delta is what the workers' counters moved by during a run.
+type delta struct{ commits, events float64 }
+
+func (d delta) eventsPerTxn() float64 {
+	if d.commits == 0 {
+		return 0
+	}
+	return d.events / d.commits
+}
+
+func metricDelta(prefix string) (delta, error) {
+	return metricDeltaBetween(prefix+".before", prefix+".after")
+}
+
+// metricDeltaBetween is what the workers' counters moved by from snapshot
+// a to snapshot b.
+func metricDeltaBetween(pa, pb string) (delta, error) {
+	a, err := counters(pa)
+	if err != nil {
+		return delta{}, err
+	}
+	b, err := counters(pb)
+	if err != nil {
+		return delta{}, err
+	}
+	return delta{commits: b.commits - a.commits, events: b.events - a.events}, nil
+}
+
+// counters sums chatpipe_worker_commits_total and _events_total over
+// workers in a Prometheus text snapshot.
+func counters(path string) (delta, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return delta{}, err
+	}
+	defer f.Close()
+	var d delta
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, "chatpipe_worker_commits_total"):
+			d.commits += v
+		case strings.HasPrefix(name, "chatpipe_worker_events_total"):
+			d.events += v
+		}
+	}
+	return d, sc.Err()
+}
+
+func readReport(dir, run string) (*loadgen.Report, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "runs", run, loadgen.ReportJSON))
+	if err != nil {
+		return nil, err
+	}
+	var r loadgen.Report
+	return &r, json.Unmarshal(b, &r)
+}
+
+var benchRe = regexp.MustCompile(`^Benchmark(\S+?)-\d+\s+\d+\s+\S+ ns/op(.*)$`)
+
+// benchLines parses `go test -bench` output: name → metric unit → value.
+func benchLines(path string) (map[string]map[string]float64, []string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	out := map[string]map[string]float64{}
+	var order []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		m := benchRe.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		fields := strings.Fields(m[2])
+		vals := map[string]float64{}
+		for i := 0; i+1 < len(fields); i += 2 {
+			if v, err := strconv.ParseFloat(fields[i], 64); err == nil {
+				vals[fields[i+1]] = v
+			}
+		}
+		out[m[1]] = vals
+		order = append(order, m[1])
+	}
+	return out, order, sc.Err()
+}
+
+var tookRe = regexp.MustCompile(`msg=accepting .* took=([0-9.]+[mµn]?s)`)
+
+func takeovers(path string) []time.Duration {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []time.Duration
+	for _, line := range strings.Split(string(b), "\n") {
+		if m := tookRe.FindStringSubmatch(line); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func ratio(a, b float64) string {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+func num(v float64) string {
+	if math.IsNaN(v) {
+		return "—"
+	}
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func numOr(v map[string]float64, unit string) string {
+	x, ok := v[unit]
+	if !ok {
+		return "—"
+	}
+	return num(x)
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
