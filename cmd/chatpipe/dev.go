@@ -76,7 +76,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	roles.start("delivery", g.feed.Run)
 	s.onClose(g.shutdown)
-	admin, err := g.serveAdmin(*f.admin, log, mountHot(hotOfWorkers(s.workers)))
+	admin, err := g.serveAdmin(*f.admin, log, shardworker.MountHot(shardworker.HotOf(s.workers)))
 	if err != nil {
 		return err
 	}

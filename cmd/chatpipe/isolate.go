@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/move"
 	"github.com/chatpipe/chatpipe/lease"
-	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // isolateFlags are the flags of admin isolate and unisolate.
@@ -71,9 +70,8 @@ func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string
 	return r, nil
 }
 
-// adminIsolate routes a conversation to a dedicated vshard of its own: the
-// writer that has it commits a moved record, and the dedicated vshard's
-// writer continues its seq once that record is stored.
+// adminIsolate routes a conversation to a dedicated vshard of its own
+// (internal/move).
 func adminIsolate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin isolate", flag.ContinueOnError)
 	f := addIsolateFlags(fs)
@@ -83,66 +81,23 @@ func adminIsolate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer r.close()
-	cli, db, cid := r.cli, r.db, r.cid
-	l := r.cfg.Layout()
-	routes, err := lease.Overrides(ctx, cli, lease.DefaultPrefix)
-	if err != nil {
+	res, err := move.Isolate(ctx, r.cli, r.db, r.cfg.Layout(), r.cid, *to, *f.wait)
+	if res.Already {
+		fmt.Printf("%s is routed to vshard %d already\n", r.cid, res.VShard)
+	}
+	switch {
+	case err != nil:
 		return err
+	case r.db == nil:
+		fmt.Printf("%s is routed to vshard %d (give --database-url to wait for the move)\n", r.cid, res.VShard)
+	default:
+		fmt.Printf("%s moved to vshard %d at seq %d (stored %v after the override)\n", r.cid, res.VShard, res.Seq, res.Took.Round(time.Millisecond))
 	}
-	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
-	if err != nil {
-		return err
-	}
-	target, err := pickDedicated(l, routes, cid, *to)
-	if err != nil {
-		return err
-	}
-	if rev != 0 && cur.VShard == target {
-		fmt.Printf("%s is routed to vshard %d already\n", cid, target)
-	} else {
-		ok, err := lease.SetOverride(ctx, cli, lease.DefaultPrefix, cid, target, rev, time.Now())
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%s's override changed meanwhile; run the command again", cid)
-		}
-	}
-	return waitMoved(ctx, db, cid, target, *f.wait)
+	return nil
 }
 
-// pickDedicated is the dedicated vshard to isolate cid to: want if given
-// (it must be dedicated), else the first one no other conversation is
-// routed to.
-func pickDedicated(l logrecord.Layout, routes map[string]lease.Override, cid string, want int) (int, error) {
-	if want >= 0 {
-		if !l.IsDedicated(want) {
-			return 0, fmt.Errorf("vshard %d is not a dedicated vshard (they are %d–%d)", want, l.VShards, l.AllVShards()-1)
-		}
-		return want, nil
-	}
-	if o, ok := routes[cid]; ok && l.IsDedicated(o.VShard) {
-		return o.VShard, nil
-	}
-	used := map[int]bool{}
-	for c, o := range routes {
-		if c != cid {
-			used[o.VShard] = true
-		}
-	}
-	for v := l.VShards; v < l.AllVShards(); v++ {
-		if !used[v] {
-			return v, nil
-		}
-	}
-	return 0, fmt.Errorf("every dedicated vshard (%d–%d) has a conversation; release one (admin unisolate) or name one with --vshard", l.VShards, l.AllVShards()-1)
-}
-
-// adminUnisolate routes a conversation back to its hashed vshard: the
-// override names the hashed vshard, the writer that has the conversation
-// moves it there, and that vshard's writer deletes the override once its
-// state holds the conversation (docs/architecture.md rule 22). It waits
-// for the delete.
+// adminUnisolate routes a conversation back to its hashed vshard and
+// waits for its writer to release the override (internal/move).
 func adminUnisolate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin unisolate", flag.ContinueOnError)
 	f := addIsolateFlags(fs)
@@ -151,89 +106,14 @@ func adminUnisolate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer r.close()
-	cli, cid := r.cli, r.cid
-	home := logrecord.VShard(cid, r.cfg.VShards)
-	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
-	if err != nil {
+	res, err := move.Unisolate(ctx, r.cli, r.cfg.VShards, r.cid, *f.wait)
+	switch {
+	case err != nil:
 		return err
+	case res.NoOverride:
+		fmt.Printf("%s has no override: it is at its hashed vshard %d\n", r.cid, res.Home)
+	default:
+		fmt.Printf("%s is home at vshard %d: its writer removed the override %v after it was set\n", r.cid, res.Home, res.Took.Round(time.Millisecond))
 	}
-	if rev == 0 {
-		// Already released (a run that timed out finishes by itself), or
-		// never isolated: it is written at its hashed vshard either way.
-		fmt.Printf("%s has no override: it is at its hashed vshard %d\n", cid, home)
-		return nil
-	}
-	if cur.VShard != home {
-		ok, err := lease.SetOverride(ctx, cli, lease.DefaultPrefix, cid, home, rev, time.Now())
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%s's override changed meanwhile; run the command again", cid)
-		}
-		if _, rev, err = lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid); err != nil {
-			return err
-		}
-	}
-	return waitReleased(ctx, cli, cid, home, rev, *f.wait)
-}
-
-// waitReleased waits until conversation cid's override, naming its hashed
-// vshard home at mod revision rev, is deleted: by the writer of home, once
-// its state holds the conversation.
-func waitReleased(ctx context.Context, cli *clientv3.Client, cid string, home int, rev int64, wait time.Duration) error {
-	start := time.Now()
-	wctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), wait)
-	defer cancel()
-	for resp := range cli.Watch(wctx, lease.RouteKey(lease.DefaultPrefix, cid), clientv3.WithRev(rev+1)) {
-		if err := resp.Err(); err != nil {
-			return fmt.Errorf("watch %s's override: %w", cid, err)
-		}
-		for _, ev := range resp.Events {
-			if ev.Type == clientv3.EventTypeDelete {
-				fmt.Printf("%s is home at vshard %d: its writer removed the override %v after it was set\n", cid, home, time.Since(start).Round(time.Millisecond))
-				return nil
-			}
-			return fmt.Errorf("%s's override changed meanwhile (%s); it was not released", cid, ev.Kv.Value)
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return fmt.Errorf("%s is routed to its hashed vshard %d, but is not back there after %v: the override stays, the writers keep moving it home, and vshard %d's writer removes the override once it holds the conversation (is a worker running? is persist? the move home waits for persist to store the moved record)", cid, home, wait, home)
-}
-
-// locationSQL is where Postgres says a conversation is written: the
-// target of its last moved event (NULL: never moved).
-const locationSQL = `SELECT to_vshard, seq, created_at FROM events WHERE conversation_id = $1 AND kind = 'moved' ORDER BY seq DESC LIMIT 1`
-
-// waitMoved waits until Postgres says conversation cid is at vshard to:
-// its last moved record names it. Without db it only says what it did.
-func waitMoved(ctx context.Context, db *pgxpool.Pool, cid string, to int, wait time.Duration) error {
-	if db == nil {
-		fmt.Printf("%s is routed to vshard %d (give --database-url to wait for the move)\n", cid, to)
-		return nil
-	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	for {
-		var at *int32
-		var seq int64
-		var when time.Time
-		err := db.QueryRow(ctx, locationSQL, cid).Scan(&at, &seq, &when)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil && ctx.Err() == nil:
-			return fmt.Errorf("read %s's location: %w", cid, err)
-		case err == nil && at != nil && int(*at) == to:
-			fmt.Printf("%s moved to vshard %d at seq %d (stored %v after the override)\n", cid, to, seq, time.Since(start).Round(time.Millisecond))
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s is routed to vshard %d, but its moved record was not stored within %v (is its writer running? is persist?)", cid, to, wait)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return nil
 }

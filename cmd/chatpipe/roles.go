@@ -140,7 +140,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, mountHot(w.Hot))
+	admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, shardworker.MountHot(w.Hot))
 	defer admin.Close()
 	log.Info("worker starting", "id", *id, "admin", admin.Addr())
 	return w.Run(ctx)
