@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/chatpipe/chatpipe/internal/devstack"
 	"os"
 	"sort"
 	"strings"
@@ -17,6 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/logsink"
+	"github.com/chatpipe/chatpipe/internal/schema"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -254,8 +256,7 @@ func adminCheckConfig(ctx context.Context, args []string) error {
 		problems = append(problems, err.Error())
 	} else {
 		defer db.Close()
-		var n int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n == 0 {
+		if n, err := schema.Applied(ctx, db); err != nil || n == 0 {
 			problems = append(problems, "postgres has no chatpipe schema (run 'chatpipe init')")
 		}
 	}
@@ -383,46 +384,27 @@ func adminDeadLetters(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	var total int64
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE $1 = '' OR consumer = $1`, *consumer).Scan(&total); err != nil {
-		return fmt.Errorf("count dead letters: %w", err)
-	}
-	rows, err := db.Query(ctx, `SELECT consumer, topic, log_partition, log_offset, coalesce(conversation_id, ''), coalesce(seq, 0),
-		coalesce(sqlstate, ''), created_at, error, coalesce(record_value, ''::bytea)
-		FROM dead_letters WHERE $1 = '' OR consumer = $1
-		ORDER BY created_at, consumer, topic, log_partition, log_offset LIMIT $2`, *consumer, *limit)
+	letters, total, err := logsink.ListDeadLetters(ctx, db, *consumer, *limit)
 	if err != nil {
-		return fmt.Errorf("read dead letters: %w", err)
+		return err
 	}
-	defer rows.Close()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tCONVERSATION\tSEQ\tSQLSTATE\tCREATED\tERROR\tVALUE")
-	for rows.Next() {
-		var cons, topic, conv, state, msg string
-		var part int32
-		var off, seq int64
-		var at time.Time
-		var value []byte
-		if err := rows.Scan(&cons, &topic, &part, &off, &conv, &seq, &state, &at, &msg, &value); err != nil {
-			return fmt.Errorf("read dead letters: %w", err)
-		}
+	for _, d := range letters {
 		seqText := ""
-		if seq > 0 {
-			seqText = fmt.Sprint(seq)
+		if d.Seq > 0 {
+			seqText = fmt.Sprint(d.Seq)
 		}
-		shown := value
+		shown := d.Value
 		if len(shown) > *width {
 			shown = shown[:*width]
 		}
 		v := fmt.Sprintf("%q", shown)
-		if len(shown) < len(value) {
-			v += fmt.Sprintf("… (%d bytes)", len(value))
+		if len(shown) < len(d.Value) {
+			v += fmt.Sprintf("… (%d bytes)", len(d.Value))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", cons, topic, part, off, conv, seqText, state,
-			at.UTC().Format(time.RFC3339), strings.ReplaceAll(msg, "\t", " "), v)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read dead letters: %w", err)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Consumer, d.Topic, d.Partition, d.Offset, d.Conversation, seqText, d.SQLState,
+			d.CreatedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(d.Error, "\t", " "), v)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

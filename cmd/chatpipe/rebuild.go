@@ -7,16 +7,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/chatpipe/chatpipe/persist"
 )
 
-// adminRebuild rebuilds an empty Postgres from the committed log alone — the
-// log is the source of truth — and reports the counts. It reads the topic
-// from its start, read_committed, through persist's own write path (rows and
-// offsets in one transaction, so `chatpipe persist` can take over from the
-// rebuilt database afterwards), until the log has been idle for --idle.
+// adminRebuild rebuilds an empty Postgres from the committed log alone
+// (persist.Rebuild) and reports the counts.
 func adminRebuild(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("admin rebuild", flag.ContinueOnError)
 	inf := addInfraFlags(fs)
@@ -39,47 +34,11 @@ func adminRebuild(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	var n int64
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n); err != nil {
-		return fmt.Errorf("count events: %w", err)
-	}
-	if n > 0 {
-		return fmt.Errorf("the target database holds %d events already; rebuild only into an empty one", n)
-	}
-	p, err := persist.New(persist.Config{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
+	res, err := persist.Rebuild(ctx, persist.Config{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log}, *idle)
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(splitList(*inf.kafka)...), kgo.ConsumeTopics(*inf.topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, kopts...)...)
-	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	defer cl.Close()
-	start := time.Now()
-	records := 0
-	for {
-		pctx, cancel := context.WithTimeout(ctx, *idle)
-		fs := cl.PollRecords(pctx, 5000)
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		recs := fs.Records()
-		if len(recs) == 0 {
-			break
-		}
-		if err := p.Settle(ctx, recs); err != nil {
-			return err
-		}
-		records += len(recs)
-	}
-	st := p.Stats()
-	var events, convs int64
-	if err := db.QueryRow(ctx, `SELECT count(*), count(DISTINCT conversation_id) FROM events`).Scan(&events, &convs); err != nil {
-		return fmt.Errorf("count: %w", err)
-	}
 	fmt.Printf("rebuilt from %d committed records in %v: %d events in %d conversations (%d seq conflicts, %d dead letters)\n",
-		records, time.Since(start).Round(time.Millisecond), events, convs, st.Conflicts.Load(), p.DeadLetters())
+		res.Records, res.Took.Round(time.Millisecond), res.Events, res.Convs, res.Conflicts, res.DeadLetters)
 	return nil
 }

@@ -23,6 +23,16 @@ var files embed.FS
 // advisoryLock is the pg_advisory_xact_lock key that serialises migrations.
 const advisoryLock = 0x63686174 // "chat"
 
+// Applied is how many migrations the database at pool holds; an error
+// when it has no chatpipe schema at all.
+func Applied(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("schema: count applied migrations: %w", err)
+	}
+	return n, nil
+}
+
 // Migrate applies every migration not yet applied. It is safe to run from
 // several processes at once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
