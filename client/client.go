@@ -30,7 +30,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"net/http"
 	"sort"
 	"strconv"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/chatpipe/chatpipe/internal/jitter"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -343,15 +343,7 @@ func (c *Client) dial(ctx context.Context) (*Conn, string, error) {
 // Backoff is the full-jitter wait before reconnect attempt n:
 // random(0, min(max, base × 2^n)).
 func Backoff(n int, base, max time.Duration) time.Duration {
-	ceiling := base
-	for i := 0; i < n && ceiling < max; i++ {
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, max)
-	if ceiling <= 0 {
-		return 0
-	}
-	return time.Duration(mathrand.Int64N(int64(ceiling) + 1))
+	return jitter.Backoff(n, base, max)
 }
 
 // run owns the connection: it serves conn until it is lost, then dials

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/jitter"
 )
 
 // op is one command of the run, with everything needed to retry it with
@@ -162,8 +162,7 @@ func (d *device) run(ctx context.Context) {
 
 // backoff is full jitter: random(0, min(5 s, 100 ms × 2^attempt)).
 func backoff(attempt int) time.Duration {
-	ceiling := min(5*time.Second, 100*time.Millisecond<<min(attempt, 6))
-	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
+	return jitter.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

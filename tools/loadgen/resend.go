@@ -3,6 +3,8 @@ package loadgen
 import (
 	"sync"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/jitter"
 )
 
 // ResendPolicy decides whether and when a command without a final answer
@@ -75,11 +77,7 @@ func (s *resender) first() {
 // backoff is the full-jitter delay before attempt attempts+1:
 // uniform in [0, min(Cap, Base × 2^(attempts-1))].
 func (s *resender) backoff(attempts int) time.Duration {
-	ceiling := s.p.Cap
-	if n := attempts - 1; n < 40 {
-		ceiling = min(s.p.Cap, s.p.Base<<max(n, 0))
-	}
-	return time.Duration(s.randN(int64(ceiling) + 1))
+	return jitter.Full(jitter.Ceiling(attempts-1, s.p.Base, s.p.Cap), s.randN)
 }
 
 // next decides about a command that made attempts attempts and has no
