@@ -106,23 +106,14 @@ func runClient(ctx context.Context, args []string) error {
 	return clientLoop(ctx, c, os.Stdin, printf)
 }
 
-// clientSecret finds the JWT secret as the other subcommands do.
+// clientSecret finds the JWT secret as the other subcommands do
+// (auth.FindSecret), in dir or else ./chatpipe-data.
 func clientSecret(secret, secretFile, dir string) ([]byte, error) {
-	if secret == "" && os.Getenv("CHATPIPE_JWT_SECRET") == "" && secretFile != "" {
-		b, err := os.ReadFile(secretFile)
-		if err != nil {
-			return nil, fmt.Errorf("--jwt-secret-file: %w", err)
-		}
-		if secret = strings.TrimSpace(string(b)); secret == "" {
-			return nil, fmt.Errorf("--jwt-secret-file %s is empty", secretFile)
-		}
+	if dir == "" {
+		dir = "chatpipe-data"
 	}
-	if dir != "" {
-		dir, _ = filepath.Abs(dir)
-	} else {
-		dir, _ = filepath.Abs("chatpipe-data")
-	}
-	key, err := auth.LoadSecret(secret, dir, false)
+	dir, _ = filepath.Abs(dir)
+	key, err := auth.FindSecret(auth.SecretSources{Value: secret, File: secretFile, DataDir: dir})
 	if err != nil {
 		return nil, fmt.Errorf("jwt secret: %w", err)
 	}

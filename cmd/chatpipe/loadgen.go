@@ -115,17 +115,7 @@ func runLoadgen(ctx context.Context, args []string) error {
 	if dir != "" {
 		dir, _ = filepath.Abs(dir)
 	}
-	s := *secret
-	if s == "" && os.Getenv("CHATPIPE_JWT_SECRET") == "" && *secretFile != "" {
-		b, err := os.ReadFile(*secretFile)
-		if err != nil {
-			return fmt.Errorf("--jwt-secret-file: %w", err)
-		}
-		if s = strings.TrimSpace(string(b)); s == "" {
-			return fmt.Errorf("--jwt-secret-file %s is empty", *secretFile)
-		}
-	}
-	key, err := auth.LoadSecret(s, dir, false)
+	key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
 	if err != nil {
 		return err
 	}

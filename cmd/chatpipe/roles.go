@@ -520,7 +520,7 @@ func runToken(_ context.Context, args []string) error {
 		return errors.New("--user is required")
 	}
 	dir, _ := filepath.Abs(*dataDir)
-	key, err := tokenFlags{secret: secret, secretFile: secretFile, jwksURL: new(string)}.loadSecret(dir, false)
+	key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
 	if err != nil {
 		return err
 	}

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/auth"
@@ -38,25 +36,10 @@ func addTokenFlags(fs *flag.FlagSet, secretHelp string) tokenFlags {
 	return f
 }
 
-// loadSecret returns the HS256 secret: --jwt-secret, else --jwt-secret-file,
-// else auth.LoadSecret's sources (CHATPIPE_JWT_SECRET, the data dir's file,
-// generated there when create is set). With --jwks-url and none of them
-// given, it returns nil: HS256 is off.
+// loadSecret returns the HS256 secret (auth.FindSecret); with --jwks-url
+// and no secret given, nil: HS256 is off.
 func (f tokenFlags) loadSecret(dataDir string, create bool) ([]byte, error) {
-	if *f.secret != "" && *f.secretFile != "" {
-		return nil, errors.New("--jwt-secret and --jwt-secret-file are exclusive")
-	}
-	if *f.secretFile != "" {
-		key, err := auth.ReadSecretFile(*f.secretFile)
-		if err != nil {
-			return nil, fmt.Errorf("--jwt-secret-file: %w", err)
-		}
-		return key, nil
-	}
-	if *f.jwksURL != "" && *f.secret == "" && os.Getenv("CHATPIPE_JWT_SECRET") == "" && dataDir == "" {
-		return nil, nil
-	}
-	return auth.LoadSecret(*f.secret, dataDir, create)
+	return auth.FindSecret(auth.SecretSources{Value: *f.secret, File: *f.secretFile, DataDir: dataDir, Create: create, Optional: *f.jwksURL != ""})
 }
 
 // verifier returns the Verifier of these flags with key as the HS256

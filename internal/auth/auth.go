@@ -78,7 +78,7 @@ func LoadSecret(explicit, dataDir string, create bool) ([]byte, error) {
 	if explicit != "" {
 		return []byte(explicit), nil
 	}
-	if env := os.Getenv("CHATPIPE_JWT_SECRET"); env != "" {
+	if env := os.Getenv(SecretEnv); env != "" {
 		return []byte(env), nil
 	}
 	if dataDir == "" {
@@ -108,6 +108,42 @@ func LoadSecret(explicit, dataDir string, create bool) ([]byte, error) {
 		return nil, fmt.Errorf("auth: write secret: %w", err)
 	}
 	return []byte(secret), nil
+}
+
+// SecretEnv is the environment variable that holds the HS256 secret: the
+// variable of --jwt-secret.
+const SecretEnv = "CHATPIPE_JWT_SECRET"
+
+// SecretSources are where every chatpipe command looks for the HS256
+// secret, and FindSecret the one order it looks in.
+type SecretSources struct {
+	Value   string // --jwt-secret (or its variable, SecretEnv)
+	File    string // --jwt-secret-file
+	DataDir string // a data dir that may hold SecretFile ("": none)
+	Create  bool   // generate SecretFile in DataDir when it is missing (dev)
+	// Optional: no source at all gives no secret, not an error (a
+	// gateway with --jwks-url has HS256 off then).
+	Optional bool
+}
+
+// FindSecret returns the HS256 secret: --jwt-secret or --jwt-secret-file
+// (not both), else SecretEnv, else DataDir's SecretFile (generated when
+// Create). With Optional and none of these it returns nil.
+func FindSecret(s SecretSources) ([]byte, error) {
+	if s.Value != "" && s.File != "" {
+		return nil, errors.New("--jwt-secret and --jwt-secret-file are exclusive (" + SecretEnv + " is --jwt-secret too)")
+	}
+	if s.File != "" {
+		key, err := ReadSecretFile(s.File)
+		if err != nil {
+			return nil, fmt.Errorf("--jwt-secret-file: %w", err)
+		}
+		return key, nil
+	}
+	if s.Optional && s.Value == "" && os.Getenv(SecretEnv) == "" && s.DataDir == "" {
+		return nil, nil
+	}
+	return LoadSecret(s.Value, s.DataDir, s.Create)
 }
 
 // ReadSecretFile returns the secret held in the file at path (surrounding
