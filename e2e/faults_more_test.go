@@ -2,17 +2,15 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/devstack"
 )
 
 // underLoad starts load on dev, runs fault after some sends were accepted,
@@ -128,49 +126,16 @@ func TestAddWorkerUnderLoad(t *testing.T) {
 }
 
 // freePort returns a port on 127.0.0.1 for a process a test starts (a
-// worker's --listen, an etcd member, an admin address). It is taken below
-// the kernel's ephemeral range, where nothing is handed out for a connect
-// or a listen on port 0, and each call of the binary takes the next one: a
-// port found by binding port 0 and closing it again was, now and then,
-// taken by one of the connections the tests running beside it opened
-// before the process bound it ("bind: address already in use").
+// worker's --listen, an etcd member, an admin address): devstack.FreePort's,
+// below the kernel's ephemeral range.
 func freePort(t *testing.T) int {
 	t.Helper()
-	lo, hi := testPortRange()
-	for range hi - lo {
-		p := lo + int(nextTestPort.Add(1)-1)%(hi-lo)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err == nil {
-			ln.Close()
-			return p
-		}
+	p, err := devstack.FreePort()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no free port in %d–%d", lo, hi-1)
-	return 0
+	return p
 }
-
-// nextTestPort counts the ports freePort handed out, from a random start
-// (so that two test binaries run one after the other begin apart).
-var nextTestPort = func() *atomic.Int64 {
-	var n atomic.Int64
-	n.Store(rand.Int64N(10_000))
-	return &n
-}()
-
-// testPortRange is where freePort takes ports: the 12,000 below the
-// ephemeral range's first port (/proc/sys/net/ipv4/ip_local_port_range;
-// 32768 if it cannot be read), and never below 1024.
-var testPortRange = sync.OnceValues(func() (lo, hi int) {
-	hi = 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil && v > 2048 {
-				hi = v
-			}
-		}
-	}
-	return max(1024, hi-12_000), hi
-})
 
 func dialable(port int) bool {
 	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
@@ -222,26 +187,4 @@ func TestKilledOnlyWorker(t *testing.T) {
 		t.Errorf("persist and the projection caught up %v after a worker returned, want within 60 s", caughtUp)
 	}
 	checkWorld(t, dev.ep, accepted)
-}
-
-// freePort hands out distinct ports below the ephemeral range, so no
-// connection a neighbouring test opens can take one before the process it
-// is meant for binds it.
-func TestFreePortIsOutsideTheEphemeralRange(t *testing.T) {
-	lo, hi := testPortRange()
-	seen := map[int]bool{}
-	for range 50 {
-		p := freePort(t)
-		if p < lo || p >= hi || seen[p] {
-			t.Fatalf("freePort gave %d (range %d–%d, given before: %v)", p, lo, hi-1, seen[p])
-		}
-		seen[p] = true
-	}
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if first, err := strconv.Atoi(f[0]); err == nil && hi > first {
-				t.Errorf("the range ends at %d, inside the ephemeral range from %d", hi, first)
-			}
-		}
-	}
 }

@@ -475,3 +475,27 @@ func TestFreePortsAreDistinct(t *testing.T) {
 		}
 	}
 }
+
+// FreePort hands out distinct ports below the ephemeral range, so no
+// connection opened meanwhile can take one before its caller binds it.
+func TestFreePortIsOutsideTheEphemeralRange(t *testing.T) {
+	lo, hi := portRange()
+	seen := map[int]bool{}
+	for range 50 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < lo || p >= hi || seen[p] {
+			t.Fatalf("FreePort gave %d (range %d–%d, given before: %v)", p, lo, hi-1, seen[p])
+		}
+		seen[p] = true
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if first, err := strconv.Atoi(f[0]); err == nil && hi > first {
+				t.Errorf("the range ends at %d, inside the ephemeral range from %d", hi, first)
+			}
+		}
+	}
+}

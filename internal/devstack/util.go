@@ -5,52 +5,72 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
-// FreePort returns a free TCP port on 127.0.0.1.
-//
-// The port is found by binding 127.0.0.1:0 and closing the listener again, so
-// another process may grab it before the caller binds it; callers that can
-// retry on "address already in use" should.
+// FreePort returns a free TCP port on 127.0.0.1, taken below the kernel's
+// ephemeral range (where nothing is handed out for a connect or a listen
+// on port 0), each call the next one of the 12,000 there. A port found by
+// binding port 0 and closing it again was free to be handed to any
+// connection before the caller bound it, and with several stacks on one
+// machine one sometimes was. Another process may still bind it first;
+// callers that can retry on "address already in use" should.
 func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("devstack: find free port: %w", err)
+	lo, hi := portRange()
+	for range hi - lo {
+		p := lo + int(nextPort.Add(1)-1)%(hi-lo)
+		if portFree(p) {
+			return p, nil
+		}
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("devstack: find free port: close listener: %w", err)
-	}
-	return port, nil
+	return 0, fmt.Errorf("devstack: no free port in %d–%d", lo, hi-1)
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1: each is held
-// bound until all are found (FreePort called n times may return one port
-// twice, as the kernel hands a just-closed port out again). The caveat of
-// FreePort applies to each.
+// FreePorts returns n distinct free TCP ports on 127.0.0.1 (FreePort's,
+// which never hands out one port twice in a row of fewer than 12,000). The
+// caveat of FreePort applies to each.
 func FreePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
 	ports := make([]int, 0, n)
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := FreePort()
 		if err != nil {
-			return nil, fmt.Errorf("devstack: find free ports: %w", err)
+			return nil, err
 		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
+
+// nextPort counts the ports FreePort handed out, from a random start (so
+// that processes started one after the other begin apart).
+var nextPort = func() *atomic.Int64 {
+	var n atomic.Int64
+	n.Store(rand.Int64N(10_000))
+	return &n
+}()
+
+// portRange is where FreePort takes ports: the 12,000 below the ephemeral
+// range's first port (/proc/sys/net/ipv4/ip_local_port_range; 32768 if it
+// cannot be read), and never below 1024.
+var portRange = sync.OnceValues(func() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 2048 {
+				hi = v
+			}
+		}
+	}
+	return max(1024, hi-12_000), hi
+})
 
 // portFree reports whether 127.0.0.1:port can be bound right now.
 func portFree(port int) bool {
