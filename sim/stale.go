@@ -100,8 +100,7 @@ func (w *World) remembered(o *op, a *answer) bool {
 		return a2.reply.Op == protocol.OpRejected && a2.reply.Code == a.reply.Code && a2.reply.Code != protocol.CodeUnavailable
 	}
 	for _, o2 := range w.ops {
-		if o2.cmd.ConversationID != o.cmd.ConversationID || o2.cmd.ClientMessageID != o.cmd.ClientMessageID ||
-			o2.cmd.Sender != o.cmd.Sender || o2.cmd.Op != o.cmd.Op {
+		if !sameKey(o, o2) {
 			continue
 		}
 		for _, a2 := range o2.decided {
@@ -122,17 +121,9 @@ func (w *World) carried(conv string, a2 *answer, by *writer) bool {
 	if a2.by == nil || by == nil {
 		return false
 	}
-	reached := map[int]bool{}
-	for _, r := range w.log.ConvRecords(conv) { // in commit order
-		m := r.Event
-		if m.Kind != logrecord.KindMoved || m.ToVShard == nil || r.CommittedStep < a2.sentStep {
-			continue
-		}
-		if (m.VShard == a2.by.v && m.Epoch == a2.by.epoch) || reached[m.VShard] {
-			reached[*m.ToVShard] = true
-		}
-	}
-	return reached[by.v]
+	return movedTo(w.log.ConvRecords(conv), a2.sentStep, func(r *Record) bool {
+		return r.Event.VShard == a2.by.v && r.Event.Epoch == a2.by.epoch
+	})[by.v]
 }
 
 // carriedVerdict reports whether answer a, which wrote nothing, repeats a
@@ -151,7 +142,7 @@ func (w *World) carriedVerdict(o *op, a *answer) bool {
 		return false
 	}
 	recs := w.log.ConvRecords(o.cmd.ConversationID)
-	for i, r := range recs {
+	for _, r := range recs {
 		m := r.Event
 		if m.Kind != logrecord.KindMoved || r.CommittedStep == 0 || r.CommittedStep > a.sentStep {
 			continue
@@ -161,7 +152,7 @@ func (w *World) carriedVerdict(o *op, a *answer) bool {
 				continue
 			}
 			if noop {
-				if v.Code != "" || v.Seq != a.reply.Seq || a.by == nil || !reachedFrom(recs[i:])[a.by.v] {
+				if v.Code != "" || v.Seq != a.reply.Seq || a.by == nil || !movedTo(recs, r.CommittedStep, func(x *Record) bool { return x == r })[a.by.v] {
 					continue
 				}
 			} else if v.Code != string(a.reply.Code) {
@@ -180,8 +171,7 @@ func (w *World) carriedVerdict(o *op, a *answer) bool {
 // justifies reply between that attempt's send and step.
 func (w *World) decidedBefore(o *op, reply *protocol.Reply, step int) bool {
 	for _, o2 := range w.ops {
-		if o2.cmd.ConversationID != o.cmd.ConversationID || o2.cmd.ClientMessageID != o.cmd.ClientMessageID ||
-			o2.cmd.Sender != o.cmd.Sender || o2.cmd.Op != o.cmd.Op {
+		if !sameKey(o, o2) {
 			continue
 		}
 		for _, att := range o2.attempts {
@@ -193,17 +183,25 @@ func (w *World) decidedBefore(o *op, reply *protocol.Reply, step int) bool {
 	return false
 }
 
-// reachedFrom returns the vshards that recs[0], a moved record, and the
-// moved records after it from the vshards reached carried a
-// conversation to.
-func reachedFrom(recs []*Record) map[int]bool {
+// sameKey reports whether ops o and o2 are attempts of one key: the same
+// conversation, client_message_id, sender and op.
+func sameKey(o, o2 *op) bool {
+	return o2.cmd.ConversationID == o.cmd.ConversationID && o2.cmd.ClientMessageID == o.cmd.ClientMessageID &&
+		o2.cmd.Sender == o.cmd.Sender && o2.cmd.Op == o.cmd.Op
+}
+
+// movedTo returns the vshards that moved records of recs (one
+// conversation's, in commit order) carried it to, starting from the
+// records start picks and following every later moved record from a
+// vshard reached; records committed before step are passed over.
+func movedTo(recs []*Record, step int, start func(*Record) bool) map[int]bool {
 	reached := map[int]bool{}
-	for i, r := range recs {
+	for _, r := range recs {
 		m := r.Event
-		if m.Kind != logrecord.KindMoved || m.ToVShard == nil || r.CommittedStep == 0 {
+		if m.Kind != logrecord.KindMoved || m.ToVShard == nil || r.CommittedStep == 0 || r.CommittedStep < step {
 			continue
 		}
-		if i == 0 || reached[m.VShard] {
+		if start(r) || reached[m.VShard] {
 			reached[*m.ToVShard] = true
 		}
 	}
