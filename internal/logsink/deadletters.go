@@ -25,15 +25,11 @@ type DeadLetter struct {
 // ListDeadLetters returns up to limit rows of dead_letters, oldest first,
 // of consumer ("" for all), and how many there are in all.
 func ListDeadLetters(ctx context.Context, q Querier, consumer string, limit int) ([]DeadLetter, int64, error) {
-	rows, err := q.Query(ctx, `SELECT count(*) FROM dead_letters WHERE $1 = '' OR consumer = $1`, consumer)
+	total, err := CountDeadLetters(ctx, q, consumer)
 	if err != nil {
-		return nil, 0, fmt.Errorf("count dead letters: %w", err)
+		return nil, 0, err
 	}
-	total, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, 0, fmt.Errorf("count dead letters: %w", err)
-	}
-	rows, err = q.Query(ctx, `SELECT consumer, topic, log_partition, log_offset, coalesce(conversation_id, ''), coalesce(seq, 0),
+	rows, err := q.Query(ctx, `SELECT consumer, topic, log_partition, log_offset, coalesce(conversation_id, ''), coalesce(seq, 0),
 		coalesce(sqlstate, ''), created_at, error, coalesce(record_value, ''::bytea)
 		FROM dead_letters WHERE $1 = '' OR consumer = $1
 		ORDER BY created_at, consumer, topic, log_partition, log_offset LIMIT $2`, consumer, limit)

@@ -226,9 +226,9 @@ func (c *Consumer) Degraded(ctx context.Context) string {
 	return fmt.Sprintf("%d dead letters (chatpipe admin dead-letters --consumer %s)", n, c.cfg.Consumer)
 }
 
-// CountDeadLetters counts consumer's rows in dead_letters.
+// CountDeadLetters counts consumer's rows in dead_letters ("": everyone's).
 func CountDeadLetters(ctx context.Context, q Querier, consumer string) (int64, error) {
-	rows, err := q.Query(ctx, `SELECT count(*) FROM dead_letters WHERE consumer = $1`, consumer)
+	rows, err := q.Query(ctx, `SELECT count(*) FROM dead_letters WHERE $1 = '' OR consumer = $1`, consumer)
 	if err != nil {
 		return 0, fmt.Errorf("count %s dead letters: %w", consumer, err)
 	}
