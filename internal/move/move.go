@@ -48,10 +48,8 @@ func Isolate(ctx context.Context, cli *clientv3.Client, db *pgxpool.Pool, l logr
 	if err != nil {
 		return Isolated{}, err
 	}
-	cur, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, cid)
-	if err != nil {
-		return Isolated{}, err
-	}
+	cur := routes[cid] // its Rev: 0 when cid has no override
+	rev := cur.Rev
 	target, err := PickDedicated(l, routes, cid, want)
 	if err != nil {
 		return Isolated{}, err
