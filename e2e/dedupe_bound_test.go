@@ -11,7 +11,9 @@ import (
 // TestDedupeBounded: a writer's in-memory dedupe is bounded by
 // --dedupe-keep and --dedupe-memory once persist has stored the results,
 // and a retry of a trimmed send or keyed membership command still gets its
-// first result (from Postgres), never a second event.
+// first result (from Postgres), never a second event. A first send to a
+// cached conversation asks Postgres nothing: the conversation's filter of
+// known keys rules its new key out.
 func TestDedupeBounded(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--dedupe-keep", "2", "--dedupe-memory", "1s", "--rate-user", "-1")
@@ -24,9 +26,13 @@ func TestDedupeBounded(t *testing.T) {
 	joined := alice.must(join)
 	alice.must(map[string]any{"op": "kick", "conversation_id": "dd", "user_id": "carol", "client_message_id": "k-kick"})
 	const n = 60
+	loads := metric(t, metrics, "chatpipe_worker_state_loads_total")
 	first := make([]*protocol.Reply, n)
 	for i := range first {
 		first[i] = alice.must(map[string]any{"op": "send", "conversation_id": "dd", "client_message_id": fmt.Sprint("m", i), "body": "x"})
+	}
+	if more := metric(t, metrics, "chatpipe_worker_state_loads_total") - loads; more != 0 {
+		t.Errorf("%d first sends to the cached conversation dd asked Postgres %.0f times, want none", n, more)
 	}
 	readEvents(t, dev.ep.Postgres, n+3) // persist has stored them
 	time.Sleep(1200 * time.Millisecond) // older than --dedupe-memory

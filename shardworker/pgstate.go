@@ -35,6 +35,23 @@ SELECT conversation_id, seq, coalesce(record_value, ''::bytea) FROM dead_letters
 WHERE consumer = $1 AND conversation_id = ANY($2) AND seq IS NOT NULL
 ORDER BY conversation_id, seq`
 
+// loadKeysSQL reads the client_message_ids of each conversation, at most
+// $2 of them: a conversation with more gets no filter of its keys
+// (shardcore.KnowKeys) and has every new key looked up instead. The
+// UNIQUE (conversation_id, client_message_id) index answers it.
+const loadKeysSQL = `
+SELECT c, k.client_message_id
+FROM unnest($1::text[]) AS c, LATERAL (
+  SELECT client_message_id FROM events
+  WHERE conversation_id = c AND client_message_id IS NOT NULL
+  LIMIT $2
+) AS k`
+
+// keyFilterLoadMax is the most keys a load reads to give a conversation
+// its filter of keys. Reading 10,000 costs one load a few milliseconds;
+// a conversation with more keeps a lookup per batch that has a new key.
+var keyFilterLoadMax = 10000
+
 const lookupDedupeSQL = `
 SELECT e.conversation_id, e.client_message_id, e.seq, e.message_id, e.sender, e.kind, e.created_at
 FROM unnest($1::text[], $2::text[]) AS k(c, m)
@@ -68,6 +85,9 @@ type stateRow struct {
 type loadedState struct {
 	rows  map[string][]stateRow // in seq order
 	found map[shardcore.DedupeKey]shardcore.First
+	// keys are each loaded conversation's stored client_message_ids, when
+	// it has at most keyFilterLoadMax of them.
+	keys map[string][]string
 }
 
 // conv is a new state of conversation cid as the round trip read it.
@@ -80,13 +100,16 @@ func (st *loadedState) conv(cid string) *shardcore.Conv {
 			shardcore.ObserveSeq(c, r.e.Seq)
 		}
 	}
+	if keys, ok := st.keys[cid]; ok {
+		shardcore.KnowKeys(c, keys)
+	}
 	return c
 }
 
 // queryState reads the events of convs and looks up keys, in one round
 // trip. convs and keys must not repeat.
 func queryState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []shardcore.DedupeKey) (*loadedState, error) {
-	st := &loadedState{rows: map[string][]stateRow{}, found: map[shardcore.DedupeKey]shardcore.First{}}
+	st := &loadedState{rows: map[string][]stateRow{}, found: map[shardcore.DedupeKey]shardcore.First{}, keys: map[string][]string{}}
 	isLoaded := make(map[string]bool, len(convs))
 	rows, found := st.rows, st.found
 	var b pgx.Batch
@@ -115,6 +138,25 @@ func queryState(ctx context.Context, db *pgxpool.Pool, convs []string, keys []sh
 				rows[cid] = append(rows[cid], stateRow{e: e})
 				return nil
 			})
+			return err
+		})
+		// The keys are read by a statement of their own, after the one
+		// above: in its later snapshot they are a superset of what the
+		// events read, which a filter may be (it answers "maybe" for more).
+		for _, c := range convs {
+			st.keys[c] = nil
+		}
+		b.Queue(loadKeysSQL, convs, keyFilterLoadMax+1).Query(func(rs pgx.Rows) error {
+			var cid, key string
+			_, err := pgx.ForEachRow(rs, []any{&cid, &key}, func() error {
+				st.keys[cid] = append(st.keys[cid], key)
+				return nil
+			})
+			for c, ks := range st.keys {
+				if len(ks) > keyFilterLoadMax {
+					delete(st.keys, c)
+				}
+			}
 			return err
 		})
 	}

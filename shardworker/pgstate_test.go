@@ -103,3 +103,46 @@ func TestLoadReadsMoves(t *testing.T) {
 		t.Errorf("c1's last moved record carried no verdicts, loaded %+v", vs)
 	}
 }
+
+// TestLoadKnowsStoredKeys: a loaded conversation gets a filter of its
+// stored client_message_ids, so a key it never had needs no lookup and a
+// stored one (a dead-lettered send's too) is looked up or found; a
+// conversation with more keys than a load reads gets none, and every key
+// it is sent is looked up.
+func TestLoadKnowsStoredKeys(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, members, created_at, vshard, epoch, log_partition, log_offset, client_message_id)
+		VALUES ('c1', 1, 'create', 'm1', 'u1', '{u1}', now(), 0, 1, 0, 0, 'k1'), ('c1', 2, 'message', 'm2', 'u1', NULL, now(), 0, 1, 0, 1, 'k2'),
+		       ('c2', 1, 'create', 'm3', 'u1', '{u1}', now(), 0, 1, 0, 2, 'j1'), ('c2', 2, 'message', 'm4', 'u1', NULL, now(), 0, 1, 0, 3, 'j2'),
+		       ('c2', 3, 'message', 'm5', 'u1', NULL, now(), 0, 1, 0, 4, 'j3')`); err != nil {
+		t.Fatal(err)
+	}
+	keyFilterLoadMax = 2
+	t.Cleanup(func() { keyFilterLoadMax = 10000 })
+	convs, _, err := fetchState(ctx, db, []string{"c1", "c2", "c3"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(cid, k string) *shardcore.Command {
+		return &shardcore.Command{Op: "send", ConversationID: cid, Sender: "u1", ClientMessageID: k}
+	}
+	c1 := convs["c1"]
+	if c1.Known == nil {
+		t.Fatal("c1, with 2 keys stored, was loaded without a filter of them")
+	}
+	for _, k := range []string{"k1", "k2"} {
+		if !shardcore.NeedsDedupeLookup(c1, send("c1", k)) {
+			t.Errorf("c1's stored key %s would not be looked up", k)
+		}
+	}
+	if shardcore.NeedsDedupeLookup(c1, send("c1", "new")) {
+		t.Error("a key c1 never had would be looked up")
+	}
+	if c2 := convs["c2"]; c2.Known != nil || !shardcore.NeedsDedupeLookup(c2, send("c2", "new")) {
+		t.Errorf("c2, with 3 keys stored (more than a load reads), has a filter %v, or a new key is not looked up", c2.Known)
+	}
+	if c3 := convs["c3"]; c3.Known == nil || shardcore.NeedsDedupeLookup(c3, send("c3", "new")) {
+		t.Error("c3, with no events, has no filter, or a new key would be looked up")
+	}
+}

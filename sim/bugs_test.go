@@ -34,6 +34,9 @@ var bugCases = []struct {
 	// is the one the retry reaches), every user a member at first.
 	{"ForgetNoopJoin", Bugs{ForgetNoopJoin: true}, PropOneEffect, shape{users: 3, faults: 2}},
 	{"VerdictsPinConvs", Bugs{VerdictsPinConvs: true}, PropCacheBound, shape{}},
+	// A trimmed result's key is missing from the filter of known keys: a
+	// retry after the trim is written as a new command.
+	{"KnownForgetsTrimmed", Bugs{KnownForgetsTrimmed: true}, PropDuplicate, shape{}},
 	// The operator deletes a released conversation's override once the
 	// sink shows it home: a move decided before, still in the log but not
 	// stored, strands it where nothing routes to any more.

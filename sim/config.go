@@ -41,6 +41,10 @@ type Bugs struct {
 	// VerdictsPinConvs makes the writer keep every cached conversation
 	// that a remembered verdict names (shardcore.WriterFaults.VerdictsPinConvs).
 	VerdictsPinConvs bool
+	// KnownForgetsTrimmed makes the writer trim dedupe results without
+	// adding their keys to the conversation's filter of known keys
+	// (shardcore.WriterFaults.KnownForgetsTrimmed).
+	KnownForgetsTrimmed bool
 	// ReleaseFromSink makes the operator, not the hashed vshard's writer,
 	// delete a released conversation's override, as soon as the sink
 	// (which lags the log) shows it at its hashed vshard.

@@ -134,6 +134,12 @@ func (s *Sink) LoadConv(conv string) *shardcore.Conv {
 		shardcore.Apply(c, &logrecord.Event{Kind: e.Kind, ConversationID: conv, Seq: e.Seq, Sender: e.Sender, UserID: e.UserID, Members: e.Members,
 			ToVShard: e.ToVShard, CreatedAt: e.CreatedAt, Verdicts: e.Verdicts})
 	}
+	// shardworker's loadKeysSQL, in the same snapshot here.
+	keys := make([]string, 0, len(s.cmids[conv]))
+	for k := range s.cmids[conv] {
+		keys = append(keys, k)
+	}
+	shardcore.KnowKeys(c, keys)
 	return c
 }
 

@@ -88,6 +88,7 @@ func newWriter(w *World, wk *worker, v int, epoch int64) *writer {
 		AcceptBeforeMoved:        w.cfg.Bugs.AcceptBeforeMoved,
 		ForgetNoopJoin:           w.cfg.Bugs.ForgetNoopJoin,
 		VerdictsPinConvs:         w.cfg.Bugs.VerdictsPinConvs,
+		KnownForgetsTrimmed:      w.cfg.Bugs.KnownForgetsTrimmed,
 		DropCarriedVerdicts:      w.cfg.Bugs.DropCarriedVerdicts,
 		NoEmptyBatchMarker:       !w.cfg.WhatIf.FenceCheckedAnswers,
 	}

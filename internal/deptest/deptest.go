@@ -32,6 +32,8 @@ var Pure = map[string][]string{
 		module + "/protocol",
 		module + "/logrecord",
 		"golang.org/x/time/rate",
+		"github.com/bits-and-blooms/bloom/v3",
+		"github.com/bits-and-blooms/bitset",
 	},
 	module + "/internal/ownership": {},
 	// The read model's pure rules: what a batch does to membership

@@ -51,6 +51,12 @@ type Conv struct {
 	// order lists Dedupe's keys oldest first, from head on.
 	order []string
 	head  int
+	// Known, when set, holds every client_message_id the conversation had
+	// in durable state when it was loaded, and each one TrimDedupe has
+	// dropped from Dedupe since: a key in neither Dedupe nor Known was
+	// never used, and needs no lookup (NeedsDedupeLookup). nil: any key
+	// missing from Dedupe is looked up. Set it with KnowKeys.
+	Known *KeyFilter
 	// Moved: a moved event was applied, and At is the vshard it moved the
 	// conversation to. Without one the conversation is at its hashed
 	// vshard.
@@ -126,13 +132,22 @@ func Remember(c *Conv, cmid string, f First) {
 	c.order = append(c.order, cmid)
 }
 
+// KnowKeys gives c, a conversation just loaded from durable state, the
+// filter of keys: every client_message_id its stored events carry (the
+// dedupe map holds the rest). Without it every key missing from Dedupe is
+// looked up.
+func KnowKeys(c *Conv, keys []string) {
+	c.Known = NewKeyFilter(keys)
+}
+
 // TrimDedupe bounds the memory of c's dedupe: it drops the oldest entries
 // while more than keep are held or they were created before cutoff, but
 // never an entry above storedSeq, the highest seq known to be in durable
 // state. A dropped entry is found again by a lookup in durable state (see
 // NeedsDedupeLookup), so trimming never changes an answer; an entry the
-// durable state does not hold yet stays, however old. It returns how many
-// entries it dropped.
+// durable state does not hold yet stays, however old. A dropped key goes
+// into c.Known, when c has one, which must go on answering "maybe" for it.
+// It returns how many entries it dropped.
 func TrimDedupe(c *Conv, storedSeq int64, keep int, cutoff time.Time) int {
 	n := 0
 	for c.head < len(c.order) {
@@ -140,6 +155,9 @@ func TrimDedupe(c *Conv, storedSeq int64, keep int, cutoff time.Time) int {
 		f := c.Dedupe[k]
 		if f.Seq > storedSeq || (len(c.Dedupe) <= keep && !f.At.Before(cutoff)) {
 			break
+		}
+		if c.Known != nil {
+			c.Known.Add(k)
 		}
 		delete(c.Dedupe, k)
 		c.order[c.head] = ""
@@ -197,13 +215,16 @@ type Limits struct {
 }
 
 // NeedsDedupeLookup reports whether the durable state must be asked about
-// cmd's client_message_id before Decide.
+// cmd's client_message_id before Decide: the key is not in c's dedupe map,
+// and c's filter of known keys (if it has one) cannot rule it out.
 func NeedsDedupeLookup(c *Conv, cmd *Command) bool {
 	if cmd.ClientMessageID == "" {
 		return false
 	}
-	_, ok := c.Dedupe[cmd.ClientMessageID]
-	return !ok
+	if _, ok := c.Dedupe[cmd.ClientMessageID]; ok {
+		return false
+	}
+	return c.Known == nil || c.Known.MayHold(cmd.ClientMessageID)
 }
 
 // Decide returns what to do with cmd given c, as a first attempt of its

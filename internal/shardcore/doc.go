@@ -11,7 +11,9 @@
 //
 // Decide requires that the driver has resolved dedupe for the command first:
 // the conversation's Dedupe map must hold the command's client_message_id if
-// the durable state has it (see NeedsDedupeLookup). An answer that wrote
+// the durable state has it (see NeedsDedupeLookup: a conversation loaded
+// with its filter of known keys, Conv.Known, needs no lookup for a key the
+// filter rules out). An answer that wrote
 // nothing and is final for its key (a rejection, or a join of a current
 // member: Decision.Keep) leaves no trace in the log; a driver that
 // remembers it as the key's Verdict passes it to DecideWith, so that the

@@ -48,10 +48,30 @@ func TestTrimDedupeBounds(t *testing.T) {
 // TestTrimDedupeKeepsAnswers: with the durable state holding every event up
 // to a growing stored seq, trimming at random points never changes what a
 // retry is answered: the driver's lookup (NeedsDedupeLookup, then Remember
-// from durable state) finds every dropped entry again.
+// from durable state) finds every dropped entry again. With a filter of
+// known keys (loaded empty, as for a new conversation) the same holds, and
+// most first sends are answered without a lookup.
 func TestTrimDedupeKeepsAnswers(t *testing.T) {
+	for _, known := range []bool{false, true} {
+		t.Run(fmt.Sprint("known=", known), func(t *testing.T) {
+			lookups, firsts := trimAndRetry(t, known)
+			t.Logf("%d lookups of keys never used, for %d first sends", lookups, firsts)
+			if known && lookups > firsts/10 {
+				t.Errorf("with a filter of known keys: %d lookups of keys never used, for %d first sends; want at most a tenth", lookups, firsts)
+			}
+		})
+	}
+}
+
+// trimAndRetry is TestTrimDedupeKeepsAnswers's run: it returns how many
+// lookups it made of keys never used before and how many sends were first
+// of their key.
+func trimAndRetry(t *testing.T, known bool) (lookups, firsts int) {
 	rng := rand.New(rand.NewSource(7))
 	c := NewConv()
+	if known {
+		KnowKeys(c, nil)
+	}
 	step(t, c, Command{Op: "create", ConversationID: "c", Sender: "a", Members: []string{"b"}})
 	durable := map[string]First{} // what Postgres holds
 	var log []*logrecord.Event
@@ -64,6 +84,9 @@ func TestTrimDedupeKeepsAnswers(t *testing.T) {
 		sender := []string{"a", "b"}[rng.Intn(2)]
 		cmd := Command{Op: "send", ConversationID: "c", Sender: sender, ClientMessageID: cmid, Body: "x"}
 		if NeedsDedupeLookup(c, &cmd) {
+			if _, used := first[cmid]; !used {
+				lookups++
+			}
 			if f, ok := durable[cmid]; ok {
 				Remember(c, cmid, f)
 			}
@@ -74,6 +97,7 @@ func TestTrimDedupeKeepsAnswers(t *testing.T) {
 			if _, seen := first[cmid]; seen {
 				t.Fatalf("step %d: %s accepted twice", i, cmid)
 			}
+			firsts++
 			first[cmid] = d.Event.Seq
 			Apply(c, d.Event)
 			log = append(log, d.Event)
@@ -99,6 +123,7 @@ func TestTrimDedupeKeepsAnswers(t *testing.T) {
 			}
 		}
 	}
+	return lookups, firsts
 }
 
 // BenchmarkDedupeMemory reports the heap one dedupe result costs (typical

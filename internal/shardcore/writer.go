@@ -203,6 +203,10 @@ type WriterFaults struct {
 	// verdict names: refused commands to many conversations grow the
 	// cache past MaxConvs.
 	VerdictsPinConvs bool
+	// KnownForgetsTrimmed trims dedupe results without adding their keys
+	// to the conversation's filter of known keys (Conv.Known): a retry of
+	// a trimmed key is then taken for a new one and written again.
+	KnownForgetsTrimmed bool
 	// DropCarriedVerdicts commits moved records without the verdicts the
 	// writer remembers for the conversation, so the writer it moves to
 	// decides a refused key again.

@@ -14,6 +14,12 @@ import (
 // have stored yet, dedupe trimming, eviction, and the per-conversation
 // rate limits.
 
+// KnownKeysMax bounds a cached conversation's filter of known keys
+// (Conv.Known, a few bytes a key): past it the filter is dropped, and the
+// conversation's new keys are looked up in durable state until it is
+// loaded again.
+const KnownKeysMax = 1 << 20
+
 // housekept bounds the writer's memory once persist's offset is known: it
 // forgets what persist has stored, trims every cached conversation's
 // dedupe to the configured bounds, forgets the verdicts past
@@ -39,7 +45,15 @@ func (m *Writer) housekept(now time.Time, persisted int64, ok bool) {
 	cutoff := now.Add(-m.cfg.DedupeMemory)
 	trimmed, held := 0, 0
 	for cid, conv := range m.convs {
+		known := conv.Known
+		if m.cfg.Faults.KnownForgetsTrimmed {
+			conv.Known = nil
+		}
 		trimmed += TrimDedupe(conv, m.storedUpTo(cid, conv), m.cfg.DedupeKeep, cutoff)
+		conv.Known = known
+		if known != nil && known.Len() > KnownKeysMax {
+			conv.Known = nil // its keys are looked up again, as without one
+		}
 		held += len(conv.Dedupe)
 	}
 	m.verdicts.trim(now.Add(-m.cfg.RefusalMemory))
