@@ -62,3 +62,38 @@ func TestPersistCommitWakesTheWait(t *testing.T) {
 		t.Error("past what was announced, the wait did not read consumer_offsets")
 	}
 }
+
+// TestListeningWaitReadsOffsetsOnce: while the projector listens, each
+// batch's wait is answered by persist's announcement: consumer_offsets is
+// read once after the LISTEN, not once per batch.
+func TestListeningWaitReadsOffsetsOnce(t *testing.T) {
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestProjector(t, db)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.listen(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !p.listening.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	const batches = 10
+	for i := range batches {
+		off := int64(100 + i)
+		errc := make(chan error, 1)
+		go func() {
+			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+			defer wcancel()
+			errc <- p.waitForPersist(wctx, map[int32]int64{2: off + 1})
+		}()
+		payload := logsink.AnnouncePayload(logrecord.DefaultTopic, []*kgo.Record{{Partition: 2, Offset: off}})
+		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, pglisten.Persisted, payload); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("batch %d: wait for the offset persist announced: %v", i, err)
+		}
+	}
+	if n := p.offsetReads.Load(); n > 1 {
+		t.Errorf("%d waits, each announced, read consumer_offsets %d times; want at most once (after the LISTEN)", batches, n)
+	}
+}

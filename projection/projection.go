@@ -91,6 +91,11 @@ type Projector struct {
 	lastTrim                                 time.Time
 	persisted                                chan struct{} // a persist commit was announced (cap 1)
 	offsetReads                              atomic.Int64
+	// listening: a LISTEN on persist's channel is in effect, so every
+	// commit of persist is announced. resync: an announcement came that
+	// named no offsets (the one after each LISTEN among them), so what
+	// persist stored must be read once.
+	listening, resync atomic.Bool
 
 	// stored holds persist's stored next offsets as far as the projector
 	// knows them (from its announcements and its own reads of
@@ -154,13 +159,15 @@ func (p *Projector) Run(ctx context.Context) error {
 // listen signals p.persisted on every notification of persist's channel,
 // until ctx ends. Without it (or while it reconnects) waitForPersist polls.
 func (p *Projector) listen(ctx context.Context) {
-	pglisten.Run(ctx, p.cfg.DB, pglisten.Persisted, p.signalPersisted, p.cfg.Log,
+	pglisten.Run(ctx, p.cfg.DB, pglisten.Persisted, p.signalPersisted, p.listening.Store, p.cfg.Log,
 		"projection: LISTEN connection lost; polling for persist until it is back")
 }
 
 func (p *Projector) signalPersisted(payload string) {
 	if got := logsink.ParseAnnounce(p.cfg.Topic, payload); got != nil {
 		p.learn(got)
+	} else {
+		p.resync.Store(true)
 	}
 	select {
 	case p.persisted <- struct{}{}:
@@ -228,17 +235,24 @@ func (p *Projector) covered(next map[int32]int64) bool {
 	return true
 }
 
+// listenPoll is how long waitForPersist waits for an announcement while
+// listening before it reads consumer_offsets anyway.
+const listenPoll = time.Second
+
 // waitForPersist returns once persist's stored offsets reach next for every
-// partition of the batch. Persist's announcements usually say so already;
-// otherwise consumer_offsets is read.
+// partition of the batch. Persist's announcements usually say so already.
+// consumer_offsets is read when they cannot: while not listening (then
+// polling, backing off), once after each LISTEN or an announcement without
+// offsets, and after listenPoll without one.
 func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) error {
 	start := time.Now()
-	waited := false
+	waited, timedOut := false, false
 	delay := 2 * time.Millisecond
 	for {
-		if !p.covered(next) {
+		if !p.covered(next) && (timedOut || !p.listening.Load() || p.resync.Swap(false)) {
 			have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
 			if err != nil {
+				p.resync.Store(true)
 				return fmt.Errorf("projection: %w", err)
 			}
 			p.offsetReads.Add(1)
@@ -255,12 +269,21 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 		// Woken by persist's commit notification, or polling (backing off)
 		// when none comes: a notification that came before the read above
 		// is still queued, so none is missed.
+		wait := delay
+		if p.listening.Load() {
+			wait = listenPoll
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return ctx.Err()
 		case <-p.persisted:
-		case <-time.After(delay):
+			timedOut = false
+		case <-timer.C:
+			timedOut = true
 		}
+		timer.Stop()
 		delay = min(delay*2, 50*time.Millisecond)
 	}
 }

@@ -52,14 +52,19 @@ type Feed struct {
 	DB   *pgxpool.Pool
 	Sink Sink
 	Log  *slog.Logger
-	// Poll is how often the outbox is read without a notification
-	// (default 1 s): notifications only make delivery prompt.
+	// Poll is how often the outbox is read while the feed is not
+	// listening for notifications (default 1 s): before its LISTEN took
+	// effect, while it reconnects, after a read failed, or with NoListen.
+	// While it listens, each committed row's notification wakes it and it
+	// reads nothing otherwise.
 	Poll time.Duration
 	// NoListen turns notifications off: the feed only polls (for
 	// connection poolers that do not pass LISTEN through).
 	NoListen bool
 
 	last      atomic.Int64 // last outbox id processed
+	listening atomic.Bool  // a LISTEN is in effect
+	reads     atomic.Int64 // reads of the outbox
 	delivered atomic.Int64
 	markers   atomic.Int64
 	rowsRead  atomic.Int64
@@ -87,6 +92,8 @@ func (f *Feed) Collectors() []prometheus.Collector {
 			func() float64 { return float64(f.markers.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_rows_total", Help: "Delivery outbox rows processed."},
 			func() float64 { return float64(f.rowsRead.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_outbox_reads_total", Help: "Reads of the delivery outbox (woken by a notification, or polling while not listening)."},
+			func() float64 { return float64(f.reads.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "chatpipe_delivery_lost_total", Help: "Times outbox rows were trimmed before this gateway read them (devices told to resync)."},
 			func() float64 { return float64(f.lost.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_delivery_outbox_position", Help: "Last delivery outbox id processed."},
@@ -125,27 +132,36 @@ func (f *Feed) Run(ctx context.Context) error {
 	}
 	t := time.NewTicker(f.Poll)
 	defer t.Stop()
+	read, ok := true, true
 	for {
-		if err := f.drain(ctx); err != nil && ctx.Err() == nil {
-			f.Log.Warn("delivery: reading the outbox failed", "err", err)
+		if read {
+			err := f.drain(ctx)
+			if ok = err == nil; !ok && ctx.Err() == nil {
+				f.Log.Warn("delivery: reading the outbox failed", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+			read = true
 		case <-t.C:
+			// Listening, every committed row wakes the feed: a tick
+			// reads only without a LISTEN or after a failed read.
+			read = !ok || !f.listening.Load()
 		}
 	}
 }
 
-// listen signals wake on every delivery notification until ctx ends.
+// listen signals wake on every delivery notification, and once after each
+// LISTEN took effect, until ctx ends.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
 	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(string) {
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
-	}, f.Log, "delivery: LISTEN connection lost; polling until it is back")
+	}, f.listening.Store, f.Log, "delivery: LISTEN connection lost; polling until it is back")
 }
 
 type outboxRow struct {
@@ -169,6 +185,7 @@ func (f *Feed) drain(ctx context.Context) error {
 			FROM delivery_counter c LEFT JOIN LATERAL (
 				SELECT * FROM delivery_outbox WHERE id > $1 ORDER BY id LIMIT 200) o ON true
 			ORDER BY o.id`, last)
+		f.reads.Add(1)
 		if err != nil {
 			return fmt.Errorf("read outbox: %w", err)
 		}

@@ -87,8 +87,8 @@ type Config struct {
 	Handle func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error)
 	// Announce, if set, is a channel every batch Handle wrote is announced
 	// on (pg_notify queued last, so delivered at the commit, with the
-	// offsets stored as its payload: AnnouncePayload). A dead letter's
-	// transaction is not announced.
+	// offsets stored as its payload: AnnouncePayload), and so is each dead
+	// letter's transaction.
 	Announce string
 	// HoldBeforeCommit (fault tests only) runs every batch in an explicit
 	// transaction held open that long before its commit, so that a kill

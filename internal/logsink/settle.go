@@ -252,6 +252,12 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
 				return fmt.Errorf("insert dead letter: %w", err)
 			}
+			if c.cfg.Announce != "" {
+				// The offset moved: a listener waiting for it is told.
+				if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, []*kgo.Record{r})); err != nil {
+					return fmt.Errorf("dead letter: notify: %w", err)
+				}
+			}
 			return nil
 		})
 		if err == nil {

@@ -30,11 +30,19 @@ const (
 // LISTEN (for anything committed while it was not listening; payload "")
 // and on every notification, with its payload. A lost connection is
 // logged and dialled again after a second; wake must not block.
-func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(payload string), log *slog.Logger, lost string) {
+//
+// up, if not nil, is told true once a LISTEN took effect (before that
+// LISTEN's wake) and false once its connection is lost: while up, every
+// commit's notification reaches wake, so a listener need not poll.
+func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(payload string), up func(listening bool), log *slog.Logger, lost string) {
+	if up == nil {
+		up = func(bool) {}
+	}
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
 		if err == nil {
 			if _, err = conn.Exec(ctx, "LISTEN "+channel); err == nil {
+				up(true)
 				wake("")
 				for {
 					n, werr := conn.WaitForNotification(ctx)
@@ -44,6 +52,7 @@ func Run(ctx context.Context, db *pgxpool.Pool, channel string, wake func(payloa
 					}
 					wake(n.Payload)
 				}
+				up(false)
 			}
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			conn.Close(cctx)
