@@ -56,7 +56,7 @@ func (c *Client) run(conn *Conn, tok string) {
 		}
 		c.opts.Logger.Info("client: connection lost", "err", err, "close_code", websocket.CloseStatus(err))
 		for conn = nil; conn == nil; attempt++ {
-			if !sleep(c.ctx, Backoff(attempt, c.opts.BaseBackoff, c.opts.MaxBackoff)) {
+			if !jitter.Sleep(c.ctx, Backoff(attempt, c.opts.BaseBackoff, c.opts.MaxBackoff)) {
 				return
 			}
 			conn, tok, err = c.dial(c.ctx)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/jitter"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -54,7 +55,7 @@ func (c *Client) keepToken(ctx context.Context, tok string) {
 	}
 	wait := time.Until(c.refreshAt(time.Now(), exp))
 	for {
-		if !sleep(ctx, wait) {
+		if !jitter.Sleep(ctx, wait) {
 			return
 		}
 		next, retry, err := c.refreshOnce(ctx, exp)

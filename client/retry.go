@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/jitter"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -127,7 +128,7 @@ func (c *Client) writeCmd(ctx context.Context, req protocol.Request) (*protocol.
 			return nil, fmt.Errorf("client: %s %s: %w", req.Op, req.ConversationID, &protocol.Error{Code: r.Code, Message: r.Message, RetryAfterMS: r.RetryAfterMS})
 		}
 		wait := max(time.Duration(r.RetryAfterMS)*time.Millisecond, Backoff(min(attempt, 4), c.opts.BaseBackoff, c.opts.MaxBackoff))
-		if !sleep(ctx, wait) {
+		if !jitter.Sleep(ctx, wait) {
 			if c.ctx.Err() != nil {
 				return nil, ErrClosed
 			}
@@ -160,19 +161,8 @@ func (c *Client) read(ctx context.Context, req protocol.Request) (*frame, error)
 			return nil, fmt.Errorf("client: %s: %w", req.Op, &protocol.Error{Code: f.Code, Message: f.Message, RetryAfterMS: f.RetryAfterMS})
 		}
 		wait := max(time.Duration(f.RetryAfterMS)*time.Millisecond, Backoff(min(attempt, 4), c.opts.BaseBackoff, c.opts.MaxBackoff))
-		if !sleep(ctx, wait) {
+		if !jitter.Sleep(ctx, wait) {
 			return nil, fmt.Errorf("client: %s: %w", req.Op, ctx.Err())
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -1,9 +1,11 @@
 // Package jitter is the one exponential backoff with full jitter that the
 // clients, the load generator's devices and its re-sends share: before
-// attempt n, a wait drawn uniformly from [0, Ceiling(n, base, max)].
+// attempt n, a wait drawn uniformly from [0, Ceiling(n, base, max)]. Sleep
+// is the wait itself, cut short when its context ends.
 package jitter
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -39,4 +41,18 @@ func Full(ceiling time.Duration, randN func(n int64) int64) time.Duration {
 // Backoff is Full(Ceiling(n, base, max), nil): the wait before attempt n.
 func Backoff(n int, base, max time.Duration) time.Duration {
 	return Full(Ceiling(n, base, max), nil)
+}
+
+// Sleep waits for d or until ctx is done, whichever comes first, and
+// reports whether it waited the whole of d (false: ctx is done). Its timer
+// is stopped on return, so a wait cut short leaves nothing behind.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

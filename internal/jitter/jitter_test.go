@@ -1,6 +1,7 @@
 package jitter
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -47,5 +48,34 @@ func TestFull(t *testing.T) {
 		if d := Backoff(3, 10*time.Millisecond, time.Second); d < 0 || d > 80*time.Millisecond {
 			t.Fatalf("Backoff(3, 10ms, 1s) = %v", d)
 		}
+	}
+}
+
+// Sleep reports true after a whole wait, and false as soon as its context
+// ends: at once when it has ended already, or when it ends during a long
+// wait.
+func TestSleep(t *testing.T) {
+	start := time.Now()
+	if !Sleep(context.Background(), 20*time.Millisecond) {
+		t.Error("Sleep(background, 20ms) = false, want true")
+	}
+	if waited := time.Since(start); waited < 20*time.Millisecond {
+		t.Errorf("Sleep(background, 20ms) returned after %v", waited)
+	}
+
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if Sleep(done, time.Hour) {
+		t.Error("Sleep(cancelled, 1h) = true, want false")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start = time.Now()
+	if Sleep(ctx, time.Hour) {
+		t.Error("Sleep cancelled during the wait = true, want false")
+	}
+	if waited := time.Since(start); waited > time.Minute {
+		t.Errorf("Sleep cancelled after 20ms returned after %v", waited)
 	}
 }

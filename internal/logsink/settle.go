@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/jitter"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -192,7 +193,7 @@ func (c *Consumer) settle(ctx context.Context, recs []*kgo.Record, tries int, ha
 		default:
 			c.cfg.Log.Warn("batch failed; retrying", "consumer", c.cfg.Consumer, "records", len(recs), "sqlstate", state, "err", err)
 		}
-		if !sleep(ctx, backoff) {
+		if !jitter.Sleep(ctx, backoff) {
 			return nil
 		}
 		backoff = min(backoff*2, 5*time.Second)
@@ -210,17 +211,6 @@ func (c *Consumer) setHalted(err error) {
 		c.haltedGauge.Set(1)
 	} else {
 		c.haltedGauge.Set(0)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -273,7 +263,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 		}
 		c.cfg.Log.Warn("writing a dead letter failed; retrying", "consumer", c.cfg.Consumer,
 			"partition", r.Partition, "offset", r.Offset, "err", err)
-		if !sleep(ctx, backoff) {
+		if !jitter.Sleep(ctx, backoff) {
 			return
 		}
 		backoff = min(backoff*2, 5*time.Second)
