@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"math"
 	"os"
@@ -10,230 +9,236 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
-// The chatpipe roles, each its own process; their sum is "chatpipe".
-var chatpipeRoles = []string{"gateway", "w1", "w2", "persist", "projection"}
-
-// The other measured processes: dev hosts etcd (and Postgres, counted
-// apart); broker is `chatpipe kafka`.
-var otherProcs = []string{"dev", "broker", "postgres", "loadgen"}
-
-// window is the CPU seconds each process used between two snapshots of
-// run.sh (cpu/RUN.send and cpu/RUN.end), and the wall seconds between them.
-type window struct {
-	secs float64
-	cpu  map[string]float64
+// render writes BENCHMARKS.md from the results directory dir: each
+// section in the order the page shows them.
+func render(dir string) (string, error) {
+	res := readResults(dir)
+	var b strings.Builder
+	writeIntro(&b, res)
+	writeGoal(&b, res)
+	writeCPU(&b, res)
+	writeRuns(&b, res)
+	writeFloor(&b, res.floor, res.runs()...)
+	writeCeiling(&b, res)
+	writeProfiles(&b, res)
+	writeOtherFigures(&b, res)
+	writeSweep(&b, dir)
+	writeChecks(&b, dir)
+	fmt.Fprintf(&b, "## Commands\n\n```\n%s```\n", res.commands)
+	return b.String(), nil
 }
 
-func readSnap(path string) (float64, map[string]float64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, nil, err
+// results is what render reads of a results directory.
+type results struct {
+	dir      string
+	machine  []byte // machine.txt
+	commands []byte // commands.txt
+	knobs    map[string]float64
+	bench    map[string]map[string]float64 // bench.txt: name → unit → value
+	order    []string                      // bench.txt's names, in order
+	// The measured runs: latency at 1,000 msg/s, the profiled peak mix,
+	// saturation, 1:1 conversations and one hot conversation.
+	lat, mid, sat, one, hot runFig
+	floor                   floor
+	ceil                    map[string]float64 // ceiling.txt
+	ceilWin                 window             // CPU over the ceiling run
+	ceilOK                  bool
+	ceilRate                float64 // records reaching Postgres per second
+	profRunName             string  // the run the roles were profiled in
+}
+
+// readResults reads the results directory dir; a file that is missing
+// leaves its part empty.
+func readResults(dir string) results {
+	machine, _ := os.ReadFile(filepath.Join(dir, "machine.txt"))
+	commands, _ := os.ReadFile(filepath.Join(dir, "commands.txt"))
+	bench, order, _ := benchLines(filepath.Join(dir, "bench.txt"))
+	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
+	ceilWin, ceilOK := cpuWindow(dir, "ceiling")
+	profRun, _ := os.ReadFile(filepath.Join(dir, "prof", "run.txt"))
+	return results{
+		dir:         dir,
+		machine:     machine,
+		commands:    commands,
+		knobs:       keyValues(filepath.Join(dir, "knobs.txt")),
+		bench:       bench,
+		order:       order,
+		lat:         readRun(dir, "lat1000"),
+		mid:         readRun(dir, "r3000"),
+		sat:         readRun(dir, "saturation"),
+		one:         readRun(dir, "one1"),
+		hot:         readRun(dir, "hot"),
+		floor:       readFloor(dir),
+		ceil:        ceil,
+		ceilWin:     ceilWin,
+		ceilOK:      ceilOK,
+		ceilRate:    orNaN(ceil, "ceiling_msgs_per_sec"),
+		profRunName: strings.Fields(string(profRun) + " r3000")[0],
 	}
-	var wall float64
-	m := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
+}
+
+// runs are the measured runs in the order the tables list them.
+func (res results) runs() []runFig { return []runFig{res.lat, res.mid, res.sat, res.one, res.hot} }
+
+// writeIntro writes the title, how the figures are measured, and the
+// machine.
+func writeIntro(b *strings.Builder, res results) {
+	fmt.Fprintf(b, "# chatpipe benchmarks\n\nProduced by `tools/bench/run.sh` on one machine in one run; do not edit by hand: run the script again. The roles run as separate processes — `chatpipe gateway`, `chatpipe worker` ×2 (w1, w2), `chatpipe persist`, `chatpipe projection` — beside the broker (`chatpipe kafka`), `chatpipe dev` hosting etcd and Postgres (its own roles off), and `chatpipe loadgen`, all sharing the machine's cores. The stack is warmed up (5 s at 300 msg/s) and ANALYZEd before it is measured.\n\n")
+	fmt.Fprintf(b, "CPU is read per process from /proc (utime + stime) over each run's send window: from the start of loadgen's send phase until its last answer is in (send + drain; connect, conversation setup and the final device sync are not counted). **chatpipe** is gateway + w1 + w2 + persist + projection; it does not include dev (etcd, and the delivery feed of dev's own idle gateway), the broker or Postgres, which are shown apart. µs per message are over `accepted` messages; the gateway's µs per delivered event are over the event frames it queued to devices in the same window (`chatpipe_delivery_frames_total`), its whole CPU (accepting included) divided by them.\n\n")
+	fmt.Fprintf(b, "## Machine\n\n```\n%s```\n\n", res.machine)
+}
+
+// cpuWhy says where r's chatpipe CPU per message goes: each role's share,
+// largest first, and what the gateway's websocket writes alone cost at
+// the write floor fl.
+func cpuWhy(r runFig, fl floor) string {
+	if !r.ok {
+		return "no CPU window"
+	}
+	type part struct {
+		n string
+		v float64
+	}
+	var ps []part
+	for _, n := range chatpipeRoles {
+		ps = append(ps, part{n, r.roleUS(n)})
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i].v > ps[j].v })
+	var s []string
+	for _, p := range ps {
+		s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
+	}
+	w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
+	if least, priced := fl.writesUS(r); !math.IsNaN(least) {
+		w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run write floor those writes alone cost at least %s µs, about %s µs priced by their %s frames per write (\"Write floor\")",
+			num(r.framesPerMsg()), num(r.writesPerMsg()), num(least), num(priced), num(r.framesPerWrite()))
+	}
+	return w
+}
+
+// machineCores is the "cores: N" line of machine.txt (0 without one).
+func machineCores(machine []byte) float64 {
+	nproc := 0.0
+	for _, line := range strings.Split(string(machine), "\n") {
+		if v, ok := strings.CutPrefix(line, "cores: "); ok {
+			nproc, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
-		v, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			continue
+	}
+	return nproc
+}
+
+// goalRow is one figure of the goal table, measured against its target.
+type goalRow struct {
+	figure   string
+	measured float64
+	unit     string
+	target   float64
+	atMost   bool   // the target is a ceiling (≤), else a floor (≥)
+	beside   string // the same-run comparison, if any
+	why      string // where it falls short
+}
+
+func (g goalRow) met() (bool, bool) {
+	if math.IsNaN(g.measured) || g.measured <= 0 {
+		return false, false
+	}
+	if g.atMost {
+		return g.measured <= g.target, true
+	}
+	return g.measured >= g.target, true
+}
+
+// goalRows are the figures the goal sets, each measured in its run.
+func goalRows(res results) []goalRow {
+	lat, mid, sat, one, fl := res.lat, res.mid, res.sat, res.one, res.floor
+	nproc, ceilRate := machineCores(res.machine), res.ceilRate
+	satAll := sat.cores()
+	need := sat.chatpipeUS() * 25000 / 1e6
+	return []goalRow{
+		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at %.0f msg/s (run r3000, profiled)", mid.rep.Rate), measured: mid.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(mid, fl)},
+		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at saturation (offered %.0f msg/s)", sat.rep.Rate), measured: sat.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(sat, fl)},
+		{figure: "chatpipe CPU per accepted message, peak mix at 1,000 msg/s", measured: lat.chatpipeUS(), unit: "µs", target: 80, atMost: true, why: cpuWhy(lat, fl)},
+		{figure: fmt.Sprintf("chatpipe CPU per accepted message, 1:1 conversations, one device (`--devices 1 --groups 0`, %.0f msg/s offered)", one.rep.Rate), measured: one.chatpipeUS(), unit: "µs", target: 20, atMost: true, why: cpuWhy(one, fl)},
+		{figure: fmt.Sprintf("gateway CPU per delivered event, peak mix at %.0f msg/s (%d events)", mid.rep.Rate, mid.delivered), measured: mid.gatewayPerDelivery(), unit: "µs", target: 2, atMost: true,
+			beside: fl.beside(), why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway"))) + fl.gatewayWhy(mid)},
+		{figure: fmt.Sprintf("loadgen CPU per message, peak mix at %.0f msg/s", mid.rep.Rate), measured: mid.roleUS("loadgen"), unit: "µs", target: 15, atMost: true,
+			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen"))) + fl.loadgenWhy(mid)},
+		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
+			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
+			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
+		{figure: "`accepted` latency p99 at 1,000 msg/s", measured: lat.rep.AcceptedLat.P99MS, unit: "ms", target: 10, atMost: true,
+			why: fmt.Sprintf("p50 %.1f ms; every process together kept %s of %.0f cores busy, chatpipe %s", lat.rep.AcceptedLat.P50MS, num(lat.cores()), nproc, num(lat.cores(chatpipeRoles...)))},
+		{figure: "delivery latency p99 at 1,000 msg/s (send due → `event` at a member's device)", measured: lat.rep.DeliveryLat.P99MS, unit: "ms", target: 50, atMost: true,
+			why: fmt.Sprintf("p50 %.1f ms; see the gateway's and projection's profile tops", lat.rep.DeliveryLat.P50MS)},
+	}
+}
+
+// writeGoal writes the goal table: each figure beside its target, whether
+// it is met and, for those that are not, where they fall short.
+func writeGoal(b *strings.Builder, res results) {
+	rows := goalRows(res)
+	b.WriteString("## Goal (issue 17)\n\n| figure | measured | target | measured ÷ target | met? | same run, beside |\n|---|---|---|---|---|---|\n")
+	var unmet []goalRow
+	for _, g := range rows {
+		op := "≥"
+		if g.atMost {
+			op = "≤"
 		}
-		if f[0] == "wall" {
-			wall = v
-		} else {
-			m[f[0]] = v
-		}
-	}
-	return wall, m, nil
-}
-
-func cpuWindow(dir, run string) (window, bool) { return snapWindow(dir, "cpu", run) }
-
-// switchWindow is the context switches of each process over run's window
-// (switches/RUN.send and .end), in window's cpu field.
-func switchWindow(dir, run string) (window, bool) { return snapWindow(dir, "switches", run) }
-
-func snapWindow(dir, kind, run string) (window, bool) {
-	w0, a, err := readSnap(filepath.Join(dir, kind, run+".send"))
-	if err != nil {
-		return window{}, false
-	}
-	w1, b, err := readSnap(filepath.Join(dir, kind, run+".end"))
-	if err != nil || w1 <= w0 {
-		return window{}, false
-	}
-	w := window{secs: w1 - w0, cpu: map[string]float64{}}
-	for k, v := range b {
-		if u, ok := a[k]; ok {
-			w.cpu[k] = v - u
-		}
-	}
-	return w, true
-}
-
-func (w window) sum(names ...string) float64 {
-	var s float64
-	for _, n := range names {
-		s += w.cpu[n]
-	}
-	return s
-}
-
-func (w window) all() float64 {
-	var s float64
-	for _, v := range w.cpu {
-		s += v
-	}
-	return s
-}
-
-// us is CPU seconds as µs per n.
-func us(secs float64, n int64) float64 {
-	if n <= 0 {
-		return math.NaN()
-	}
-	return secs * 1e6 / float64(n)
-}
-
-// promSum sums the samples of a metric (all label sets) in a Prometheus
-// text snapshot; NaN when the file or the metric is missing.
-func promSum(path, metric string) float64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return math.NaN()
-	}
-	defer f.Close()
-	found, s := false, 0.0
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || (name != metric && !strings.HasPrefix(name, metric+"{")) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			s += v
-			found = true
-		}
-	}
-	if !found {
-		return math.NaN()
-	}
-	return s
-}
-
-// deliveredEvents is the gateway's event frames queued to devices over a
-// run's CPU window.
-func deliveredEvents(dir, run string) int64 {
-	return gatewayDelta(dir, run, "chatpipe_delivery_frames_total")
-}
-
-// gatewayDelta is how much the gateway's counter metric grew over run's
-// send window (0 when a snapshot lacks it).
-func gatewayDelta(dir, run, metric string) int64 {
-	a := promSum(filepath.Join(dir, "metrics", run+".gateway.send"), metric)
-	b := promSum(filepath.Join(dir, "metrics", run+".gateway.end"), metric)
-	if math.IsNaN(a) || math.IsNaN(b) {
-		return 0
-	}
-	return int64(b - a)
-}
-
-// keyValues reads "key value" lines.
-func keyValues(path string) map[string]float64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	m := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 {
-			if v, err := strconv.ParseFloat(f[1], 64); err == nil {
-				m[f[0]] = v
+		m, known := g.met()
+		verdict := "not measured"
+		if known {
+			verdict = met(m)
+			if !m {
+				verdict = "**not met**"
+				unmet = append(unmet, g)
 			}
 		}
+		beside := g.beside
+		if beside == "" {
+			beside = "—"
+		}
+		fmt.Fprintf(b, "| %s | %s %s | %s %g %s | %s | %s | %s |\n", g.figure, num(g.measured), g.unit, op, g.target, g.unit, ratio(g.measured, g.target), verdict, beside)
 	}
-	return m
+	if len(unmet) > 0 {
+		b.WriteString("\nWhere a goal is not met:\n\n")
+		for _, g := range unmet {
+			fmt.Fprintf(b, "- %s: %s.\n", g.figure, g.why)
+		}
+	}
+	fmt.Fprintf(b, "\nThe profiled run (%s) carries the profiler's own cost (a few per cent).\n\n", res.profRunName)
 }
 
-func orNaN(m map[string]float64, k string) float64 {
-	if v, ok := m[k]; ok {
-		return v
+// writeCPU writes each run's CPU per accepted message by process, the
+// cores each process kept busy and its context switches per message.
+func writeCPU(b *strings.Builder, res results) {
+	b.WriteString("## CPU per accepted message, by process\n\nµs of CPU per accepted message over the send window of each run.\n\n")
+	cols := append(append([]string{}, chatpipeRoles...), "chatpipe")
+	cols = append(cols, otherProcs...)
+	b.WriteString("| run | offered msg/s | accepted | window s | " + strings.Join(cols, " | ") + " | all | gateway µs per delivered event (events) |\n")
+	b.WriteString("|---|---|---|---|" + strings.Repeat("---|", len(cols)+2) + "\n")
+	for _, r := range res.runs() {
+		if !r.ok {
+			fmt.Fprintf(b, "| %s | %.0f | %d | — |%s — | — |\n", r.name, r.rep.Rate, r.rep.Accepted, strings.Repeat(" — |", len(cols)))
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %d | %.1f |", r.name, r.rep.Rate, r.rep.Accepted, r.win.secs)
+		for _, c := range cols {
+			v := r.roleUS(c)
+			if c == "chatpipe" {
+				fmt.Fprintf(b, " **%s** |", num(r.chatpipeUS()))
+				continue
+			}
+			fmt.Fprintf(b, " %s |", num(v))
+		}
+		fmt.Fprintf(b, " %s | %s (%d) |\n", num(us(r.win.all(), r.rep.Accepted)), num(r.gatewayPerDelivery()), r.delivered)
 	}
-	return math.NaN()
-}
-
-// runFig is what the report needs of one measured run.
-type runFig struct {
-	name      string
-	rep       *loadgen.Report
-	win       window
-	ok        bool // a CPU window was taken
-	delivered int64
-	wsMsgs    int64  // websocket messages the gateway wrote over the window
-	wsFrames  int64  // the frames in them
-	sw        window // context switches over the window
-	swOK      bool
-}
-
-// writesPerMsg is the websocket messages the gateway wrote per accepted
-// message, framesPerMsg the frames in them, framesPerWrite their ratio
-// (NaN when not counted).
-func (r runFig) writesPerMsg() float64   { return perOf(r.wsMsgs, r.rep.Accepted) }
-func (r runFig) framesPerMsg() float64   { return perOf(r.wsFrames, r.rep.Accepted) }
-func (r runFig) framesPerWrite() float64 { return perOf(r.wsFrames, r.wsMsgs) }
-
-func perOf(n, of int64) float64 {
-	if n <= 0 || of <= 0 {
-		return math.NaN()
-	}
-	return float64(n) / float64(of)
-}
-
-// switchesPer is the named processes' context switches per accepted
-// message (all processes when none is named).
-func (r runFig) switchesPer(names ...string) float64 {
-	if !r.swOK || r.rep.Accepted <= 0 {
-		return math.NaN()
-	}
-	n := r.sw.all()
-	if len(names) > 0 {
-		n = r.sw.sum(names...)
-	}
-	return n / float64(r.rep.Accepted)
-}
-
-func (r runFig) chatpipeUS() float64 { return us(r.win.sum(chatpipeRoles...), r.rep.Accepted) }
-func (r runFig) roleUS(n string) float64 {
-	if !r.ok {
-		return math.NaN()
-	}
-	return us(r.win.cpu[n], r.rep.Accepted)
-}
-func (r runFig) gatewayPerDelivery() float64 {
-	if !r.ok {
-		return math.NaN()
-	}
-	return us(r.win.cpu["gateway"], r.delivered)
-}
-
-// cores is how many of the machine's cores the named processes kept busy
-// over the window.
-func (r runFig) cores(names ...string) float64 {
-	if !r.ok || r.win.secs <= 0 {
-		return math.NaN()
-	}
-	if len(names) == 0 {
-		return r.win.all() / r.win.secs
-	}
-	return r.win.sum(names...) / r.win.secs
+	b.WriteString("\nCores kept busy over the same windows (CPU seconds ÷ wall seconds):\n\n")
+	perProcess(b, cols, res.runs(), func(r runFig) bool { return r.ok }, runFig.cores)
+	b.WriteString("\nContext switches per accepted message over the same windows (every thread's voluntary and involuntary switches, from /proc/PID/task/*/status). Each is a thread that slept, waiting for a socket, a lock or a timer, or was taken off its core, and ran again; at light load nearly every round trip of a message (websocket, link, broker, Postgres) costs some. A CPU profile does not show what they cost in the kernel, and on a virtual machine a switch can cost much more than the work it waits for.\n\n")
+	perProcess(b, cols, res.runs(), func(r runFig) bool { return r.swOK }, runFig.switchesPer)
+	b.WriteString("\n")
 }
 
 // perProcess writes a table of one figure per run and process: fig of the
@@ -257,210 +262,59 @@ func perProcess(b *strings.Builder, cols []string, runs []runFig, has func(runFi
 	}
 }
 
-type goalRow struct {
-	figure   string
-	measured float64
-	unit     string
-	target   float64
-	atMost   bool   // the target is a ceiling (≤), else a floor (≥)
-	beside   string // the same-run comparison, if any
-	why      string // where it falls short
-}
-
-func (g goalRow) met() (bool, bool) {
-	if math.IsNaN(g.measured) || g.measured <= 0 {
-		return false, false
-	}
-	if g.atMost {
-		return g.measured <= g.target, true
-	}
-	return g.measured >= g.target, true
-}
-
-func render(dir string) (string, error) {
-	var b strings.Builder
-	machine, _ := os.ReadFile(filepath.Join(dir, "machine.txt"))
-	commands, _ := os.ReadFile(filepath.Join(dir, "commands.txt"))
-	knobs := keyValues(filepath.Join(dir, "knobs.txt"))
-	bench, order, _ := benchLines(filepath.Join(dir, "bench.txt"))
-	get := func(run string) *loadgen.Report {
-		r, err := readReport(dir, run)
-		if err != nil {
-			return &loadgen.Report{Status: "missing"}
-		}
-		return r
-	}
-	fig := func(run string) runFig {
-		w, ok := cpuWindow(dir, run)
-		sw, swOK := switchWindow(dir, run)
-		return runFig{name: run, rep: get(run), win: w, ok: ok, delivered: deliveredEvents(dir, run), sw: sw, swOK: swOK,
-			wsMsgs: gatewayDelta(dir, run, "chatpipe_gateway_ws_messages_total"), wsFrames: gatewayDelta(dir, run, "chatpipe_gateway_ws_frames_total")}
-	}
-	lat, mid, sat, one, hot := fig("lat1000"), fig("r3000"), fig("saturation"), fig("one1"), fig("hot")
-	fl := readFloor(dir)
-	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
-	ceilWin, ceilOK := cpuWindow(dir, "ceiling")
-	ceilRate := orNaN(ceil, "ceiling_msgs_per_sec")
-	profRun, _ := os.ReadFile(filepath.Join(dir, "prof", "run.txt"))
-	profRunName := strings.Fields(string(profRun) + " r3000")[0]
-
-	fmt.Fprintf(&b, "# chatpipe benchmarks\n\nProduced by `tools/bench/run.sh` on one machine in one run; do not edit by hand: run the script again. The roles run as separate processes — `chatpipe gateway`, `chatpipe worker` ×2 (w1, w2), `chatpipe persist`, `chatpipe projection` — beside the broker (`chatpipe kafka`), `chatpipe dev` hosting etcd and Postgres (its own roles off), and `chatpipe loadgen`, all sharing the machine's cores. The stack is warmed up (5 s at 300 msg/s) and ANALYZEd before it is measured.\n\n")
-	fmt.Fprintf(&b, "CPU is read per process from /proc (utime + stime) over each run's send window: from the start of loadgen's send phase until its last answer is in (send + drain; connect, conversation setup and the final device sync are not counted). **chatpipe** is gateway + w1 + w2 + persist + projection; it does not include dev (etcd, and the delivery feed of dev's own idle gateway), the broker or Postgres, which are shown apart. µs per message are over `accepted` messages; the gateway's µs per delivered event are over the event frames it queued to devices in the same window (`chatpipe_delivery_frames_total`), its whole CPU (accepting included) divided by them.\n\n")
-	fmt.Fprintf(&b, "## Machine\n\n```\n%s```\n\n", machine)
-
-	// The goal (issue 17).
-	cpuWhy := func(r runFig) string {
-		if !r.ok {
-			return "no CPU window"
-		}
-		type part struct {
-			n string
-			v float64
-		}
-		var ps []part
-		for _, n := range chatpipeRoles {
-			ps = append(ps, part{n, r.roleUS(n)})
-		}
-		sort.Slice(ps, func(i, j int) bool { return ps[i].v > ps[j].v })
-		var s []string
-		for _, p := range ps {
-			s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
-		}
-		w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
-		if least, priced := fl.writesUS(r); !math.IsNaN(least) {
-			w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run write floor those writes alone cost at least %s µs, about %s µs priced by their %s frames per write (\"Write floor\")",
-				num(r.framesPerMsg()), num(r.writesPerMsg()), num(least), num(priced), num(r.framesPerWrite()))
-		}
-		return w
-	}
-	nproc := 0.0
-	for _, line := range strings.Split(string(machine), "\n") {
-		if v, ok := strings.CutPrefix(line, "cores: "); ok {
-			nproc, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	satAll := sat.cores()
-	need := sat.chatpipeUS() * 25000 / 1e6
-	rows := []goalRow{
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at %.0f msg/s (run r3000, profiled)", mid.rep.Rate), measured: mid.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(mid)},
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at saturation (offered %.0f msg/s)", sat.rep.Rate), measured: sat.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(sat)},
-		{figure: "chatpipe CPU per accepted message, peak mix at 1,000 msg/s", measured: lat.chatpipeUS(), unit: "µs", target: 80, atMost: true, why: cpuWhy(lat)},
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, 1:1 conversations, one device (`--devices 1 --groups 0`, %.0f msg/s offered)", one.rep.Rate), measured: one.chatpipeUS(), unit: "µs", target: 20, atMost: true, why: cpuWhy(one)},
-		{figure: fmt.Sprintf("gateway CPU per delivered event, peak mix at %.0f msg/s (%d events)", mid.rep.Rate, mid.delivered), measured: mid.gatewayPerDelivery(), unit: "µs", target: 2, atMost: true,
-			beside: fl.beside(), why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway"))) + fl.gatewayWhy(mid)},
-		{figure: fmt.Sprintf("loadgen CPU per message, peak mix at %.0f msg/s", mid.rep.Rate), measured: mid.roleUS("loadgen"), unit: "µs", target: 15, atMost: true,
-			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen"))) + fl.loadgenWhy(mid)},
-		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
-			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
-			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
-		{figure: "`accepted` latency p99 at 1,000 msg/s", measured: lat.rep.AcceptedLat.P99MS, unit: "ms", target: 10, atMost: true,
-			why: fmt.Sprintf("p50 %.1f ms; every process together kept %s of %.0f cores busy, chatpipe %s", lat.rep.AcceptedLat.P50MS, num(lat.cores()), nproc, num(lat.cores(chatpipeRoles...)))},
-		{figure: "delivery latency p99 at 1,000 msg/s (send due → `event` at a member's device)", measured: lat.rep.DeliveryLat.P99MS, unit: "ms", target: 50, atMost: true,
-			why: fmt.Sprintf("p50 %.1f ms; see the gateway's and projection's profile tops", lat.rep.DeliveryLat.P50MS)},
-	}
-	b.WriteString("## Goal (issue 17)\n\n| figure | measured | target | measured ÷ target | met? | same run, beside |\n|---|---|---|---|---|---|\n")
-	var unmet []goalRow
-	for _, g := range rows {
-		op := "≥"
-		if g.atMost {
-			op = "≤"
-		}
-		m, known := g.met()
-		verdict := "not measured"
-		if known {
-			verdict = met(m)
-			if !m {
-				verdict = "**not met**"
-				unmet = append(unmet, g)
-			}
-		}
-		beside := g.beside
-		if beside == "" {
-			beside = "—"
-		}
-		fmt.Fprintf(&b, "| %s | %s %s | %s %g %s | %s | %s | %s |\n", g.figure, num(g.measured), g.unit, op, g.target, g.unit, ratio(g.measured, g.target), verdict, beside)
-	}
-	if len(unmet) > 0 {
-		b.WriteString("\nWhere a goal is not met:\n\n")
-		for _, g := range unmet {
-			fmt.Fprintf(&b, "- %s: %s.\n", g.figure, g.why)
-		}
-	}
-	fmt.Fprintf(&b, "\nThe profiled run (%s) carries the profiler's own cost (a few per cent).\n\n", profRunName)
-
-	// Per-role CPU.
-	b.WriteString("## CPU per accepted message, by process\n\nµs of CPU per accepted message over the send window of each run.\n\n")
-	cols := append(append([]string{}, chatpipeRoles...), "chatpipe")
-	cols = append(cols, otherProcs...)
-	b.WriteString("| run | offered msg/s | accepted | window s | " + strings.Join(cols, " | ") + " | all | gateway µs per delivered event (events) |\n")
-	b.WriteString("|---|---|---|---|" + strings.Repeat("---|", len(cols)+2) + "\n")
-	for _, r := range []runFig{lat, mid, sat, one, hot} {
-		if !r.ok {
-			fmt.Fprintf(&b, "| %s | %.0f | %d | — |%s — | — |\n", r.name, r.rep.Rate, r.rep.Accepted, strings.Repeat(" — |", len(cols)))
-			continue
-		}
-		fmt.Fprintf(&b, "| %s | %.0f | %d | %.1f |", r.name, r.rep.Rate, r.rep.Accepted, r.win.secs)
-		for _, c := range cols {
-			v := r.roleUS(c)
-			if c == "chatpipe" {
-				fmt.Fprintf(&b, " **%s** |", num(r.chatpipeUS()))
-				continue
-			}
-			fmt.Fprintf(&b, " %s |", num(v))
-		}
-		fmt.Fprintf(&b, " %s | %s (%d) |\n", num(us(r.win.all(), r.rep.Accepted)), num(r.gatewayPerDelivery()), r.delivered)
-	}
-	b.WriteString("\nCores kept busy over the same windows (CPU seconds ÷ wall seconds):\n\n")
-	perProcess(&b, cols, []runFig{lat, mid, sat, one, hot}, func(r runFig) bool { return r.ok }, runFig.cores)
-	b.WriteString("\nContext switches per accepted message over the same windows (every thread's voluntary and involuntary switches, from /proc/PID/task/*/status). Each is a thread that slept, waiting for a socket, a lock or a timer, or was taken off its core, and ran again; at light load nearly every round trip of a message (websocket, link, broker, Postgres) costs some. A CPU profile does not show what they cost in the kernel, and on a virtual machine a switch can cost much more than the work it waits for.\n\n")
-	perProcess(&b, cols, []runFig{lat, mid, sat, one, hot}, func(r runFig) bool { return r.swOK }, runFig.switchesPer)
-	b.WriteString("\n")
-
-	// Latency and throughput of every run.
+// writeRuns writes every run's load, throughput and latency, and whether
+// the saturation run saturated.
+func writeRuns(b *strings.Builder, res results) {
+	sat := res.sat
 	b.WriteString("## Runs\n\n| run | load | sent / accepted | accepted/s (best second) | accepted p50 / p99 | delivery p50 / p99 | deliveries (loadgen) | re-sends | status |\n|---|---|---|---|---|---|---|---|---|\n")
 	loads := map[string]string{"lat1000": "peak mix", "r3000": "peak mix", "saturation": "peak mix, above capacity", "one1": "1:1, one device", "hot": "one hot conversation"}
-	for _, r := range []runFig{lat, mid, sat, one, hot} {
-		fmt.Fprintf(&b, "| %s | %s, %.0f msg/s for %s, %d users × %d devices | %d / %d | %s (%d) | %.1f / %.1f ms | %.1f / %.1f ms | %d | %d | %s |\n",
+	for _, r := range res.runs() {
+		fmt.Fprintf(b, "| %s | %s, %.0f msg/s for %s, %d users × %d devices | %d / %d | %s (%d) | %.1f / %.1f ms | %.1f / %.1f ms | %d | %d | %s |\n",
 			r.name, loads[r.name], r.rep.Rate, r.rep.Duration, r.rep.Users, r.rep.Devices, r.rep.Sent, r.rep.Accepted, num(r.rep.AcceptedPerSec), r.rep.PeakPerSec,
 			r.rep.AcceptedLat.P50MS, r.rep.AcceptedLat.P99MS, r.rep.DeliveryLat.P50MS, r.rep.DeliveryLat.P99MS, r.rep.Deliveries, r.rep.Resends, r.rep.Status)
 	}
 	if sat.rep.GivenUp > 0 {
-		fmt.Fprintf(&b, "\n**The saturation run collapsed**: %d commands were given up and %d re-sent after timeouts (its backlog outgrew loadgen's answer timeout), so its %s accepted/s of %.0f offered measure the collapse, not the capacity; run again with a lower BENCH_SAT_RATE or a shorter BENCH_SAT_SECS.\n", sat.rep.GivenUp, sat.rep.Resends, num(sat.rep.AcceptedPerSec), sat.rep.Rate)
+		fmt.Fprintf(b, "\n**The saturation run collapsed**: %d commands were given up and %d re-sent after timeouts (its backlog outgrew loadgen's answer timeout), so its %s accepted/s of %.0f offered measure the collapse, not the capacity; run again with a lower BENCH_SAT_RATE or a shorter BENCH_SAT_SECS.\n", sat.rep.GivenUp, sat.rep.Resends, num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	} else if sat.rep.Rate > 0 && sat.rep.AcceptedPerSec >= 0.95*sat.rep.Rate {
-		fmt.Fprintf(&b, "\n**The saturation run did not saturate**: %s accepted/s of %.0f offered, so its figure is a floor of the capacity, not the capacity; run again with a higher BENCH_SAT_RATE.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
+		fmt.Fprintf(b, "\n**The saturation run did not saturate**: %s accepted/s of %.0f offered, so its figure is a floor of the capacity, not the capacity; run again with a higher BENCH_SAT_RATE.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	} else if sat.rep.Rate > 0 {
-		fmt.Fprintf(&b, "\nThe saturation run saturated: %s accepted/s of %.0f offered.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
+		fmt.Fprintf(b, "\nThe saturation run saturated: %s accepted/s of %.0f offered.\n", num(sat.rep.AcceptedPerSec), sat.rep.Rate)
 	}
 	b.WriteString("\n")
+}
 
-	writeFloor(&b, fl, lat, mid, sat, one, hot)
-
-	// The bare-pipeline ceiling.
+// writeCeiling writes the bare pipeline's ceiling, measured in the same
+// run, beside chatpipe at saturation.
+func writeCeiling(b *strings.Builder, res results) {
+	ceil, ceilWin, ceilRate, sat := res.ceil, res.ceilWin, res.ceilRate, res.sat
 	b.WriteString("## Bare-pipeline ceiling (same broker, same Postgres, same run)\n\n")
 	if len(ceil) == 0 {
 		b.WriteString("Not measured (see logs/ceiling.log).\n\n")
 	} else {
-		fmt.Fprintf(&b, "`tools/bench/ceiling`: %.0f transactional producers, %.0f records of %.0f bytes per transaction, one partition each → the broker → persist's own consumer (read_committed group consumer, one multi-row `INSERT … ON CONFLICT` per poll plus the offsets in one Postgres transaction) → a scratch database with chatpipe's schema. Producers wait while Postgres is more than 20,000 records behind, so the rate is sustained.\n\n",
+		fmt.Fprintf(b, "`tools/bench/ceiling`: %.0f transactional producers, %.0f records of %.0f bytes per transaction, one partition each → the broker → persist's own consumer (read_committed group consumer, one multi-row `INSERT … ON CONFLICT` per poll plus the offsets in one Postgres transaction) → a scratch database with chatpipe's schema. Producers wait while Postgres is more than 20,000 records behind, so the rate is sustained.\n\n",
 			orNaN(ceil, "producers"), orNaN(ceil, "batch"), orNaN(ceil, "record_bytes"))
-		fmt.Fprintf(&b, "| records reaching Postgres/s | produced/s | transactions/s | window | beside: chatpipe at saturation | chatpipe ÷ ceiling |\n|---|---|---|---|---|---|\n| **%s** | %s | %s | %.0f s | %s msg/s | %s |\n\n",
+		fmt.Fprintf(b, "| records reaching Postgres/s | produced/s | transactions/s | window | beside: chatpipe at saturation | chatpipe ÷ ceiling |\n|---|---|---|---|---|---|\n| **%s** | %s | %s | %.0f s | %s msg/s | %s |\n\n",
 			num(ceilRate), num(orNaN(ceil, "produced_per_sec")), num(orNaN(ceil, "txn_per_sec")), orNaN(ceil, "window_secs"), num(sat.rep.AcceptedPerSec), ratio(sat.rep.AcceptedPerSec, ceilRate))
-		if ceilOK {
+		if res.ceilOK {
 			in := int64(orNaN(ceil, "inserted"))
-			fmt.Fprintf(&b, "CPU per record over the ceiling run: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs; the idle chatpipe roles %s µs.\n\n",
+			fmt.Fprintf(b, "CPU per record over the ceiling run: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs; the idle chatpipe roles %s µs.\n\n",
 				num(us(orNaN(ceil, "cpu_secs"), in)), num(us(ceilWin.cpu["broker"], in)), num(us(ceilWin.cpu["postgres"], in)), num(us(ceilWin.sum(chatpipeRoles...), in)))
 		}
 	}
+}
 
-	// Profile tops.
-	fmt.Fprintf(&b, "## CPU profile tops, by role (during %s)\n\n", profRunName)
-	fmt.Fprintf(&b, "Each role's `/debug/pprof/profile` for %.0f s inside the send phase of %s: `go tool pprof -top -nodecount=15` (flat: where the CPU is spent), then the same with `-cum` (which calls it is spent under). The raw profiles are in results/prof/. dev's profile is etcd's, and the idle gateway inside dev polling the delivery outbox. loadgen's (`--cpuprofile`) covers its whole run, connecting and conversation setup included.\n\n", orNaN(knobs, "prof_secs"), profRunName)
+// writeProfiles writes each role's CPU profile top, flat and cumulative.
+func writeProfiles(b *strings.Builder, res results) {
+	dir, profRunName := res.dir, res.profRunName
+	fmt.Fprintf(b, "## CPU profile tops, by role (during %s)\n\n", profRunName)
+	fmt.Fprintf(b, "Each role's `/debug/pprof/profile` for %.0f s inside the send phase of %s: `go tool pprof -top -nodecount=15` (flat: where the CPU is spent), then the same with `-cum` (which calls it is spent under). The raw profiles are in results/prof/. dev's profile is etcd's, and the idle gateway inside dev polling the delivery outbox. loadgen's (`--cpuprofile`) covers its whole run, connecting and conversation setup included.\n\n", orNaN(res.knobs, "prof_secs"), profRunName)
 	for _, role := range append(append([]string{}, chatpipeRoles...), "dev", "loadgen") {
 		top, err := os.ReadFile(filepath.Join(dir, "prof", role+".top"))
 		if err != nil || len(top) == 0 {
-			fmt.Fprintf(&b, "### %s\n\nno profile\n\n", role)
+			fmt.Fprintf(b, "### %s\n\nno profile\n\n", role)
 			continue
 		}
-		fmt.Fprintf(&b, "### %s\n\n```\n%s```\n\n", role, top)
+		fmt.Fprintf(b, "### %s\n\n```\n%s```\n\n", role, top)
 		if cum, err := os.ReadFile(filepath.Join(dir, "prof", role+".cum")); err == nil && len(cum) > 0 {
 			// (the header repeats the flat top's)
 			lines := strings.Split(string(cum), "\n")
@@ -470,11 +324,15 @@ func render(dir string) (string, error) {
 					break
 				}
 			}
-			fmt.Fprintf(&b, "%s, by cumulative time:\n\n```\n%s```\n\n", role, strings.Join(lines, "\n"))
+			fmt.Fprintf(b, "%s, by cumulative time:\n\n```\n%s```\n\n", role, strings.Join(lines, "\n"))
 		}
 	}
+}
 
-	// The rest of the old figures.
+// writeOtherFigures writes events per transaction at saturation and in
+// the hot conversation, takeover times and the bare parts' benchmarks.
+func writeOtherFigures(b *strings.Builder, res results) {
+	dir, bench, order, hot := res.dir, res.bench, res.order, res.hot
 	b.WriteString("## Other figures\n\n")
 	hotD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "hot.send"), filepath.Join(dir, "metrics", "hot.end"))
 	satD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "saturation.send"), filepath.Join(dir, "metrics", "saturation.end"))
@@ -485,11 +343,11 @@ func render(dir string) (string, error) {
 	if v, ok := bench["TxnProduce/producers=1/batch=1/partitions=one"]["txn/s"]; ok && v > 0 {
 		oneTxnMS = 1000 / v
 	}
-	fmt.Fprintf(&b, "- Saturation: %.1f events per Kafka transaction.\n", satD.eventsPerTxn())
-	fmt.Fprintf(&b, "- One hot conversation (20 members, offered %.0f msg/s): %s msg/s (best second %d), p99 %.1f ms, %.1f events per transaction; one transactional producer at 100 records per transaction: %s records/s.\n",
+	fmt.Fprintf(b, "- Saturation: %.1f events per Kafka transaction.\n", satD.eventsPerTxn())
+	fmt.Fprintf(b, "- One hot conversation (20 members, offered %.0f msg/s): %s msg/s (best second %d), p99 %.1f ms, %.1f events per transaction; one transactional producer at 100 records per transaction: %s records/s.\n",
 		hot.rep.Rate, num(hot.rep.AcceptedPerSec), hot.rep.PeakPerSec, hot.rep.AcceptedLat.P99MS, hotD.eventsPerTxn(), num(oneProducer))
 	if tk := takeovers(filepath.Join(dir, "takeover.log")); len(tk) > 0 {
-		fmt.Fprintf(&b, "- Takeover, claim → accepting, a joining worker taking %d vshards by hand-off: p50 %v, max %v (one bare transaction: %s ms).\n",
+		fmt.Fprintf(b, "- Takeover, claim → accepting, a joining worker taking %d vshards by hand-off: p50 %v, max %v (one bare transaction: %s ms).\n",
 			len(tk), tk[len(tk)/2].Round(time.Millisecond), tk[len(tk)-1].Round(time.Millisecond), num(oneTxnMS))
 	} else {
 		b.WriteString("- Takeover: not measured (no takeover in the worker's log).\n")
@@ -499,22 +357,26 @@ func render(dir string) (string, error) {
 		b.WriteString("### Ceilings of the bare parts (`go test ./tools/bench -bench`)\n\n| benchmark | records/s | transactions/s | rows/s |\n|-----------|-----------|----------------|--------|\n")
 		for _, name := range order {
 			v := bench[name]
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, numOr(v, "records/s"), numOr(v, "txn/s"), numOr(v, "rows/s"))
+			fmt.Fprintf(b, "| %s | %s | %s | %s |\n", name, numOr(v, "records/s"), numOr(v, "txn/s"), numOr(v, "rows/s"))
 		}
 		b.WriteString("\nRecords of 350 bytes (a message record with a 100-byte body); `one` keeps a producer's records in one partition as a vshard's are, `spread` spreads one transaction over all 8 partitions; the last TxnProduce case matches the saturation run (producers = vshards, batch = its events per transaction).\n\n")
 	}
+}
 
+// writeSweep writes the group-commit sweep, vshards × linger budget, when
+// it was run (sweep.txt: vshards, linger budget and run name per line).
+func writeSweep(b *strings.Builder, dir string) {
 	if sweep, err := os.ReadFile(filepath.Join(dir, "sweep.txt")); err == nil && len(strings.TrimSpace(string(sweep))) > 0 {
 		b.WriteString("## Group commit: vshards × linger budget at 1,000 msg/s\n\n")
 		budget, _ := os.ReadFile(filepath.Join(dir, "sweep-budget.txt"))
-		fmt.Fprintf(&b, "Each row is a fresh all-in-one stack (`chatpipe dev --vshards V --linger-max L --txn-budget %s`, 2 workers in it) with the peak mix at 1,000 msg/s; the rows compare with one another, not with the figures above. The small transaction budget makes every vshard's arrivals outpace its share, so a writer lingers up to L. `off` never lingers.\n\n", strings.TrimSpace(string(budget)))
+		fmt.Fprintf(b, "Each row is a fresh all-in-one stack (`chatpipe dev --vshards V --linger-max L --txn-budget %s`, 2 workers in it) with the peak mix at 1,000 msg/s; the rows compare with one another, not with the figures above. The small transaction budget makes every vshard's arrivals outpace its share, so a writer lingers up to L. `off` never lingers.\n\n", strings.TrimSpace(string(budget)))
 		b.WriteString("| vshards | linger budget | Kafka transactions/s | events per transaction | `accepted` p50 | `accepted` p99 | broker CPU (cores) |\n|---|---|---|---|---|---|---|\n")
 		for _, line := range strings.Split(strings.TrimSpace(string(sweep)), "\n") {
 			f := strings.Fields(line)
 			if len(f) != 3 {
 				continue
 			}
-			r := fig(f[2])
+			r := readRun(dir, f[2])
 			d, _ := metricDeltaBetween(filepath.Join(dir, "metrics", f[2]+".send"), filepath.Join(dir, "metrics", f[2]+".end"))
 			l := f[1]
 			if strings.HasPrefix(l, "-") {
@@ -524,12 +386,16 @@ func render(dir string) (string, error) {
 			if r.ok {
 				tps = d.commits / r.win.secs
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %.1f ms | %.1f ms | %s |\n", f[0], l, num(tps), d.eventsPerTxn(),
+			fmt.Fprintf(b, "| %s | %s | %s | %.2f | %.1f ms | %.1f ms | %s |\n", f[0], l, num(tps), d.eventsPerTxn(),
 				r.rep.AcceptedLat.P50MS, r.rep.AcceptedLat.P99MS, num(r.cores("broker")))
 		}
 		b.WriteString("\n")
 	}
+}
 
+// writeChecks writes the result of `chatpipe check` of every run, with
+// the start of a failed check's output.
+func writeChecks(b *strings.Builder, dir string) {
 	b.WriteString("## `chatpipe check` of every run\n\n| run | result |\n|---|---|\n")
 	var failed []string
 	checked := []string{"lat1000", "r3000", "saturation", "one1", "hot"}
@@ -551,7 +417,7 @@ func render(dir string) (string, error) {
 				failed = append(failed, run)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s |\n", run, res)
+		fmt.Fprintf(b, "| %s | %s |\n", run, res)
 	}
 	b.WriteString("\n")
 	for _, run := range failed {
@@ -560,11 +426,9 @@ func render(dir string) (string, error) {
 		if len(lines) > 20 {
 			lines = lines[:20]
 		}
-		fmt.Fprintf(&b, "`chatpipe check` of %s:\n\n```\n%s\n```\n\n", run, strings.Join(lines, "\n"))
+		fmt.Fprintf(b, "`chatpipe check` of %s:\n\n```\n%s\n```\n\n", run, strings.Join(lines, "\n"))
 	}
 	if out, err := os.ReadFile(filepath.Join(dir, "check-lat1000.txt")); err == nil && len(out) > 0 && len(failed) == 0 {
-		fmt.Fprintf(&b, "`chatpipe check` of lat1000:\n\n```\n%s```\n\n", out)
+		fmt.Fprintf(b, "`chatpipe check` of lat1000:\n\n```\n%s```\n\n", out)
 	}
-	fmt.Fprintf(&b, "## Commands\n\n```\n%s```\n", commands)
-	return b.String(), nil
 }
