@@ -165,6 +165,11 @@ var newline = []byte{'\n'}
 // ends whatever read or write is in flight.
 var noDeadline = context.Background()
 
+// run serves the session until its connection ends: the read loop here,
+// beside the writer, the backlog's catch-up and the pinger. The session
+// ends (ctx is cancelled, which closes the connection) when the read loop
+// returns or the writer or the pinger gives up on the peer; run returns
+// once all of them, and every command still running, have.
 func (s *session) run(parent context.Context) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -173,57 +178,9 @@ func (s *session) run(parent context.Context) {
 	context.AfterFunc(ctx, func() { s.c.CloseNow() })
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // writer
+	go func() {
 		defer wg.Done()
-		// One deadline for what is queued at each wake-up (at most a
-		// buffer's worth): a timer re-armed per wake-up, not one per
-		// write. When it fires the connection is done for: it is closed.
-		var timedOut atomic.Bool
-		deadline := time.AfterFunc(time.Hour, func() { timedOut.Store(true); s.c.CloseNow() })
-		deadline.Stop()
-		defer deadline.Stop()
-		for {
-			var b []byte
-			select {
-			case b = <-s.out:
-				s.took()
-			case <-ctx.Done():
-				return
-			}
-			deadline.Reset(writeTimeout)
-			var err error
-			var frames, msgs int64
-			if s.batch {
-				frames, msgs, err = s.writeBatch(b)
-			} else { // b and what is queued behind it, one message each
-				for n := len(s.out); ; n-- {
-					if err = s.c.Write(noDeadline, websocket.MessageText, b); err != nil {
-						break
-					}
-					frames++
-					if n == 0 {
-						break
-					}
-					b = <-s.out
-					s.took()
-				}
-				msgs = frames
-			}
-			deadline.Stop()
-			s.g.wsMessages.Add(msgs)
-			s.g.wsFrames.Add(frames)
-			if err != nil {
-				if timedOut.Load() && !s.closing.Swap(true) {
-					// The deadline fired: the peer stopped reading (the
-					// close frame could not be written either). Whether
-					// the reader saw the connection end first and ended
-					// the session does not matter.
-					s.countSlow()
-				}
-				cancel()
-				return
-			}
-		}
+		s.writeLoop(ctx, cancel)
 	}()
 	wg.Add(1)
 	go func() { // reads back the pushes the send buffer had no room for
@@ -231,28 +188,105 @@ func (s *session) run(parent context.Context) {
 		s.catchUp(ctx)
 	}()
 	wg.Add(1)
-	go func() { // liveness: a peer that stops answering pings is closed
+	go func() {
 		defer wg.Done()
-		t := time.NewTicker(s.g.cfg.PingInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				pctx, pcancel := context.WithTimeout(ctx, s.g.cfg.PingInterval)
-				err := s.c.Ping(pctx)
-				pcancel()
-				if err != nil {
-					s.c.Close(websocket.StatusPolicyViolation, "ping timeout")
-					cancel()
-					return
-				}
-			case <-ctx.Done():
-				return
-			}
-		}
+		s.pingLoop(ctx, cancel)
 	}()
 	defer wg.Wait()
 	defer cancel()
+	s.readLoop(ctx, &wg)
+}
+
+// writeLoop is the session's one writer: it writes the send buffer's
+// frames in the order queued until ctx ends, or until a write fails,
+// which ends the session (cancel).
+func (s *session) writeLoop(ctx context.Context, cancel context.CancelFunc) {
+	// One deadline for what is queued at each wake-up (at most a
+	// buffer's worth): a timer re-armed per wake-up, not one per
+	// write. When it fires the connection is done for: it is closed.
+	var timedOut atomic.Bool
+	deadline := time.AfterFunc(time.Hour, func() { timedOut.Store(true); s.c.CloseNow() })
+	deadline.Stop()
+	defer deadline.Stop()
+	for {
+		var b []byte
+		select {
+		case b = <-s.out:
+			s.took()
+		case <-ctx.Done():
+			return
+		}
+		deadline.Reset(writeTimeout)
+		var err error
+		var frames, msgs int64
+		if s.batch {
+			frames, msgs, err = s.writeBatch(b)
+		} else {
+			frames, msgs, err = s.writeEach(b)
+		}
+		deadline.Stop()
+		s.g.wsMessages.Add(msgs)
+		s.g.wsFrames.Add(frames)
+		if err != nil {
+			if timedOut.Load() && !s.closing.Swap(true) {
+				// The deadline fired: the peer stopped reading (the
+				// close frame could not be written either). Whether
+				// the reader saw the connection end first and ended
+				// the session does not matter.
+				s.countSlow()
+			}
+			cancel()
+			return
+		}
+	}
+}
+
+// writeEach writes first and every frame queued behind it, one message
+// each (a connection without batching). It returns how many frames and
+// messages it wrote: the same count.
+func (s *session) writeEach(first []byte) (frames, msgs int64, err error) {
+	b := first
+	for n := len(s.out); ; n-- {
+		if err = s.c.Write(noDeadline, websocket.MessageText, b); err != nil {
+			break
+		}
+		frames++
+		if n == 0 {
+			break
+		}
+		b = <-s.out
+		s.took()
+	}
+	return frames, frames, err
+}
+
+// pingLoop is the session's liveness check: a peer that does not answer a
+// ping within PingInterval is closed, and the session ends (cancel).
+func (s *session) pingLoop(ctx context.Context, cancel context.CancelFunc) {
+	t := time.NewTicker(s.g.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			pctx, pcancel := context.WithTimeout(ctx, s.g.cfg.PingInterval)
+			err := s.c.Ping(pctx)
+			pcancel()
+			if err != nil {
+				s.c.Close(websocket.StatusPolicyViolation, "ping timeout")
+				cancel()
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// readLoop reads the device's frames until the connection ends. A refresh
+// is answered before the next frame is read; a frame that does not decode,
+// or a command the session does not admit, is refused; every other command
+// runs on a goroutine of its own (wg), at most MaxInFlight at once.
+func (s *session) readLoop(ctx context.Context, wg *sync.WaitGroup) {
 	for {
 		typ, frame, err := s.c.Read(noDeadline)
 		if err != nil {
@@ -275,11 +309,7 @@ func (s *session) run(parent context.Context) {
 			perr = s.admit(start)
 		}
 		if perr != nil {
-			s.g.stats.Rejected.Add(1)
-			op := s.g.opLabel(req)
-			s.g.count(op, perr.Code)
-			s.send(protocol.Rejected(id, perr))
-			s.g.observe(op, start)
+			s.refuse(req, id, perr, start)
 			continue
 		}
 		select {
@@ -291,32 +321,50 @@ func (s *session) run(parent context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-s.sem }()
-			op := s.g.opLabel(req)
-			var (
-				code     protocol.Code
-				answered bool
-			)
-			switch req.Op {
-			case protocol.OpSync:
-				code, answered = s.sync(ctx, req)
-			case protocol.OpHistory:
-				code, answered = s.history(ctx, req)
-			case protocol.OpConversations:
-				code, answered = s.conversations(ctx, req)
-			default:
-				rep := s.g.handle(ctx, s.user, req) // counts it
-				if req.Op != protocol.OpRead {      // a marker names a seq already in the read model
-					s.wrote(ctx, rep) // before the client can see it: its next read waits for it
-				}
-				s.send(rep)
-				s.g.observe(op, start)
-				return
-			}
-			if answered { // not when the connection went away first
-				s.g.count(op, code)
-				s.g.observe(op, start)
-			}
+			s.execute(ctx, req, start)
 		}()
+	}
+}
+
+// refuse answers a frame refused before any writer saw it (it does not
+// decode, its token expired, or the user is over the rate limit) with
+// perr, counted under req's op.
+func (s *session) refuse(req *protocol.Request, id string, perr *protocol.Error, start time.Time) {
+	s.g.stats.Rejected.Add(1)
+	op := s.g.opLabel(req)
+	s.g.count(op, perr.Code)
+	s.send(protocol.Rejected(id, perr))
+	s.g.observe(op, start)
+}
+
+// execute runs an admitted command and answers it: sync, history and
+// conversations from the read model, every other op through its writer
+// (g.handle, which counts it).
+func (s *session) execute(ctx context.Context, req *protocol.Request, start time.Time) {
+	op := s.g.opLabel(req)
+	var (
+		code     protocol.Code
+		answered bool
+	)
+	switch req.Op {
+	case protocol.OpSync:
+		code, answered = s.sync(ctx, req)
+	case protocol.OpHistory:
+		code, answered = s.history(ctx, req)
+	case protocol.OpConversations:
+		code, answered = s.conversations(ctx, req)
+	default:
+		rep := s.g.handle(ctx, s.user, req) // counts it
+		if req.Op != protocol.OpRead {      // a marker names a seq already in the read model
+			s.wrote(ctx, rep) // before the client can see it: its next read waits for it
+		}
+		s.send(rep)
+		s.g.observe(op, start)
+		return
+	}
+	if answered { // not when the connection went away first
+		s.g.count(op, code)
+		s.g.observe(op, start)
 	}
 }
 
