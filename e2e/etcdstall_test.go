@@ -23,8 +23,8 @@ const stormBound = 30 * time.Second
 
 // TestEtcdLeaderStall stops the raft leader of a three-member etcd cluster
 // with SIGSTOP, under load, until the workers' leases have expired
-// (catalogue 5). Both workers talk to that member only (as with a local
-// etcd member per host), so neither can renew: each stops accepting a
+// (docs/reliability.md). Both workers talk to that member only (as with a
+// local etcd member per host), so neither can renew: each stops accepting a
 // margin before its lease's deadline, the other two members elect a new
 // leader, which lets every worker lease and coordinator session expire at
 // once; nobody is left to reassign. On SIGCONT the workers learn that

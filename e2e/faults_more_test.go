@@ -147,8 +147,8 @@ func dialable(port int) bool {
 }
 
 // TestKilledOnlyWorker kills the only worker with kill -9 while its
-// transactions sit between produce and commit (catalogue 2). No other
-// worker is alive: the open transactions hold their partitions' last
+// transactions sit between produce and commit (docs/reliability.md). No
+// other worker is alive: the open transactions hold their partitions' last
 // stable offset until the broker aborts them (the 5 s transaction
 // timeout), and nothing is accepted until a worker returns. Once one does,
 // it takes every vshard over, clients' sends are accepted again, persist and

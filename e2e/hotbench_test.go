@@ -19,8 +19,8 @@ import (
 )
 
 // TestHotConversationBench measures what isolating a hot conversation buys
-// the conversations that share its vshard (issue 18, "Measured"). It
-// asserts nothing about time; it reports. Run it with tools/bench/hot.sh, or
+// the conversations that share its vshard. It asserts nothing about time;
+// it reports. Run it with tools/bench/hot.sh, or
 // CHATPIPE_E2E_HOT_BENCH=1 CHATPIPE_E2E_NORACE=1 go test ./e2e -run
 // TestHotConversationBench -v; CI skips it.
 //

@@ -84,8 +84,8 @@ func waitReady(t *testing.T, dev *devProc, id string) {
 
 // TestStarvedKeepAlive black-holes one worker's link to etcd while its
 // process runs and the other worker, the gateway and the test still reach
-// etcd (catalogue 6). wa's renewals get no answer, so its lease's local
-// deadline (the last answered renewal's send time plus the TTL) comes
+// etcd (docs/reliability.md). wa's renewals get no answer, so its lease's
+// local deadline (the last answered renewal's send time plus the TTL) comes
 // closer; a margin before it wa stops accepting, while its lease is still
 // alive, and well before wb's takeover markers: every send wa accepted
 // under its old lease was answered before the earliest moment etcd could

@@ -11,8 +11,8 @@ import (
 
 // TestKickVersusSend: on one conversation a member sends without pause
 // while the owner kicks them and adds them back, 2,000 times
-// (CHATPIPE_E2E_KICK_CYCLES sets another count; 10,000 is the catalogue's
-// figure). Every send is
+// (CHATPIPE_E2E_KICK_CYCLES sets another count; 10,000 for the full-scale
+// run). Every send is
 // answered accepted or forbidden, and no message of the member's lies
 // outside their membership periods (I5): not in the log, not in Postgres,
 // not at a watching member's device, and the member's own device holds

@@ -19,7 +19,7 @@ import (
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
-// Network faults between roles (fault-test catalogue item 10): a toxiproxy
+// Network faults between roles (docs/reliability.md): a toxiproxy
 // proxy in this process sits on one link — gateway→worker, the roles'
 // links to the broker, persist→Postgres — and, under load, the link gets
 // latency, then a black hole (data dropped, connections left open) for

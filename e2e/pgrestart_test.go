@@ -15,9 +15,9 @@ import (
 )
 
 // TestPostgresRestartUnderLoad stops Postgres twice while clients send
-// (catalogue 4): first with a fast shutdown, then with an immediate one
-// (no checkpoint: the next start runs crash recovery), each time for 2 s
-// before starting it again on the same data dir and port.
+// (docs/reliability.md): first with a fast shutdown, then with an
+// immediate one (no checkpoint: the next start runs crash recovery), each
+// time for 2 s before starting it again on the same data dir and port.
 //
 // A writer needs Postgres for a conversation it has not loaded, and for a
 // client_message_id its memory and its filter of the conversation's known

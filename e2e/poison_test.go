@@ -14,8 +14,8 @@ import (
 )
 
 // TestPoisonBodies: a body no sink can store (NUL, which Postgres text
-// cannot hold) once was accepted, committed and then stopped persist for
-// every conversation. Each such input is refused at the edge, nothing of it
+// cannot hold), if accepted and committed, would stop persist for every
+// conversation. Each such input is refused at the edge, nothing of it
 // reaches the log, and a normal message sent right after it is in Postgres
 // and delivered to the other member within seconds.
 func TestPoisonBodies(t *testing.T) {

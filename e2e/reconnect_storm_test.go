@@ -84,9 +84,9 @@ func raiseNoFile(t *testing.T, want uint64) {
 	}
 }
 
-// TestReconnectStorm (catalogue item 9): many websocket devices
-// (CHATPIPE_E2E_STORM_CONNS, default 2,000; 10,000 is the catalogue's
-// figure) — four per user, under the gateway's cap of 16 per user, users
+// TestReconnectStorm (docs/reliability.md): many websocket devices
+// (CHATPIPE_E2E_STORM_CONNS, default 2,000; 10,000 for the full-scale
+// run) — four per user, under the gateway's cap of 16 per user, users
 // in groups of eight — are connected and synced; then every connection is
 // dropped at once (each socket closed without a close handshake) and each
 // device reconnects with full-jitter exponential backoff and syncs, the

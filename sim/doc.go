@@ -208,26 +208,26 @@
 //	                          in 209, caught in 223
 //	SharedLoadState           the loader hands every load of a round trip
 //	                          that asked for one conversation the same state
-//	                          (shardworker's loader before each load got its
-//	                          own): the dedicated vshard's writer decides from
+//	                          (shardworker's loader gives each load its own):
+//	                          the dedicated vshard's writer decides from
 //	                          the moved record the hashed one applied before
 //	                          persist stored it, or the other way round —
 //	                          I2 written-before-arrival in 34 (one dedicated
 //	                          vshard; I3 seq-regression in 5)
 //	ProjectionRecordOrder     the projection applies a batch's membership
-//	                          changes in record order and fills no hole (the
-//	                          order before rule 25): I5 projected-membership
+//	                          changes in record order and fills no hole (what
+//	                          rule 25 forbids): I5 projected-membership
 //	                          in 42 (one dedicated vshard, two conversations,
 //	                          two faults)
 //	ForgetNoopJoin            a keyed join of a current member answered
-//	                          without keeping its verdict (before shardcore
-//	                          kept it): I4 keyed-command-two-effects in 40
+//	                          without keeping its verdict (shardcore keeps
+//	                          it): I4 keyed-command-two-effects in 40
 //	                          (three users, all members at first; two faults,
 //	                          so fewer takeovers: the writer that answered is
 //	                          the one the same join reaches again)
 //	VerdictsPinConvs          eviction keeps every conversation a remembered
 //	                          verdict names (refusals kept in the cached
-//	                          state, before the writer-level table):
+//	                          state instead of the writer-level table):
 //	                          bounded-writer-cache in 82
 //	ReleaseFromSink           the operator deletes a released conversation's
 //	                          override once the sink shows it home (admin
@@ -244,20 +244,21 @@
 //
 // # What the model found
 //
-// The real writer answers every command whose decision writes nothing — a
-// rejection (forbidden, not_found, conflict), a retried send found by
-// dedupe, a join of a member — at once, without a commit, so without any
-// fence: a writer that has been fenced and does not know it yet answers from
-// stale state. Two interleavings of the real order reach it:
+// A writer answers a command whose decision writes nothing — a rejection
+// (forbidden, not_found, conflict), a retried send found by dedupe, a join
+// of a member — from its state. Without a commit there is no fence, so a
+// writer that has been fenced and does not know it yet would answer from
+// stale state. Two interleavings of the real order make such a writer:
 //
 //  1. Re-open after the re-check. After a failed commit (e.g. a lost commit
-//     reply) shard.run calls stillOwner, then sleeps its backoff, then starts
-//     a session whose InitProducerID nothing guards. A worker frozen in that
-//     window, longer than its lease, re-opens the producer after the new
-//     owner committed its marker: it fences the rightful owner, commits
-//     events of the old ownership epoch after the new epoch's marker (Stats.
-//     EpochRegressions), and the owner keeps answering from a state that
-//     misses them until its next write fails.
+//     reply) the writer reads its owner row, then starts a session whose
+//     InitProducerID that read does not guard. A worker frozen between the
+//     two, longer than its lease, re-opens the producer after the new owner
+//     committed its marker: it fences the rightful owner and, without the
+//     marker's confirming read (Effect.Confirm, docs/architecture.md rule
+//     3), commits events of the old ownership epoch after the new epoch's
+//     marker (Stats.EpochRegressions), while the owner answers from a state
+//     that misses them until its next write fails.
 //  2. Old owner still serving. A writer whose row moved (rebalance, lost
 //     lease) keeps taking commands until its worker's watch delivers the
 //     change, and once stopped still takes what queued (collect selects
@@ -269,24 +270,28 @@
 // not in the stale state, the dedupe lookup misses in Postgres): I4 broken,
 // against docs/protocol.md ("returns the first accepted again ... whatever
 // happened to the servers in between"). TestKnownIssueFencedWriterAnswers
-// replays interleaving 1 step by step. Such answers come only from fenced
-// writers (an answer from an unfenced writer that the log contradicts is
-// always a violation), so by default they are counted in Stats.StaleAnswers
-// and not reported; Config.StrictAnswers makes them violations. In 20,000
-// seeded CI-shaped schedules with StrictAnswers: 24 schedules with such an
-// answer, 8 of them breaking I4, and 448 schedules with epoch regressions.
-// WhatIf.RecheckAtOpen (re-read the row in the same step as InitProducer)
-// removes the epoch regressions but leaves 6 schedules (I4, interleaving 2);
-// WhatIf.FenceCheckedAnswers (answer a batch that wrote nothing only after
-// a transactional round trip proves the producer current) leaves none.
+// replays interleaving 1 step by step.
 //
-// The fix is now in shardworker: a batch that writes nothing commits a
-// takeover marker before it answers (FenceCheckedAnswers), and the owner row
-// is re-read after the backoff, right before the producer is re-opened. The
-// model's default follows it (WhatIf.FenceCheckedAnswers on, StrictAnswers
-// on); RecheckAtOpen stays off because a pause between that read and the
-// re-open is still possible, so epoch regressions are still counted (the log
-// contract says epoch is informational).
+// So the writer answers a batch that wrote nothing only once it has
+// committed a takeover marker, which proves its producer current
+// (WhatIf.FenceCheckedAnswers), and shardworker reads the owner row again
+// right before it re-opens the producer. The model's default follows that
+// order (WhatIf.FenceCheckedAnswers on) and makes a contradicted answer a
+// violation (Config.StrictAnswers on). Such answers come only from fenced
+// writers (an answer from an unfenced writer that the log contradicts is
+// always a violation); without StrictAnswers they are counted in
+// Stats.StaleAnswers and not reported. WhatIf.RecheckAtOpen (re-read the
+// row in the same step as InitProducer) stays off, because a pause
+// between that read and the re-open is possible in the real order; epoch
+// regressions are counted, not reported (the log contract says epoch is
+// informational).
+//
+// Over 20,000 seeded CI-shaped schedules with StrictAnswers, without
+// FenceCheckedAnswers and without the marker's confirming read: 24
+// schedules with such an answer, 8 of them breaking I4, and 448 schedules
+// with epoch regressions. RecheckAtOpen removes the epoch regressions but
+// leaves 6 schedules (I4, interleaving 2); FenceCheckedAnswers leaves none.
+// As with the bug switches, a change to the model moves these counts.
 //
 // # Not modelled
 //

@@ -19,9 +19,9 @@ import (
 // FreePort returns a free TCP port on 127.0.0.1, taken below the kernel's
 // ephemeral range (where nothing is handed out for a connect or a listen
 // on port 0), each call the next one of the 12,000 there. A port found by
-// binding port 0 and closing it again was free to be handed to any
-// connection before the caller bound it, and with several stacks on one
-// machine one sometimes was. Another process may still bind it first;
+// binding port 0 and closing it again is free to be handed to any
+// connection before the caller binds it, which several stacks on one
+// machine make likely. Another process may still bind it first;
 // callers that can retry on "address already in use" should.
 func FreePort() (int, error) {
 	lo, hi := portRange()

@@ -9,7 +9,7 @@
 // beside chatpipe end to end in one go — its roles as separate processes,
 // CPU per message per process and a CPU profile of every role — against
 // the same broker and the same Postgres, and tools/bench/report writes
-// BENCHMARKS.md with the goal table of issue 17.
+// BENCHMARKS.md with the goal table (each figure beside its target).
 //
 // Without BENCH_KAFKA the produce benchmarks start an in-process kfake
 // broker; without BENCH_PG the Postgres benchmark is skipped. Nothing here

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Measures hot conversation isolation (issue 18) on this machine and writes
-# a markdown section, "Hot conversation isolation", for BENCHMARKS.md.
+# Measures what isolating a hot conversation buys the conversations that
+# share its vshard, on this machine, and writes a markdown section, "Hot
+# conversation isolation", for BENCHMARKS.md.
 #
 # It runs the e2e benchmark TestHotConversationBench (e2e/hotbench_test.go)
 # without -race: one `chatpipe dev` with the per-user limit off and the
