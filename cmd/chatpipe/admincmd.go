@@ -22,136 +22,102 @@ import (
 	"github.com/chatpipe/chatpipe/lease"
 )
 
-const adminUsage = `Usage: chatpipe admin <command> [flags]
-
-Commands:
-  shards        every vshard's owner, worker gen and epoch, and each worker's lease TTL left
-  check-config  check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree
-                (--role ROLE [flags]: check that role's flags, env and config file first)
-  rebuild       rebuild an empty Postgres from the committed log alone and report the counts
-  handoff       move one vshard to a worker through the coordinator (epoch+1, normal takeover)
-  dead-letters  records persist or the projection could never write (dead_letters), oldest first
-  kafka-acls    print the kafka-acls.sh commands granting each role its least-privilege ACLs
-  hot           the busiest conversations, from the workers' own counters, and whether each is isolated
-  isolate       give one conversation a dedicated vshard of its own (CONVERSATION_ID; --vshard N to choose)
-  unisolate     route an isolated conversation back to its hashed vshard, then remove its override
-`
-
-func runAdmin(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, adminUsage)
-		return errors.New("missing admin command")
-	}
-	if run, ok := adminCommandTable()[args[0]]; ok {
-		return run(ctx, args[1:])
-	}
-	fmt.Fprint(os.Stderr, adminUsage)
-	return fmt.Errorf("unknown admin command %q", args[0])
-}
-
-// adminCommandTable maps every admin command's name to its function.
-func adminCommandTable() map[string]func(ctx context.Context, args []string) error {
-	return map[string]func(ctx context.Context, args []string) error{
-		"shards": adminShards, "check-config": adminCheckConfig, "rebuild": adminRebuild,
-		"handoff": adminHandoff, "dead-letters": adminDeadLetters, "kafka-acls": adminKafkaACLs,
-		"isolate": adminIsolate, "unisolate": adminUnisolate,
-		"hot": adminHot,
-	}
-}
-
-// adminShards prints the ownership table from etcd.
-func adminShards(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin shards", flag.ContinueOnError)
+// newShardsCommand makes chatpipe admin shards, which prints the ownership
+// table from etcd.
+func newShardsCommand() *command {
+	fs := newFlagSet("admin shards")
 	inf := addInfraFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, args, level, format); err != nil {
-		return err
-	}
-	if *inf.etcd == "" {
-		return errors.New("need --endpoints or --etcd")
-	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/", clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("read workers: %w", err)
-	}
-	type worker struct {
-		ID     string `json:"id"`
-		Addr   string `json:"addr"`
-		Gen    int64  `json:"gen"`
-		TTL    int64  `json:"lease_ttl_seconds"`
-		Shards int    `json:"shards"`
-	}
-	workers := map[string]*worker{}
-	for _, kv := range resp.Kvs {
-		var info lease.WorkerInfo
-		if json.Unmarshal(kv.Value, &info) != nil {
-			continue
+	return newCommand(fs, "every vshard's owner, worker gen and epoch, and each worker's lease TTL left", func(ctx context.Context, _ []string) error {
+		if _, err := inf.setup(level, format); err != nil {
+			return err
 		}
-		id := strings.TrimPrefix(string(kv.Key), lease.DefaultPrefix+"workers/")
-		w := &worker{ID: id, Addr: info.Addr, Gen: info.Gen, TTL: -1}
-		if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil {
-			w.TTL = ttl.TTL
+		if *inf.etcd == "" {
+			return errors.New("need --endpoints or --etcd")
 		}
-		workers[id] = w
-	}
-	type shard struct {
-		VShard int    `json:"vshard"`
-		Worker string `json:"worker"`
-		Gen    int64  `json:"gen"`
-		Epoch  int64  `json:"epoch"`
-		Live   bool   `json:"live"`
-	}
-	var shards []shard
-	for v := 0; v < cfg.Layout().AllVShards(); v++ {
-		o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, v)
+		cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 		if err != nil {
 			return err
 		}
-		s := shard{VShard: v}
-		if ok {
-			s.Worker, s.Gen, s.Epoch = o.Worker, o.Gen, o.Epoch
-			if w := workers[o.Worker]; w != nil && w.Gen == o.Gen {
-				s.Live = true
-				w.Shards++
+		defer cli.Close()
+		resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/", clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("read workers: %w", err)
+		}
+		type worker struct {
+			ID     string `json:"id"`
+			Addr   string `json:"addr"`
+			Gen    int64  `json:"gen"`
+			TTL    int64  `json:"lease_ttl_seconds"`
+			Shards int    `json:"shards"`
+		}
+		workers := map[string]*worker{}
+		for _, kv := range resp.Kvs {
+			var info lease.WorkerInfo
+			if json.Unmarshal(kv.Value, &info) != nil {
+				continue
 			}
+			id := strings.TrimPrefix(string(kv.Key), lease.DefaultPrefix+"workers/")
+			w := &worker{ID: id, Addr: info.Addr, Gen: info.Gen, TTL: -1}
+			if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil {
+				w.TTL = ttl.TTL
+			}
+			workers[id] = w
 		}
-		shards = append(shards, s)
-	}
-	ids := make([]string, 0, len(workers))
-	for id := range workers {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	if *asJSON {
-		out := struct {
-			Config  lease.Config `json:"config"`
-			Workers []*worker    `json:"workers"`
-			Shards  []shard      `json:"shards"`
-		}{Config: cfg, Shards: shards}
+		type shard struct {
+			VShard int    `json:"vshard"`
+			Worker string `json:"worker"`
+			Gen    int64  `json:"gen"`
+			Epoch  int64  `json:"epoch"`
+			Live   bool   `json:"live"`
+		}
+		var shards []shard
+		for v := 0; v < cfg.Layout().AllVShards(); v++ {
+			o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, v)
+			if err != nil {
+				return err
+			}
+			s := shard{VShard: v}
+			if ok {
+				s.Worker, s.Gen, s.Epoch = o.Worker, o.Gen, o.Epoch
+				if w := workers[o.Worker]; w != nil && w.Gen == o.Gen {
+					s.Live = true
+					w.Shards++
+				}
+			}
+			shards = append(shards, s)
+		}
+		ids := make([]string, 0, len(workers))
+		for id := range workers {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		if *asJSON {
+			out := struct {
+				Config  lease.Config `json:"config"`
+				Workers []*worker    `json:"workers"`
+				Shards  []shard      `json:"shards"`
+			}{Config: cfg, Shards: shards}
+			for _, id := range ids {
+				out.Workers = append(out.Workers, workers[id])
+			}
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "WORKER\tADDR\tGEN\tLEASE TTL\tSHARDS")
 		for _, id := range ids {
-			out.Workers = append(out.Workers, workers[id])
+			w := workers[id]
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%ds\t%d\n", w.ID, w.Addr, w.Gen, w.TTL, w.Shards)
 		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tADDR\tGEN\tLEASE TTL\tSHARDS")
-	for _, id := range ids {
-		w := workers[id]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%ds\t%d\n", w.ID, w.Addr, w.Gen, w.TTL, w.Shards)
-	}
-	fmt.Fprintln(tw, "\nVSHARD\tOWNER\tGEN\tEPOCH\tLIVE")
-	for _, s := range shards {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%v\n", s.VShard, s.Worker, s.Gen, s.Epoch, s.Live)
-	}
-	return tw.Flush()
+		fmt.Fprintln(tw, "\nVSHARD\tOWNER\tGEN\tEPOCH\tLIVE")
+		for _, s := range shards {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%v\n", s.VShard, s.Worker, s.Gen, s.Epoch, s.Live)
+		}
+		return tw.Flush()
+	})
 }
 
 // splitRole splits check-config's arguments at --role ROLE (or
@@ -176,98 +142,105 @@ func splitRole(args []string) (own []string, role string, roleArgs []string, ok 
 	return args, "", nil, false, nil
 }
 
-// adminCheckConfig compares what this process was given with what the
-// deployment holds, and lists every disagreement. With --role ROLE [flags]
-// it first checks ROLE's own flags, environment and config file as ROLE
-// would at start, and then checks the deployment with the role's etcd,
-// Kafka and Postgres settings (unless --role-only).
-func adminCheckConfig(ctx context.Context, args []string) error {
-	own, role, roleArgs, hasRole, err := splitRole(args)
-	if err != nil {
-		return err
-	}
-	fs := flag.NewFlagSet("admin check-config", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: chatpipe admin check-config [flags] [--role ROLE [ROLE's flags]]\n\n"+
-			"--role ROLE checks the flags, CHATPIPE_* variables and config file of 'chatpipe ROLE'\n"+
-			"as it would at start (without starting it); every argument after it is ROLE's.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+// newCheckConfigCommand makes chatpipe admin check-config, which compares
+// what this process was given with what the deployment holds, and lists
+// every disagreement. With --role ROLE [flags] it first checks ROLE's own
+// flags, environment and config file as ROLE would at start, and then checks
+// the deployment with the role's etcd, Kafka and Postgres settings (unless
+// --role-only).
+func newCheckConfigCommand() *command {
+	fs := newFlagSet("admin check-config")
 	inf := addInfraFlags(fs)
 	vshards := fs.Int("vshards", 0, "expected virtual shards (0: don't check)")
 	partitions := fs.Int("partitions", 0, "expected partitions (0: don't check)")
 	minRF := fs.Int("min-replication", 3, "smallest replication factor of the log topic allowed (a dev broker has 1: pass 1)")
 	roleOnly := fs.Bool("role-only", false, "with --role: check the role's configuration only, not the deployment")
-	checkFlags(fs, notNegative("vshards"), notNegative("partitions"), atLeast("min-replication", 1))
+	fs.check(notNegative("vshards"), notNegative("partitions"), atLeast("min-replication", 1))
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, own, level, format); err != nil {
-		return err
-	}
-	if hasRole {
-		if err := checkRoleConfig(fs, role, roleArgs); err != nil {
+	var role string       // --role ROLE
+	var roleArgs []string // the arguments after it
+	var hasRole bool
+	c := newCommand(fs, "check that flags/env, etcd's deployment config, the Kafka topic and Postgres agree\n"+
+		"(--role ROLE [flags]: check that role's flags, env and config file first)", func(ctx context.Context, _ []string) error {
+		if _, err := inf.setup(level, format); err != nil {
 			return err
 		}
-		if *roleOnly {
-			return nil
+		if hasRole {
+			if err := checkRoleConfig(fs.FlagSet, role, roleArgs); err != nil {
+				if errors.Is(err, flag.ErrHelp) {
+					return nil // -h among the role's flags: the role's usage is printed
+				}
+				return err
+			}
+			if *roleOnly {
+				return nil
+			}
+			if err := inf.resolve(); err != nil {
+				return err
+			}
 		}
-		if err := inf.resolve(); err != nil {
-			return err
-		}
-	}
-	var problems []string
-	var cfg lease.Config
-	if *inf.etcd == "" {
-		problems = append(problems, "no etcd endpoints (--etcd or --endpoints)")
-	} else if cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec); err != nil {
-		problems = append(problems, err.Error())
-	} else {
-		defer cli.Close()
-		cfg, err = lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
-		if err != nil && !errors.Is(err, lease.ErrConfigMismatch) {
+		var problems []string
+		var cfg lease.Config
+		if *inf.etcd == "" {
+			problems = append(problems, "no etcd endpoints (--etcd or --endpoints)")
+		} else if cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec); err != nil {
 			problems = append(problems, err.Error())
-		} else if err != nil {
-			problems = append(problems, fmt.Sprintf("etcd holds vshards=%d partitions=%d topic=%s, this process was given vshards=%d partitions=%d topic=%s",
-				cfg.VShards, cfg.Partitions, cfg.Topic, *vshards, *partitions, *inf.topic))
+		} else {
+			defer cli.Close()
+			cfg, err = lease.EnsureConfig(ctx, cli, lease.DefaultPrefix, lease.Config{VShards: *vshards, Partitions: *partitions, Topic: *inf.topic})
+			if err != nil && !errors.Is(err, lease.ErrConfigMismatch) {
+				problems = append(problems, err.Error())
+			} else if err != nil {
+				problems = append(problems, fmt.Sprintf("etcd holds vshards=%d partitions=%d topic=%s, this process was given vshards=%d partitions=%d topic=%s",
+					cfg.VShards, cfg.Partitions, cfg.Topic, *vshards, *partitions, *inf.topic))
+			}
 		}
-	}
-	if *inf.kafka == "" {
-		problems = append(problems, "no Kafka brokers (--kafka or --endpoints)")
-	} else if kopts, err := inf.kafkaOpts(ctx); err != nil {
-		problems = append(problems, err.Error())
-	} else if cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(splitList(*inf.kafka)...)}, kopts...)...); err != nil {
-		problems = append(problems, err.Error())
-	} else {
-		defer cl.Close()
-		topics, err := kadm.NewClient(cl).ListTopics(ctx, *inf.topic)
-		switch {
-		case err != nil:
-			problems = append(problems, fmt.Sprintf("kafka: %v", err))
-		case !topics.Has(*inf.topic):
-			problems = append(problems, fmt.Sprintf("kafka has no topic %s", *inf.topic))
-		case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Layout().TopicPartitions():
-			problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d (%d hashed, %d dedicated)", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Layout().TopicPartitions(), cfg.Partitions, cfg.Dedicated))
-		default:
-			problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF, kopts...)...)
+		if *inf.kafka == "" {
+			problems = append(problems, "no Kafka brokers (--kafka or --endpoints)")
+		} else if kopts, err := inf.kafkaOpts(ctx); err != nil {
+			problems = append(problems, err.Error())
+		} else if cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(splitList(*inf.kafka)...)}, kopts...)...); err != nil {
+			problems = append(problems, err.Error())
+		} else {
+			defer cl.Close()
+			topics, err := kadm.NewClient(cl).ListTopics(ctx, *inf.topic)
+			switch {
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("kafka: %v", err))
+			case !topics.Has(*inf.topic):
+				problems = append(problems, fmt.Sprintf("kafka has no topic %s", *inf.topic))
+			case cfg.Partitions > 0 && len(topics[*inf.topic].Partitions) != cfg.Layout().TopicPartitions():
+				problems = append(problems, fmt.Sprintf("topic %s has %d partitions, the deployment %d (%d hashed, %d dedicated)", *inf.topic, len(topics[*inf.topic].Partitions), cfg.Layout().TopicPartitions(), cfg.Partitions, cfg.Dedicated))
+			default:
+				problems = append(problems, topicProblems(ctx, splitList(*inf.kafka), *inf.topic, *minRF, kopts...)...)
+			}
 		}
-	}
-	if *inf.dbURL == "" {
-		problems = append(problems, "no Postgres URL (--database-url or --endpoints)")
-	} else if db, err := openDB(ctx, *inf.dbURL); err != nil {
-		problems = append(problems, err.Error())
-	} else {
-		defer db.Close()
-		if n, err := schema.Applied(ctx, db); err != nil || n == 0 {
-			problems = append(problems, "postgres has no chatpipe schema (run 'chatpipe init')")
+		if *inf.dbURL == "" {
+			problems = append(problems, "no Postgres URL (--database-url or --endpoints)")
+		} else if db, err := openDB(ctx, *inf.dbURL); err != nil {
+			problems = append(problems, err.Error())
+		} else {
+			defer db.Close()
+			if n, err := schema.Applied(ctx, db); err != nil || n == 0 {
+				problems = append(problems, "postgres has no chatpipe schema (run 'chatpipe init')")
+			}
 		}
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Println("✗", p)
+		if len(problems) > 0 {
+			for _, p := range problems {
+				fmt.Println("✗", p)
+			}
+			return fmt.Errorf("%d configuration problem(s)", len(problems))
 		}
-		return fmt.Errorf("%d configuration problem(s)", len(problems))
+		fmt.Printf("✓ etcd, Kafka and Postgres agree: vshards=%d partitions=%d topic=%s\n", cfg.VShards, cfg.Partitions, cfg.Topic)
+		return nil
+	}).withUsage("Usage: chatpipe admin check-config [flags] [--role ROLE [ROLE's flags]]\n\n" +
+		"--role ROLE checks the flags, CHATPIPE_* variables and config file of 'chatpipe ROLE'\n" +
+		"as it would at start (without starting it); every argument after it is ROLE's.\n\nFlags:\n")
+	c.splitArgs = func(args []string) (own []string, err error) {
+		own, role, roleArgs, hasRole, err = splitRole(args)
+		return own, err
 	}
-	fmt.Printf("✓ etcd, Kafka and Postgres agree: vshards=%d partitions=%d topic=%s\n", cfg.VShards, cfg.Partitions, cfg.Topic)
-	return nil
+	return c
 }
 
 // checkRoleConfig validates the configuration of chatpipe role (its args,
@@ -278,7 +251,7 @@ func checkRoleConfig(fs *flag.FlagSet, role string, args []string) error {
 	case "", "admin", "version", "help":
 		return fmt.Errorf("--role %q: name a command with flags (e.g. worker, gateway, persist)", role)
 	}
-	rfs, notes, err := validateConfig(append([]string{role}, args...))
+	rfs, notes, err := newCommandTree().validate(append([]string{role}, args...))
 	if err != nil {
 		fmt.Printf("✗ chatpipe %s: %v\n", role, err)
 		return fmt.Errorf("chatpipe %s would not start: %w", role, err)
@@ -300,47 +273,49 @@ func checkRoleConfig(fs *flag.FlagSet, role string, args []string) error {
 	return nil
 }
 
-// adminHandoff asks the coordinator to move a vshard and waits until the
-// owner row names the new worker.
-func adminHandoff(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin handoff", flag.ContinueOnError)
+// newHandoffCommand makes chatpipe admin handoff, which asks the coordinator
+// to move a vshard and waits until the owner row names the new worker.
+func newHandoffCommand() *command {
+	fs := newFlagSet("admin handoff")
 	inf := addInfraFlags(fs)
 	v := fs.Int("vshard", -1, "the vshard to move")
 	to := fs.String("to", "", "the live worker to move it to")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the move")
-	checkFlags(fs, positive("wait"))
+	fs.check(positive("wait"))
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, args, level, format); err != nil {
-		return err
-	}
-	if *inf.etcd == "" || *v < 0 || *to == "" {
-		return errors.New("need --etcd (or --endpoints), --vshard and --to")
-	}
-	cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	before, _, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
-	if err != nil {
-		return err
-	}
-	if err := lease.RequestHandoff(ctx, cli, lease.DefaultPrefix, *v, *to); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(*wait)
-	for time.Now().Before(deadline) {
-		o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
+	return newCommand(fs, "move one vshard to a worker through the coordinator (epoch+1, normal takeover)", func(ctx context.Context, _ []string) error {
+		if _, err := inf.setup(level, format); err != nil {
+			return err
+		}
+		if *inf.etcd == "" || *v < 0 || *to == "" {
+			return errors.New("need --etcd (or --endpoints), --vshard and --to")
+		}
+		cli, err := dialEtcd(ctx, splitList(*inf.etcd), inf.sec)
 		if err != nil {
 			return err
 		}
-		if ok && o.Worker == *to && o.Epoch > before.Epoch {
-			fmt.Printf("vshard %d: %s (epoch %d) → %s (epoch %d)\n", *v, before.Worker, before.Epoch, o.Worker, o.Epoch)
-			return nil
+		defer cli.Close()
+		before, _, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
+		if err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("vshard %d did not move to %s within %v (is it a live worker?)", *v, *to, *wait)
+		if err := lease.RequestHandoff(ctx, cli, lease.DefaultPrefix, *v, *to); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(*wait)
+		for time.Now().Before(deadline) {
+			o, ok, err := lease.ReadOwner(ctx, cli, lease.DefaultPrefix, *v)
+			if err != nil {
+				return err
+			}
+			if ok && o.Worker == *to && o.Epoch > before.Epoch {
+				fmt.Printf("vshard %d: %s (epoch %d) → %s (epoch %d)\n", *v, before.Worker, before.Epoch, o.Worker, o.Epoch)
+				return nil
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return fmt.Errorf("vshard %d did not move to %s within %v (is it a live worker?)", *v, *to, *wait)
+	})
 }
 
 // topicProblems checks that the log topic is kept: no retention by time or
@@ -364,53 +339,56 @@ func topicProblems(ctx context.Context, brokers []string, topic string, minRF in
 	return out
 }
 
-// adminDeadLetters lists the rows of dead_letters as a table.
-func adminDeadLetters(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin dead-letters", flag.ContinueOnError)
+// newDeadLettersCommand makes chatpipe admin dead-letters, which lists the
+// rows of dead_letters as a table.
+func newDeadLettersCommand() *command {
+	fs := newFlagSet("admin dead-letters")
 	inf := addInfraFlags(fs)
 	consumer := fs.String("consumer", "", "only this consumer's (persist, projection); default all")
 	limit := fs.Int("limit", 100, "at most this many rows, oldest first")
 	width := fs.Int("value-width", 60, "bytes of each record value shown (quoted)")
-	checkFlags(fs, atLeast("limit", 1), notNegative("value-width"))
+	fs.check(atLeast("limit", 1), notNegative("value-width"))
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, args, level, format); err != nil {
-		return err
-	}
-	if *inf.dbURL == "" {
-		return errors.New("need --endpoints or --database-url")
-	}
-	db, err := openDB(ctx, *inf.dbURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	letters, total, err := logsink.ListDeadLetters(ctx, db, *consumer, *limit)
-	if err != nil {
-		return err
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tCONVERSATION\tSEQ\tSQLSTATE\tCREATED\tERROR\tVALUE")
-	for _, d := range letters {
-		seqText := ""
-		if d.Seq > 0 {
-			seqText = fmt.Sprint(d.Seq)
+	return newCommand(fs, "records persist or the projection could never write (dead_letters), oldest first", func(ctx context.Context, _ []string) error {
+		if _, err := inf.setup(level, format); err != nil {
+			return err
 		}
-		shown := d.Value
-		if len(shown) > *width {
-			shown = shown[:*width]
+		if *inf.dbURL == "" {
+			return errors.New("need --endpoints or --database-url")
 		}
-		v := fmt.Sprintf("%q", shown)
-		if len(shown) < len(d.Value) {
-			v += fmt.Sprintf("… (%d bytes)", len(d.Value))
+		db, err := openDB(ctx, *inf.dbURL)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Consumer, d.Topic, d.Partition, d.Offset, d.Conversation, seqText, d.SQLState,
-			d.CreatedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(d.Error, "\t", " "), v)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if total > int64(*limit) {
-		fmt.Printf("(%d of %d shown; --limit)\n", *limit, total)
-	}
-	return nil
+		defer db.Close()
+		letters, total, err := logsink.ListDeadLetters(ctx, db, *consumer, *limit)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONSUMER\tTOPIC\tPARTITION\tOFFSET\tCONVERSATION\tSEQ\tSQLSTATE\tCREATED\tERROR\tVALUE")
+		for _, d := range letters {
+			seqText := ""
+			if d.Seq > 0 {
+				seqText = fmt.Sprint(d.Seq)
+			}
+			shown := d.Value
+			if len(shown) > *width {
+				shown = shown[:*width]
+			}
+			v := fmt.Sprintf("%q", shown)
+			if len(shown) < len(d.Value) {
+				v += fmt.Sprintf("… (%d bytes)", len(d.Value))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Consumer, d.Topic, d.Partition, d.Offset, d.Conversation, seqText, d.SQLState,
+				d.CreatedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(d.Error, "\t", " "), v)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if total > int64(*limit) {
+			fmt.Printf("(%d of %d shown; --limit)\n", *limit, total)
+		}
+		return nil
+	})
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,12 +13,9 @@ import (
 	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
-func init() {
-	register("check", "verify a loadgen run directory against the committed log and Postgres", runCheck)
-}
-
-func runCheck(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+// newCheckCommand makes chatpipe check.
+func newCheckCommand() *command {
+	fs := newFlagSet("check")
 	runDir := fs.String("run", "", "run directory written by 'chatpipe loadgen' (required)")
 	epPath := fs.String("endpoints", "", "endpoints.json of the stack (default: the stack recorded in the run)")
 	wait := fs.Duration("persist-wait", time.Minute, "wait this long at most for persist to copy the log into Postgres")
@@ -27,50 +23,49 @@ func runCheck(ctx context.Context, args []string) error {
 	topic := fs.String("topic", "", "log topic (default: the run's stack)")
 	dbURL := fs.String("database-url", "", "Postgres URL (default: the run's stack)")
 	sec := addSecFlags(fs)
-	checkFlags(fs, notNegative("persist-wait"))
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *runDir == "" {
-		return errors.New("--run is required")
-	}
-	run, err := loadgen.ReadRun(*runDir)
-	if err != nil {
-		return err
-	}
-	stack := run.Info.Stack
-	if *epPath != "" {
-		ep, err := readEndpoints(*epPath)
+	fs.check(notNegative("persist-wait"))
+	return newCommand(fs, "verify a loadgen run directory against the committed log and Postgres", func(ctx context.Context, _ []string) error {
+		if *runDir == "" {
+			return errors.New("--run is required")
+		}
+		run, err := loadgen.ReadRun(*runDir)
 		if err != nil {
 			return err
 		}
-		stack = loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
-	}
-	overrideStack(&stack, "", *kafka, *topic, *dbURL)
-	if len(stack.Kafka) == 0 || stack.Postgres == "" || stack.Topic == "" {
-		return fmt.Errorf("run %s records no Kafka, topic or Postgres of its stack: give --kafka, --topic, --database-url (or --endpoints)", *runDir)
-	}
-	kopts, err := sec.kafkaOpts(ctx, stack.Kafka)
-	if err != nil {
-		return err
-	}
-	var convs []string
-	for _, c := range run.Info.Plan.Conversations {
-		convs = append(convs, c.ID)
-	}
-	world, err := loadcheck.ReadWorld(ctx, loadcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
-	if err != nil {
-		return err
-	}
-	res := loadcheck.Check(run, world)
-	fmt.Print(res.Text())
-	if err := atomicfile.WriteJSON(filepath.Join(*runDir, "check.json"), res, 0o644); err != nil {
-		fmt.Fprintf(os.Stderr, "chatpipe check: %v\n", err)
-	}
-	if !res.OK() {
-		return fmt.Errorf("run %s: %d violations", run.Info.Run, len(res.Violations)+sum(res.Truncated))
-	}
-	return nil
+		stack := run.Info.Stack
+		if *epPath != "" {
+			ep, err := readEndpoints(*epPath)
+			if err != nil {
+				return err
+			}
+			stack = loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+		}
+		overrideStack(&stack, "", *kafka, *topic, *dbURL)
+		if len(stack.Kafka) == 0 || stack.Postgres == "" || stack.Topic == "" {
+			return fmt.Errorf("run %s records no Kafka, topic or Postgres of its stack: give --kafka, --topic, --database-url (or --endpoints)", *runDir)
+		}
+		kopts, err := sec.kafkaOpts(ctx, stack.Kafka)
+		if err != nil {
+			return err
+		}
+		var convs []string
+		for _, c := range run.Info.Plan.Conversations {
+			convs = append(convs, c.ID)
+		}
+		world, err := loadcheck.ReadWorld(ctx, loadcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
+		if err != nil {
+			return err
+		}
+		res := loadcheck.Check(run, world)
+		fmt.Print(res.Text())
+		if err := atomicfile.WriteJSON(filepath.Join(*runDir, "check.json"), res, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "chatpipe check: %v\n", err)
+		}
+		if !res.OK() {
+			return fmt.Errorf("run %s: %d violations", run.Info.Run, len(res.Violations)+sum(res.Truncated))
+		}
+		return nil
+	})
 }
 
 func sum(m map[string]int) int {

@@ -19,10 +19,6 @@ import (
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
-func init() {
-	register("client", "a line-oriented chat client for trying the protocol by hand (send, create, history, …)", runClient)
-}
-
 const clientHelp = `commands (one per line):
   create CONV [MEMBER...]   create a conversation with members
   join CONV USER            add USER to CONV
@@ -41,8 +37,9 @@ const clientHelp = `commands (one per line):
 events are printed as they arrive: [CONV #SEQ] ...
 `
 
-func runClient(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("client", flag.ContinueOnError)
+// newClientCommand makes chatpipe client.
+func newClientCommand() *command {
+	fs := newFlagSet("client")
 	user := fs.String("user", "", "user id to connect as (the token's sub)")
 	wsURL := fs.String("ws", "", "websocket URL of a gateway (default: the endpoints file's)")
 	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack (not read with --ws unless given)")
@@ -51,59 +48,54 @@ func runClient(ctx context.Context, args []string) error {
 	secretFile := fs.String("jwt-secret-file", "", "file holding the JWT HS256 secret")
 	dataDir := fs.String("data-dir", "", "data dir of 'chatpipe dev' holding the generated secret (default: the endpoints file's dir)")
 	batch := fs.Bool("batch", false, "ask for the chatpipe.v1.batch subprotocol")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: chatpipe client --user U [flags]\n\nReads commands from standard input.\n\n%s\nFlags:\n", clientHelp)
-		fs.PrintDefaults()
-	}
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *user == "" && *token == "" {
-		return errors.New("--user is required")
-	}
-	epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
-	fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
-	url := *wsURL
-	dir := *dataDir
-	if url == "" || epGiven {
-		ep, err := readEndpoints(*epPath)
+	return newCommand(fs, "a line-oriented chat client for trying the protocol by hand (send, create, history, …)", func(ctx context.Context, _ []string) error {
+		if *user == "" && *token == "" {
+			return errors.New("--user is required")
+		}
+		epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
+		fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
+		url := *wsURL
+		dir := *dataDir
+		if url == "" || epGiven {
+			ep, err := readEndpoints(*epPath)
+			if err != nil {
+				return err
+			}
+			if url == "" {
+				url = ep.WebSocket
+			}
+			if dir == "" {
+				dir = filepath.Dir(*epPath)
+			}
+		}
+		ts := client.StaticToken(*token)
+		if *token == "" {
+			key, err := clientSecret(*secret, *secretFile, dir)
+			if err != nil {
+				return err
+			}
+			u := *user
+			ts = func(context.Context) (string, error) { return auth.Mint(key, u, 24*time.Hour, time.Now()) }
+		}
+		var outMu sync.Mutex
+		out := os.Stdout
+		printf := func(format string, a ...any) {
+			outMu.Lock()
+			defer outMu.Unlock()
+			fmt.Fprintf(out, format, a...)
+		}
+		c, err := client.Dial(ctx, url, ts, client.Options{
+			Batch:   *batch,
+			OnEvent: func(e client.Event) { printf("%s\n", formatEvent(&e)) },
+			OnRead:  func(conv string, seq int64) { printf("[%s] read up to #%d\n", conv, seq) },
+		})
 		if err != nil {
 			return err
 		}
-		if url == "" {
-			url = ep.WebSocket
-		}
-		if dir == "" {
-			dir = filepath.Dir(*epPath)
-		}
-	}
-	ts := client.StaticToken(*token)
-	if *token == "" {
-		key, err := clientSecret(*secret, *secretFile, dir)
-		if err != nil {
-			return err
-		}
-		u := *user
-		ts = func(context.Context) (string, error) { return auth.Mint(key, u, 24*time.Hour, time.Now()) }
-	}
-	var outMu sync.Mutex
-	out := os.Stdout
-	printf := func(format string, a ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		fmt.Fprintf(out, format, a...)
-	}
-	c, err := client.Dial(ctx, url, ts, client.Options{
-		Batch:   *batch,
-		OnEvent: func(e client.Event) { printf("%s\n", formatEvent(&e)) },
-		OnRead:  func(conv string, seq int64) { printf("[%s] read up to #%d\n", conv, seq) },
-	})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	printf("connected to %s as %s; 'help' lists the commands\n", url, *user)
-	return clientLoop(ctx, c, os.Stdin, printf)
+		defer c.Close()
+		printf("connected to %s as %s; 'help' lists the commands\n", url, *user)
+		return clientLoop(ctx, c, os.Stdin, printf)
+	}).withUsage("Usage: chatpipe client --user U [flags]\n\nReads commands from standard input.\n\n" + clientHelp + "\nFlags:\n")
 }
 
 // clientSecret finds the JWT secret as the other subcommands do

@@ -2,15 +2,15 @@ package main
 
 // Configuration: every command's flags come from three sources, in this
 // order of precedence: the command line, CHATPIPE_<FLAG> environment
-// variables, and a config file (--config FILE or CHATPIPE_CONFIG). parse
-// applies them (with github.com/peterbourgon/ff/v3) and then fails loudly on
-// what cannot work: an environment variable or config key that no chatpipe
-// command reads, and a value out of its flag's range. docs/operations.md
-// ("Configuration") states the rules.
+// variables, and a config file (--config FILE or CHATPIPE_CONFIG). A
+// command's parse (commands.go) applies them with ffcli and ff, and fails
+// loudly on what cannot work: an environment variable or config key that no
+// chatpipe command reads (checkEnv, parseConfigFile), a value not of its
+// flag's type (checkSyntax) and a value out of its flag's range (the
+// flagChecks below). docs/operations.md ("Configuration") states the rules.
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,10 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/peterbourgon/ff/v3"
 )
 
 // envPrefix starts every environment variable chatpipe reads.
@@ -57,61 +54,6 @@ func isOtherEnv(name string) bool {
 	return false
 }
 
-var (
-	// errProbed stops a command in probe mode once its flags are known.
-	errProbed = errors.New("flags collected")
-	// errValidated stops a command in validate mode once its configuration
-	// passed every check.
-	errValidated = errors.New("configuration valid")
-)
-
-// parseMode changes what parse does; it is set only around probes and
-// validations, which run commands one at a time.
-var parseMode struct {
-	probe    bool          // record the flag set and stop before reading any source
-	validate bool          // apply and check every source, then stop before the command runs
-	last     *flag.FlagSet // the flag set of the last parse in either mode
-	notes    []string      // validate: variables and keys for other commands
-}
-
-// parse applies the command line, the CHATPIPE_* environment and the config
-// file (in that order of precedence) to fs and checks the result: unknown
-// CHATPIPE_* variables and config keys, and values out of range, are errors.
-// It adds --config to fs.
-func parse(fs *flag.FlagSet, args []string) error {
-	defer dropChecks(fs)
-	if fs.Lookup("config") == nil {
-		fs.String("config", "", "config file of name = value lines (flag names, without dashes); flags and CHATPIPE_* variables take precedence")
-	}
-	if parseMode.probe {
-		parseMode.last = fs
-		return errProbed
-	}
-	notes, err := checkEnv(fs, os.Environ())
-	if err != nil {
-		return err
-	}
-	var fileNotes []string
-	err = ff.Parse(fs, args, ff.WithEnvVarPrefix(strings.TrimSuffix(envPrefix, "_")), ff.WithConfigFileFlag("config"),
-		ff.WithConfigFileParser(func(r io.Reader, set func(name, value string) error) error {
-			path := fs.Lookup("config").Value.String()
-			var err error
-			fileNotes, err = parseConfigFile(fs, path, r, set)
-			return err
-		}))
-	if err != nil {
-		return parseError(err)
-	}
-	if err := runChecks(fs); err != nil {
-		return err
-	}
-	if parseMode.validate {
-		parseMode.last, parseMode.notes = fs, append(notes, fileNotes...)
-		return errValidated
-	}
-	return nil
-}
-
 // parseError shortens ff's wrapping of a command-line error (which the flag
 // package has already printed with the usage) and keeps the others.
 func parseError(err error) error {
@@ -130,7 +72,7 @@ func parseError(err error) error {
 // checkEnv returns an error naming every CHATPIPE_* variable of env that
 // no chatpipe command reads, and notes for those that are flags of other
 // commands only (allowed: one environment may serve every role).
-func checkEnv(fs *flag.FlagSet, env []string) (notes []string, err error) {
+func checkEnv(fs *flagSet, env []string) (notes []string, err error) {
 	var unknown []string
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -144,7 +86,7 @@ func checkEnv(fs *flag.FlagSet, env []string) (notes []string, err error) {
 			}
 			continue
 		}
-		if cmds, ok := knownFlags()[flagName(rest)]; ok {
+		if cmds, ok := fs.known[flagName(rest)]; ok {
 			notes = append(notes, fmt.Sprintf("%s is not read by chatpipe %s (it is --%s of chatpipe %s)", k, fs.Name(), flagName(rest), strings.Join(cmds, ", chatpipe ")))
 			continue
 		}
@@ -163,10 +105,11 @@ func checkEnv(fs *flag.FlagSet, env []string) (notes []string, err error) {
 }
 
 // parseConfigFile reads `name = value` lines (or `name value`; a value may
-// be double-quoted; blank lines and lines starting with # are skipped) and sets each flag of fs with set.
+// be double-quoted; blank lines and lines starting with # are skipped) and
+// sets each flag of fs with set.
 // A name that is a flag of another command only is skipped with a note, a
 // name that is a flag of none is an error.
-func parseConfigFile(fs *flag.FlagSet, path string, r io.Reader, set func(name, value string) error) (notes []string, err error) {
+func parseConfigFile(fs *flagSet, path string, r io.Reader, set func(name, value string) error) (notes []string, err error) {
 	s := bufio.NewScanner(r)
 	for n := 1; s.Scan(); n++ {
 		line := strings.TrimSpace(s.Text())
@@ -187,7 +130,7 @@ func parseConfigFile(fs *flag.FlagSet, path string, r io.Reader, set func(name, 
 			}
 		}
 		if fs.Lookup(name) == nil {
-			if cmds, ok := knownFlags()[name]; ok {
+			if cmds, ok := fs.known[name]; ok {
 				notes = append(notes, fmt.Sprintf("%s:%d: %s is not read by chatpipe %s (it is a flag of chatpipe %s)", path, n, name, fs.Name(), strings.Join(cmds, ", chatpipe ")))
 				continue
 			}
@@ -251,7 +194,7 @@ func isBool(f *flag.Flag) bool {
 
 // closest returns the flag name nearest to name by edit distance, from fs
 // first and then from every command's flags, or "" if none is close.
-func closest(name string, fs *flag.FlagSet) string {
+func closest(name string, fs *flagSet) string {
 	limit := max(1, len(name)/3)
 	best, bestD := "", limit+1
 	try := func(c string) {
@@ -263,7 +206,7 @@ func closest(name string, fs *flag.FlagSet) string {
 	if best != "" {
 		return best
 	}
-	for c := range knownFlags() {
+	for c := range fs.known {
 		try(c)
 	}
 	return best
@@ -290,129 +233,8 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// probes are the argument lists that reach every flag set of chatpipe.
-func probes() [][]string {
-	var out [][]string
-	for name := range commandTable() {
-		switch name {
-		case "version":
-		case "admin":
-			for sub := range adminCommandTable() {
-				out = append(out, []string{"admin", sub})
-			}
-		case "loadgen":
-			out = append(out, []string{"loadgen"}, []string{"loadgen", "merge"}, []string{"loadgen", "report"})
-		default:
-			out = append(out, []string{name})
-		}
-	}
-	return out
-}
-
-var (
-	knownOnce  sync.Once
-	knownNames map[string][]string
-)
-
-// knownFlags maps every flag of every chatpipe command to the commands that
-// have it. It runs each command in probe mode, where parse stops it before
-// it reads anything.
-func knownFlags() map[string][]string {
-	knownOnce.Do(func() {
-		knownNames = map[string][]string{}
-		for _, p := range probes() {
-			fs, err := probe(p)
-			if err != nil {
-				continue
-			}
-			fs.VisitAll(func(f *flag.Flag) {
-				if f.Name != "config" {
-					knownNames[f.Name] = append(knownNames[f.Name], fs.Name())
-				}
-			})
-		}
-		for _, cmds := range knownNames {
-			sort.Strings(cmds)
-		}
-	})
-	return knownNames
-}
-
-// probe runs the command of args in probe mode and returns its flag set.
-func probe(args []string) (*flag.FlagSet, error) {
-	saved := parseMode
-	defer func() { parseMode = saved }()
-	parseMode.probe, parseMode.last = true, nil
-	run, ok := commandTable()[args[0]]
-	if !ok {
-		return nil, fmt.Errorf("unknown command %q", args[0])
-	}
-	if err := run(context.Background(), args[1:]); !errors.Is(err, errProbed) || parseMode.last == nil {
-		return nil, fmt.Errorf("chatpipe %s did not parse its flags first (%v)", strings.Join(args, " "), err)
-	}
-	return parseMode.last, nil
-}
-
-// validateConfig parses args (and the environment and config file) for the
-// command of args, as it would at start, and stops it before it does
-// anything. It returns the command's flag set and notes on variables and
-// keys meant for other commands.
-func validateConfig(args []string) (*flag.FlagSet, []string, error) {
-	saved := parseMode
-	defer func() { parseMode = saved }()
-	parseMode.validate, parseMode.probe, parseMode.last, parseMode.notes = true, false, nil, nil
-	run, ok := commandTable()[args[0]]
-	if !ok {
-		return nil, nil, fmt.Errorf("unknown command %q", args[0])
-	}
-	err := run(context.Background(), args[1:])
-	if !errors.Is(err, errValidated) {
-		if err == nil {
-			err = fmt.Errorf("chatpipe %s did not parse its flags first", strings.Join(args, " "))
-		}
-		return nil, nil, err
-	}
-	return parseMode.last, parseMode.notes, nil
-}
-
 // A flagCheck returns an error if a value of fs cannot work.
 type flagCheck func(fs *flag.FlagSet) error
-
-var flagChecks struct {
-	sync.Mutex
-	m map[*flag.FlagSet][]flagCheck
-}
-
-// checkFlags adds checks that parse runs on fs once every source is
-// applied.
-func checkFlags(fs *flag.FlagSet, checks ...flagCheck) {
-	flagChecks.Lock()
-	defer flagChecks.Unlock()
-	if flagChecks.m == nil {
-		flagChecks.m = map[*flag.FlagSet][]flagCheck{}
-	}
-	flagChecks.m[fs] = append(flagChecks.m[fs], checks...)
-}
-
-func dropChecks(fs *flag.FlagSet) {
-	flagChecks.Lock()
-	defer flagChecks.Unlock()
-	delete(flagChecks.m, fs)
-}
-
-// runChecks runs fs's checks and joins their errors.
-func runChecks(fs *flag.FlagSet) error {
-	flagChecks.Lock()
-	checks := flagChecks.m[fs]
-	flagChecks.Unlock()
-	var errs []error
-	for _, c := range checks {
-		if err := c(fs); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
 
 // number returns the value of an int, int64, uint64, float64 or duration
 // flag (a duration in nanoseconds); ok is false for other flags and for

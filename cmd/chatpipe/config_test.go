@@ -1,7 +1,7 @@
 package main
 
 import (
-	"flag"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -20,15 +20,24 @@ func TestEditDistance(t *testing.T) {
 	}
 }
 
-// newTestFlags is a flag set like a role's: a few flags with range checks.
-func newTestFlags(name string) (*flag.FlagSet, *int, *string) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// newTestFlags is a flag set like a role's: a few flags with range checks,
+// and every chatpipe command's flags as the other commands' flags.
+func newTestFlags(name string) (*flagSet, *int, *string) {
+	fs := newFlagSet(name)
 	fs.SetOutput(io.Discard)
 	n := fs.Int("send-buffer", 1024, "")
 	s := fs.String("topic", "chatpipe.log", "")
 	fs.Float64("rate-user", 20, "")
-	checkFlags(fs, atLeast("send-buffer", 1), nonZero("rate-user", "no limit"))
+	fs.check(atLeast("send-buffer", 1), nonZero("rate-user", "no limit"))
+	fs.known = newCommandTree().known
 	return fs, n, s
+}
+
+// parse parses args for a command with the flags fs, as chatpipe does at
+// start.
+func parse(fs *flagSet, args []string) error {
+	_, _, err := newCommand(fs, "", func(context.Context, []string) error { return nil }).parse(args)
+	return err
 }
 
 func TestCheckEnv(t *testing.T) {
@@ -150,25 +159,103 @@ func TestRangeChecks(t *testing.T) {
 	}
 }
 
-// Every command must parse its flags before it does anything, or probing
-// it for its flags would run it.
-func TestProbesReachEveryCommand(t *testing.T) {
-	seen := map[string]bool{}
-	for _, p := range probes() {
-		fs, err := probe(p)
-		if err != nil {
-			t.Errorf("probe %q: %v", p, err)
+// The command tree holds every command, each found by its exact name, with
+// its flags declared: every flag of every command is known without running
+// one.
+func TestCommandTree(t *testing.T) {
+	tree := newCommandTree()
+	for _, path := range [][]string{
+		{"worker"}, {"gateway"}, {"persist"}, {"projection"}, {"dev"}, {"init"}, {"kafka"}, {"etcd"}, {"token"}, {"export"},
+		{"check"}, {"client"}, {"probe"}, {"loadgen"}, {"loadgen", "merge"}, {"loadgen", "report"},
+		{"admin", "shards"}, {"admin", "check-config"}, {"admin", "rebuild"}, {"admin", "handoff"}, {"admin", "dead-letters"},
+		{"admin", "kafka-acls"}, {"admin", "hot"}, {"admin", "isolate"}, {"admin", "unisolate"},
+	} {
+		node, rest := tree.find(path)
+		c, ok := tree.commands[node]
+		if !ok || len(rest) != 0 {
+			t.Errorf("chatpipe %q: found %q with %q left, want a command with flags", path, node.Name, rest)
 			continue
 		}
-		seen[fs.Name()] = true
-	}
-	for _, want := range []string{"worker", "gateway", "persist", "projection", "dev", "init", "admin check-config", "loadgen merge", "client"} {
-		if !seen[want] {
-			t.Errorf("no probe reached chatpipe %s (reached %v)", want, seen)
+		if name := strings.Join(path, " "); c.flags.Name() != name || c.flags.Lookup("config") == nil {
+			t.Errorf("chatpipe %s: flag set %q, want %q with --config", name, c.flags.Name(), name)
 		}
 	}
-	if cmds := knownFlags()["max-body-bytes"]; len(cmds) < 3 {
-		t.Errorf("knownFlags()[max-body-bytes] = %v, want dev, gateway and worker at least", cmds)
+	for _, path := range [][]string{{"admin"}, {"version"}} {
+		if node, rest := tree.find(path); node.Name != path[0] || len(rest) != 0 || tree.commands[node] != nil {
+			t.Errorf("chatpipe %s: found %q (%q left), want a command without flags", path[0], node.Name, rest)
+		}
+	}
+	// Names match exactly, as they always have (ffcli's own dispatch
+	// ignores case).
+	for _, args := range [][]string{{"Worker"}, {"admin", "Shards"}, {"loadgen", "MERGE"}} {
+		node, rest := tree.find(args)
+		if node.Name == strings.ToLower(args[len(args)-1]) || len(rest) != 1 {
+			t.Errorf("find(%q) = %q, %q: want the name unmatched", args, node.Name, rest)
+		}
+	}
+	if cmds := tree.known["max-body-bytes"]; len(cmds) < 3 {
+		t.Errorf("known[max-body-bytes] = %v, want dev, gateway and worker at least", cmds)
+	}
+	if cmds := tree.known["out"]; strings.Join(cmds, ",") != "export,loadgen,loadgen merge" {
+		t.Errorf("known[out] = %v, want export, loadgen and loadgen merge", cmds)
+	}
+	if _, ok := tree.known["config"]; ok {
+		t.Error("--config is among the known flags: every command has it")
+	}
+}
+
+// The usages list every command: chatpipe's its commands, admin's its
+// subcommands, a second line of a summary indented under the first.
+func TestUsage(t *testing.T) {
+	tree := newCommandTree()
+	root := rootUsage(tree.root)
+	for _, want := range []string{
+		"Commands:\n  dev       run everything in one process", "\n  version   print the version\n",
+		"\n  admin     operator commands", "\n  projection maintain the read model", "\nRun 'chatpipe <command> -h'",
+	} {
+		if !strings.Contains(root, want) {
+			t.Errorf("chatpipe's usage lacks %q:\n%s", want, root)
+		}
+	}
+	admin, _ := tree.find([]string{"admin"})
+	for _, want := range []string{
+		"Usage: chatpipe admin <command> [flags]\n\nCommands:\n  shards        every vshard's owner",
+		"agree\n                (--role ROLE [flags]: check that role's flags, env and config file first)\n",
+	} {
+		if got := groupUsage(admin); !strings.Contains(got, want) {
+			t.Errorf("admin's usage lacks %q:\n%s", want, got)
+		}
+	}
+	probe, _ := tree.find([]string{"probe"})
+	if got := flagsUsage(probe); !strings.HasPrefix(got, "Usage: chatpipe probe [--timeout D] URL") || !strings.Contains(got, "  -timeout duration\n") {
+		t.Errorf("probe's usage:\n%s", got)
+	}
+	shards, _ := tree.find([]string{"admin", "shards"})
+	if got := flagsUsage(shards); !strings.HasPrefix(got, "Usage of admin shards:\n  -config string") || strings.HasSuffix(got, "\n") {
+		t.Errorf("admin shards' usage:\n%s", got)
+	}
+}
+
+// validate applies every source and check of a command without running
+// it; a command that is run gets the same checks.
+func TestValidateDoesNotRun(t *testing.T) {
+	tree := newCommandTree()
+	fs, notes, err := tree.validate([]string{"probe", "--timeout", "1s", "http://127.0.0.1:1/readyz"})
+	if err != nil || fs.Lookup("timeout").Value.String() != "1s" || len(notes) != 0 {
+		t.Errorf("validate probe: %v, notes %q", err, notes)
+	}
+	t.Setenv("CHATPIPE_CHUNK_SIZE", "5")
+	if _, notes, err := newCommandTree().validate([]string{"loadgen", "merge", "--out", "x"}); err != nil ||
+		len(notes) != 1 || !strings.Contains(notes[0], "CHATPIPE_CHUNK_SIZE is not read by chatpipe loadgen merge (it is --chunk-size of chatpipe export)") {
+		t.Errorf("validate loadgen merge: %v, notes %q", err, notes)
+	}
+	for _, args := range [][]string{{"nosuch"}, {"admin"}, {"probe", "--timeout", "0s"}} {
+		if _, _, err := newCommandTree().validate(args); err == nil {
+			t.Errorf("validate %q: no error", args)
+		}
+	}
+	if err := newCommandTree().run(context.Background(), []string{"token", "--ttl", "0s", "--user", "a"}); err == nil || !strings.Contains(err.Error(), "--ttl (CHATPIPE_TTL) is 0s") {
+		t.Errorf("run token --ttl 0s: %v", err)
 	}
 }
 

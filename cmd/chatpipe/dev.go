@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,16 +25,20 @@ import (
 	"github.com/chatpipe/chatpipe/shardworker"
 )
 
+// newDevCommand makes chatpipe dev.
+func newDevCommand() *command {
+	fs := newFlagSet("dev")
+	f := addDevFlags(fs)
+	return newCommand(fs, "run everything in one process on embedded defaults (etcd, Kafka, Postgres)", func(ctx context.Context, _ []string) error {
+		return runDev(ctx, f)
+	})
+}
+
 // runDev runs the whole pipeline in one process. On exit it stops, in
 // this order: endpoints.json, the admin server, the gateway, the other
 // roles (delivery feed, workers, persist, projection), then Postgres
 // connections, etcd client and the embedded Postgres, Kafka and etcd.
-func runDev(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	f := addDevFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
+func runDev(ctx context.Context, f devFlags) error {
 	if *f.kafka == "" && f.sec.kafka.On() {
 		return errEmbeddedSecured
 	}
@@ -135,7 +138,7 @@ type devFlags struct {
 	level, format                                       *string
 }
 
-func addDevFlags(fs *flag.FlagSet) devFlags {
+func addDevFlags(fs *flagSet) devFlags {
 	var f devFlags
 	f.dataDir = fs.String("data-dir", "chatpipe-data", "directory for all state (etcd, Kafka, Postgres, the JWT secret)")
 	f.httpAddr = fs.String("http", "127.0.0.1:8080", "gateway listen address (websocket at /v1/ws)")
@@ -158,7 +161,7 @@ func addDevFlags(fs *flag.FlagSet) devFlags {
 	f.lim = addLimitFlags(fs)
 	f.dlv = addDeliveryFlags(fs)
 	f.sec = addSecFlags(fs)
-	checkFlags(fs, notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1), atLeast("dedicated", -1),
+	fs.check(notNegative("workers"), atLeast("vshards", 1), atLeast("partitions", 1), atLeast("dedicated", -1),
 		notNegative("linger"), atLeast("cache-convs", 1), atLeast("lease-ttl", 2))
 	f.level, f.format = logFlags(fs)
 	return f

@@ -9,10 +9,12 @@ import (
 // --kafka needs with its own defaults: the hashed partitions and one per
 // dedicated vshard.
 func TestKafkaTopicFitsDev(t *testing.T) {
-	dev, err := probe([]string{"dev"})
-	if err != nil {
-		t.Fatal(err)
+	tree := newCommandTree()
+	flagsOf := func(name string) *flag.FlagSet {
+		node, _ := tree.find([]string{name})
+		return node.FlagSet
 	}
+	dev := flagsOf("dev")
 	intDefault := func(fs *flag.FlagSet, name string) int {
 		t.Helper()
 		f := fs.Lookup(name)
@@ -22,10 +24,7 @@ func TestKafkaTopicFitsDev(t *testing.T) {
 		return f.Value.(flag.Getter).Get().(int)
 	}
 	want := newDevConfig(intDefault(dev, "vshards"), intDefault(dev, "partitions"), intDefault(dev, "dedicated")).Layout().TopicPartitions()
-	kafka, err := probe([]string{"kafka"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kafka := flagsOf("kafka")
 	if got := intDefault(kafka, "partitions"); got != want {
 		t.Errorf("chatpipe kafka creates the topic with %d partitions by default; chatpipe dev needs %d", got, want)
 	}

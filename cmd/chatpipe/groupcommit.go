@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"time"
 
 	"github.com/chatpipe/chatpipe/shardworker"
@@ -15,8 +14,8 @@ type commitFlags struct {
 	takeovers *int
 }
 
-func addCommitFlags(fs *flag.FlagSet) commitFlags {
-	checkFlags(fs, positive("txn-budget"), positive("max-takeovers"))
+func addCommitFlags(fs *flagSet) commitFlags {
+	fs.check(positive("txn-budget"), positive("max-takeovers"))
 	return commitFlags{
 		lingerMax: fs.Duration("linger-max", shardworker.DefaultLingerMax, "latency budget of the adaptive group commit: the longest a writer waits for its batch to fill (0: never wait)"),
 		takeovers: fs.Int("max-takeovers", shardworker.DefaultMaxTakeovers, "vshards a worker takes over at once; the rest of a cold start's or a failover's vshards wait their turn"),

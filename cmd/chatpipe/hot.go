@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -58,73 +57,75 @@ func hotSources(ctx context.Context, cli *clientv3.Client, endpoints string) ([]
 	return addrs, nil
 }
 
-// adminHot prints the busiest conversations of the deployment, from the
-// workers' own counters.
-func adminHot(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin hot", flag.ContinueOnError)
+// newHotCommand makes chatpipe admin hot, which prints the busiest
+// conversations of the deployment, from the workers' own counters.
+func newHotCommand() *command {
+	fs := newFlagSet("admin hot")
 	inf := addInfraFlags(fs)
 	top := fs.Int("top", shardworker.DefaultHotN, "show this many conversations")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for each worker")
-	checkFlags(fs, atLeast("top", 1), positive("timeout"))
+	fs.check(atLeast("top", 1), positive("timeout"))
 	level, format := logFlags(fs)
-	if _, err := inf.setup(fs, args, level, format); err != nil {
-		return err
-	}
-	if *inf.etcd == "" {
-		return errors.New("need --endpoints or --etcd")
-	}
-	if *top > shardworker.MaxHotN {
-		return fmt.Errorf("--top: at most %d", shardworker.MaxHotN)
-	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	addrs, err := hotSources(ctx, cli, *inf.endpoints)
-	if err != nil {
-		return err
-	}
-	if len(addrs) == 0 {
-		return errors.New("no live worker advertises an admin address (start workers with --admin)")
-	}
-	overrides, err := lease.Overrides(ctx, cli, lease.DefaultPrefix)
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: *timeout}
-	lists := make([][]shardworker.HotConversation, len(addrs))
-	errs := make([]error, len(addrs))
-	var wg sync.WaitGroup
-	for i, a := range addrs {
-		wg.Go(func() { lists[i], errs[i] = shardworker.FetchHot(ctx, hc, a, *top) })
-	}
-	wg.Wait()
-	var unreachable []string
-	for i, err := range errs {
+	return newCommand(fs, "the busiest conversations, from the workers' own counters, and whether each is isolated", func(ctx context.Context, _ []string) error {
+		if _, err := inf.setup(level, format); err != nil {
+			return err
+		}
+		if *inf.etcd == "" {
+			return errors.New("need --endpoints or --etcd")
+		}
+		if *top > shardworker.MaxHotN {
+			return fmt.Errorf("--top: at most %d", shardworker.MaxHotN)
+		}
+		cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "warning:", err)
-			unreachable = append(unreachable, addrs[i])
+			return err
 		}
-	}
-	if len(unreachable) == len(addrs) {
-		return fmt.Errorf("no worker answered (%d asked)", len(addrs))
-	}
-	rows := shardworker.HotRows(lists, overrides, cfg.Layout(), *top)
-	if *asJSON {
-		out := struct {
-			Conversations []shardworker.HotRow `json:"conversations"`
-			Unreachable   []string             `json:"unreachable,omitempty"`
-		}{Conversations: rows, Unreachable: unreachable}
-		if out.Conversations == nil {
-			out.Conversations = []shardworker.HotRow{}
+		defer cli.Close()
+		addrs, err := hotSources(ctx, cli, *inf.endpoints)
+		if err != nil {
+			return err
 		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	return printHot(os.Stdout, rows)
+		if len(addrs) == 0 {
+			return errors.New("no live worker advertises an admin address (start workers with --admin)")
+		}
+		overrides, err := lease.Overrides(ctx, cli, lease.DefaultPrefix)
+		if err != nil {
+			return err
+		}
+		hc := &http.Client{Timeout: *timeout}
+		lists := make([][]shardworker.HotConversation, len(addrs))
+		errs := make([]error, len(addrs))
+		var wg sync.WaitGroup
+		for i, a := range addrs {
+			wg.Go(func() { lists[i], errs[i] = shardworker.FetchHot(ctx, hc, a, *top) })
+		}
+		wg.Wait()
+		var unreachable []string
+		for i, err := range errs {
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "warning:", err)
+				unreachable = append(unreachable, addrs[i])
+			}
+		}
+		if len(unreachable) == len(addrs) {
+			return fmt.Errorf("no worker answered (%d asked)", len(addrs))
+		}
+		rows := shardworker.HotRows(lists, overrides, cfg.Layout(), *top)
+		if *asJSON {
+			out := struct {
+				Conversations []shardworker.HotRow `json:"conversations"`
+				Unreachable   []string             `json:"unreachable,omitempty"`
+			}{Conversations: rows, Unreachable: unreachable}
+			if out.Conversations == nil {
+				out.Conversations = []shardworker.HotRow{}
+			}
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		}
+		return printHot(os.Stdout, rows)
+	})
 }
 
 // printHot writes rows as admin hot's table.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"time"
 
@@ -16,13 +15,15 @@ import (
 
 // isolateFlags are the flags of admin isolate and unisolate.
 type isolateFlags struct {
-	inf  infraFlags
-	wait *time.Duration
+	inf           infraFlags
+	wait          *time.Duration
+	level, format *string
 }
 
-func addIsolateFlags(fs *flag.FlagSet) isolateFlags {
+func addIsolateFlags(fs *flagSet) isolateFlags {
 	f := isolateFlags{inf: addInfraFlags(fs), wait: fs.Duration("wait", 30*time.Second, "how long to wait for the move: isolate, for its moved record to be stored (needs --database-url); unisolate, for the conversation to be home")}
-	checkFlags(fs, positive("wait"))
+	fs.check(positive("wait"))
+	f.level, f.format = logFlags(fs)
 	return f
 }
 
@@ -43,20 +44,20 @@ func (r *isolateRun) close() {
 	}
 }
 
-// setup parses the flags and connects.
-func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string) (*isolateRun, error) {
-	level, format := logFlags(fs)
-	if _, err := f.inf.setup(fs, args, level, format); err != nil {
+// setup connects for the command name, whose arguments (after its flags)
+// are args.
+func (f isolateFlags) setup(ctx context.Context, name string, args []string) (*isolateRun, error) {
+	if _, err := f.inf.setup(f.level, f.format); err != nil {
 		return nil, err
 	}
-	if *f.inf.etcd == "" || fs.NArg() != 1 {
-		return nil, fmt.Errorf("usage: chatpipe %s --etcd … (or --endpoints …) CONVERSATION_ID", fs.Name())
+	if *f.inf.etcd == "" || len(args) != 1 {
+		return nil, fmt.Errorf("usage: chatpipe %s --etcd … (or --endpoints …) CONVERSATION_ID", name)
 	}
 	cli, cfg, err := etcdConfig(ctx, *f.inf.etcd, f.inf.sec, lease.Config{})
 	if err != nil {
 		return nil, err
 	}
-	r := &isolateRun{cli: cli, cfg: cfg, cid: fs.Arg(0)}
+	r := &isolateRun{cli: cli, cfg: cfg, cid: args[0]}
 	if cfg.Dedicated == 0 {
 		r.close()
 		return nil, errors.New("this deployment has no dedicated vshards (chatpipe init --dedicated N when it is made)")
@@ -70,18 +71,26 @@ func (f isolateFlags) setup(ctx context.Context, fs *flag.FlagSet, args []string
 	return r, nil
 }
 
-// adminIsolate routes a conversation to a dedicated vshard of its own
-// (internal/move).
-func adminIsolate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin isolate", flag.ContinueOnError)
+// newIsolateCommand makes chatpipe admin isolate, which routes a
+// conversation to a dedicated vshard of its own (internal/move).
+func newIsolateCommand() *command {
+	fs := newFlagSet("admin isolate")
 	f := addIsolateFlags(fs)
 	to := fs.Int("vshard", -1, "the dedicated vshard to move it to (default: the first one no conversation is routed to)")
-	r, err := f.setup(ctx, fs, args)
+	return newCommand(fs, "give one conversation a dedicated vshard of its own (CONVERSATION_ID; --vshard N to choose)", func(ctx context.Context, args []string) error {
+		return isolate(ctx, f, *to, args)
+	})
+}
+
+// isolate runs admin isolate with args, its one conversation, and the
+// dedicated vshard to (-1: the first free one).
+func isolate(ctx context.Context, f isolateFlags, to int, args []string) error {
+	r, err := f.setup(ctx, "admin isolate", args)
 	if err != nil {
 		return err
 	}
 	defer r.close()
-	res, err := move.Isolate(ctx, r.cli, r.db, r.cfg.Layout(), r.cid, *to, *f.wait)
+	res, err := move.Isolate(ctx, r.cli, r.db, r.cfg.Layout(), r.cid, to, *f.wait)
 	if res.Already {
 		fmt.Printf("%s is routed to vshard %d already\n", r.cid, res.VShard)
 	}
@@ -96,12 +105,20 @@ func adminIsolate(ctx context.Context, args []string) error {
 	return nil
 }
 
-// adminUnisolate routes a conversation back to its hashed vshard and
-// waits for its writer to release the override (internal/move).
-func adminUnisolate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("admin unisolate", flag.ContinueOnError)
+// newUnisolateCommand makes chatpipe admin unisolate, which routes a
+// conversation back to its hashed vshard and waits for its writer to
+// release the override (internal/move).
+func newUnisolateCommand() *command {
+	fs := newFlagSet("admin unisolate")
 	f := addIsolateFlags(fs)
-	r, err := f.setup(ctx, fs, args)
+	return newCommand(fs, "route an isolated conversation back to its hashed vshard, then remove its override", func(ctx context.Context, args []string) error {
+		return unisolate(ctx, f, args)
+	})
+}
+
+// unisolate runs admin unisolate with args, its one conversation.
+func unisolate(ctx context.Context, f isolateFlags, args []string) error {
+	r, err := f.setup(ctx, "admin unisolate", args)
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"time"
 
 	"github.com/chatpipe/chatpipe/gateway"
@@ -28,9 +27,9 @@ type limitFlags struct {
 	wire                                wireFlags
 }
 
-func addLimitFlags(fs *flag.FlagSet) limitFlags {
+func addLimitFlags(fs *flagSet) limitFlags {
 	d := protocol.DefaultLimits()
-	checkFlags(fs,
+	fs.check(
 		nonZero("rate-user", "no limit"), atLeast("rate-user-burst", 1),
 		nonZero("rate-conv", "no limit"), atLeast("rate-conv-burst", 1),
 		atLeast("max-conns-per-user", 1), atLeast("max-body-bytes", 1), atLeast("max-id-bytes", 1),

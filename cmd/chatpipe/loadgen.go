@@ -17,18 +17,10 @@ import (
 	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
-func init() {
-	register("loadgen", "drive a running stack at a profile's rate and record what it saw (then 'chatpipe check')", runLoadgen)
-}
-
-func runLoadgen(ctx context.Context, args []string) error {
-	if len(args) > 0 && args[0] == "merge" {
-		return runLoadgenMerge(args[1:])
-	}
-	if len(args) > 0 && args[0] == "report" {
-		return runLoadgenReport(args[1:])
-	}
-	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+// newLoadgenCommand makes chatpipe loadgen (its subcommands merge and
+// report are added by newCommandTree).
+func newLoadgenCommand() *command {
+	fs := newFlagSet("loadgen")
 	epPath := fs.String("endpoints", "chatpipe-data/endpoints.json", "endpoints.json of the stack to drive (not read with --ws unless given)")
 	wsURL := fs.String("ws", "", "websocket URL of any gateway (e.g. wss://chat.example.com/v1/ws): drive a stack without an endpoints.json")
 	kafka := fs.String("kafka", "", "Kafka brokers of the stack, comma-separated: recorded in run.json for 'check' (with --ws)")
@@ -62,105 +54,104 @@ func runLoadgen(ctx context.Context, args []string) error {
 	shard := fs.String("shard", "", "K/N: run part K of N of the plan (its own users and conversations, at rate/N) into the run directory NAME-KofN; then 'chatpipe loadgen merge'")
 	progress := fs.Bool("progress", true, "show a live progress line on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
-	checkFlags(fs, positive("scale"), notNegative("rate"), positive("duration"), notNegative("devices"),
+	fs.check(positive("scale"), notNegative("rate"), positive("duration"), notNegative("devices"),
 		notNegative("users"), notNegative("conversations"), inRange("groups", math.Inf(-1), 1, "at most 1 (negative: the profile's)"),
 		inRange("dup", 0, 1, "a share, 0 to 1"), notNegative("reconnects"), atLeast("body-bytes", 1), positive("timeout"),
 		notNegative("resend-budget"), atLeast("max-attempts", 1), positive("resend-backoff"),
 		notBelowFlag("resend-backoff-max", "resend-backoff", 0, ""), notNegative("drain"))
 	level, format := logFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := newLogger(*level, *format)
-	if err != nil {
-		return err
-	}
-	p, ok := loadgen.Profiles[*profile]
-	if !ok {
-		return fmt.Errorf("unknown profile %q (have %s)", *profile, strings.Join(loadgen.ProfileNames(), ", "))
-	}
-	if *devices > 0 {
-		p.Devices = *devices
-	}
-	if *users > 0 {
-		p.Users = *users
-	}
-	if *convs > 0 {
-		p.Conversations = *convs
-	}
-	if *groups >= 0 {
-		p.GroupShare = *groups
-	}
-	r := p.Rate * *scale
-	if *rate > 0 {
-		r = *rate
-	}
-	epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
-	fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
-	ep := &Endpoints{}
-	dir := *dataDir
-	if *wsURL == "" || epGiven {
-		if ep, err = readEndpoints(*epPath); err != nil {
-			return err
-		}
-		if dir == "" {
-			dir = filepath.Dir(*epPath)
-		}
-	}
-	stack := loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
-	overrideStack(&stack, *wsURL, *kafka, *topic, *dbURL)
-	if stack.Topic == "" {
-		stack.Topic = logrecord.DefaultTopic
-	}
-	if dir != "" {
-		dir, _ = filepath.Abs(dir)
-	}
-	key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
-	if err != nil {
-		return err
-	}
-	sh, err := loadgen.ParseShard(*shard)
-	if err != nil {
-		return err
-	}
-	if *run == "" {
-		if !sh.Whole() {
-			return errors.New("--shard needs --run: every shard must use the same run name")
-		}
-		*run = p.Name + "-" + time.Now().UTC().Format("20060102-150405")
-	}
-	cfg := loadgen.Config{
-		Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
-		Stack:    stack,
-		DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, PlainFrames: *plain, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
-		Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
-	}
-	if *progress {
-		cfg.Progress = os.Stderr
-	}
-	if sh.Whole() {
-		fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, cfg.DirName()))
-	} else {
-		fmt.Fprintf(os.Stderr, "loadgen %s shard %s: profile %s at %.0f of %.0f msg/s for %v → %s\n", *run, sh, p.Name, r/float64(sh.N), r, *duration, filepath.Join(*out, cfg.DirName()))
-	}
-	if *cpuProfile != "" {
-		stop, err := startCPUProfile(*cpuProfile)
+	return newCommand(fs, "drive a running stack at a profile's rate and record what it saw (then 'chatpipe check')", func(ctx context.Context, _ []string) error {
+		log, err := newLogger(*level, *format)
 		if err != nil {
 			return err
 		}
-		defer stop()
-	}
-	rep, err := loadgen.Run(ctx, cfg)
-	if rep != nil {
-		fmt.Print(rep.Markdown())
-	}
-	if err != nil {
-		return fmt.Errorf("run %s: %w", *run, err)
-	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return ctx.Err()
-	}
-	return nil
+		p, ok := loadgen.Profiles[*profile]
+		if !ok {
+			return fmt.Errorf("unknown profile %q (have %s)", *profile, strings.Join(loadgen.ProfileNames(), ", "))
+		}
+		if *devices > 0 {
+			p.Devices = *devices
+		}
+		if *users > 0 {
+			p.Users = *users
+		}
+		if *convs > 0 {
+			p.Conversations = *convs
+		}
+		if *groups >= 0 {
+			p.GroupShare = *groups
+		}
+		r := p.Rate * *scale
+		if *rate > 0 {
+			r = *rate
+		}
+		epGiven := os.Getenv("CHATPIPE_ENDPOINTS") != ""
+		fs.Visit(func(f *flag.Flag) { epGiven = epGiven || f.Name == "endpoints" })
+		ep := &Endpoints{}
+		dir := *dataDir
+		if *wsURL == "" || epGiven {
+			if ep, err = readEndpoints(*epPath); err != nil {
+				return err
+			}
+			if dir == "" {
+				dir = filepath.Dir(*epPath)
+			}
+		}
+		stack := loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+		overrideStack(&stack, *wsURL, *kafka, *topic, *dbURL)
+		if stack.Topic == "" {
+			stack.Topic = logrecord.DefaultTopic
+		}
+		if dir != "" {
+			dir, _ = filepath.Abs(dir)
+		}
+		key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
+		if err != nil {
+			return err
+		}
+		sh, err := loadgen.ParseShard(*shard)
+		if err != nil {
+			return err
+		}
+		if *run == "" {
+			if !sh.Whole() {
+				return errors.New("--shard needs --run: every shard must use the same run name")
+			}
+			*run = p.Name + "-" + time.Now().UTC().Format("20060102-150405")
+		}
+		cfg := loadgen.Config{
+			Run: *run, Out: *out, Profile: p, Rate: r, Shard: sh, Duration: *duration, Secret: key, Seed: *seed,
+			Stack:    stack,
+			DupShare: orNone(*dup), Churn: *churn, Reconnects: *reconnects, PlainFrames: *plain, BodyBytes: *body, Timeout: *timeout, Drain: *drain, Log: log,
+			Resend: loadgen.ResendPolicy{Budget: orNone(*budget), MaxAttempts: *attempts, Base: *backoffBase, Cap: *backoffMax},
+		}
+		if *progress {
+			cfg.Progress = os.Stderr
+		}
+		if sh.Whole() {
+			fmt.Fprintf(os.Stderr, "loadgen %s: profile %s at %.0f msg/s for %v → %s\n", *run, p.Name, r, *duration, filepath.Join(*out, cfg.DirName()))
+		} else {
+			fmt.Fprintf(os.Stderr, "loadgen %s shard %s: profile %s at %.0f of %.0f msg/s for %v → %s\n", *run, sh, p.Name, r/float64(sh.N), r, *duration, filepath.Join(*out, cfg.DirName()))
+		}
+		if *cpuProfile != "" {
+			stop, err := startCPUProfile(*cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
+		rep, err := loadgen.Run(ctx, cfg)
+		if rep != nil {
+			fmt.Print(rep.Markdown())
+		}
+		if err != nil {
+			return fmt.Errorf("run %s: %w", *run, err)
+		}
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return ctx.Err()
+		}
+		return nil
+	})
 }
 
 // overrideStack sets the stack's fields that flags give.
@@ -187,44 +178,42 @@ func orNone(v float64) float64 {
 	return v
 }
 
-func runLoadgenMerge(args []string) error {
-	fs := flag.NewFlagSet("loadgen merge", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: chatpipe loadgen merge --out DIR RUN-DIR RUN-DIR…")
-		fs.PrintDefaults()
-	}
+// newLoadgenMergeCommand makes chatpipe loadgen merge, which merges the
+// run directories of a --shard run's parts into one.
+func newLoadgenMergeCommand() *command {
+	fs := newFlagSet("loadgen merge")
 	out := fs.String("out", "", "the merged run directory to write (new or empty; required)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *out == "" || fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("merge needs --out and at least one run directory")
-	}
-	rep, err := loadgen.Merge(*out, fs.Args())
-	if err != nil {
-		return err
-	}
-	fmt.Print(rep.Markdown())
-	fmt.Fprintf(os.Stderr, "merged %d runs into %s (check it with: chatpipe check --run %s)\n", fs.NArg(), *out, *out)
-	return nil
+	return newCommand(fs, "merge the run directories of a --shard run's parts", func(_ context.Context, args []string) error {
+		if *out == "" || len(args) == 0 {
+			fs.Usage()
+			return errors.New("merge needs --out and at least one run directory")
+		}
+		rep, err := loadgen.Merge(*out, args)
+		if err != nil {
+			return err
+		}
+		fmt.Print(rep.Markdown())
+		fmt.Fprintf(os.Stderr, "merged %d runs into %s (check it with: chatpipe check --run %s)\n", len(args), *out, *out)
+		return nil
+	}).withUsage("usage: chatpipe loadgen merge --out DIR RUN-DIR RUN-DIR…\n")
 }
 
-func runLoadgenReport(args []string) error {
-	fs := flag.NewFlagSet("loadgen report", flag.ContinueOnError)
+// newLoadgenReportCommand makes chatpipe loadgen report, which rebuilds a
+// run's report from its files.
+func newLoadgenReportCommand() *command {
+	fs := newFlagSet("loadgen report")
 	dir := fs.String("run", "", "run directory whose report to rebuild from its files (required)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *dir == "" {
-		return errors.New("--run is required")
-	}
-	rep, err := loadgen.Rebuild(*dir)
-	if err != nil {
-		return err
-	}
-	fmt.Print(rep.Markdown())
-	return nil
+	return newCommand(fs, "rebuild a run's report from its files", func(_ context.Context, _ []string) error {
+		if *dir == "" {
+			return errors.New("--run is required")
+		}
+		rep, err := loadgen.Rebuild(*dir)
+		if err != nil {
+			return err
+		}
+		fmt.Print(rep.Markdown())
+		return nil
+	})
 }
 
 // startCPUProfile profiles the process into path until the returned stop.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,28 +11,19 @@ import (
 	"time"
 )
 
-func init() {
-	register("probe", "GET a URL and exit 0 on a 2xx answer (container healthchecks: the image has no shell or HTTP client)", runProbe)
-}
-
-// runProbe is `chatpipe probe [--timeout D] URL`: a GET that succeeds on
-// 2xx and fails (exit status 1, the status and first line of the body on
-// stderr) on any other status, a connection error or the timeout.
-func runProbe(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
+// newProbeCommand makes `chatpipe probe [--timeout D] URL`: a GET that
+// succeeds on 2xx and fails (exit status 1, the status and first line of the
+// body on stderr) on any other status, a connection error or the timeout.
+func newProbeCommand() *command {
+	fs := newFlagSet("probe")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long (connecting and reading the answer)")
-	checkFlags(fs, positive("timeout"))
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: chatpipe probe [--timeout D] URL   (e.g. http://127.0.0.1:7074/readyz)\n")
-		fs.PrintDefaults()
-	}
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return errors.New("want one URL, e.g. chatpipe probe http://127.0.0.1:7074/readyz")
-	}
-	return probeURL(ctx, fs.Arg(0), *timeout)
+	fs.check(positive("timeout"))
+	return newCommand(fs, "GET a URL and exit 0 on a 2xx answer (container healthchecks: the image has no shell or HTTP client)", func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return errors.New("want one URL, e.g. chatpipe probe http://127.0.0.1:7074/readyz")
+		}
+		return probeURL(ctx, args[0], *timeout)
+	}).withUsage("Usage: chatpipe probe [--timeout D] URL   (e.g. http://127.0.0.1:7074/readyz)\n")
 }
 
 // probeURL GETs url within timeout; nil on a 2xx answer.

@@ -39,13 +39,14 @@ func TestProbe(t *testing.T) {
 	if err := probeURL(ctx, srv.URL+"/slow", 100*time.Millisecond); err == nil || time.Since(start) > 2*time.Second {
 		t.Errorf("slow: %v after %v, want a timeout after 100ms", err, time.Since(start))
 	}
-	if err := runProbe(ctx, []string{"--timeout", "1s", srv.URL + "/readyz"}); err != nil {
-		t.Errorf("runProbe: %v", err)
+	runProbe := func(args ...string) error { return newCommandTree().run(ctx, append([]string{"probe"}, args...)) }
+	if err := runProbe("--timeout", "1s", srv.URL+"/readyz"); err != nil {
+		t.Errorf("chatpipe probe: %v", err)
 	}
-	if err := runProbe(ctx, []string{"127.0.0.1:1/readyz"}); err == nil {
-		t.Error("runProbe without a scheme: no error")
+	if err := runProbe("127.0.0.1:1/readyz"); err == nil {
+		t.Error("chatpipe probe without a scheme: no error")
 	}
-	if err := runProbe(ctx, nil); err == nil {
-		t.Error("runProbe without a URL: no error")
+	if err := runProbe(); err == nil {
+		t.Error("chatpipe probe without a URL: no error")
 	}
 }

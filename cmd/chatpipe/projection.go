@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"log/slog"
 	"time"
 
@@ -14,18 +12,14 @@ import (
 	"github.com/chatpipe/chatpipe/projection"
 )
 
-func init() {
-	register("projection", "maintain the read model (memberships, conversation list, delivery outbox) from the log", runProjection)
-}
-
 // deliveryFlags configure a gateway's delivery feed.
 type deliveryFlags struct {
 	poll   *time.Duration
 	listen *bool
 }
 
-func addDeliveryFlags(fs *flag.FlagSet) deliveryFlags {
-	checkFlags(fs, positive("delivery-poll"))
+func addDeliveryFlags(fs *flagSet) deliveryFlags {
+	fs.check(positive("delivery-poll"))
 	return deliveryFlags{
 		poll:   fs.Duration("delivery-poll", time.Second, "how often the gateway reads the delivery outbox without a notification"),
 		listen: fs.Bool("delivery-listen", true, "LISTEN for delivery notifications (false: poll only, e.g. behind a transaction-pooling proxy)"),
@@ -38,14 +32,15 @@ func (f deliveryFlags) feed(db *pgxpool.Pool, gw *gateway.Gateway, log *slog.Log
 	return feed
 }
 
-func runProjection(ctx context.Context, args []string) error {
+// newProjectionCommand makes chatpipe projection.
+func newProjectionCommand() *command {
 	var retain *time.Duration
 	var listen *bool
-	return runLogConsumer(ctx, "projection", args,
-		func(fs *flag.FlagSet) {
+	return newLogConsumerCommand("projection", "maintain the read model (memberships, conversation list, delivery outbox) from the log",
+		func(fs *flagSet) {
 			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
 			listen = fs.Bool("persist-listen", true, "LISTEN for persist's commits instead of only polling for them (false: e.g. behind a transaction-pooling proxy)")
-			checkFlags(fs, notNegative("retain"))
+			fs.check(notNegative("retain"))
 		},
 		func(d consumerDeps) (logConsumer, error) { return newProjection(d, *retain, !*listen) })
 }

@@ -25,7 +25,7 @@ func TestRoleRanges(t *testing.T) {
 		{[]string{"dev", "--workers", "0"}, ""},
 		{[]string{"init", "--replication-factor", "-1", "--min-insync-replicas", "0"}, ""},
 	} {
-		_, _, err := validateConfig(c.args)
+		_, _, err := newCommandTree().validate(c.args)
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%q: err = %v, want %q", c.args, err, c.want)
 		}

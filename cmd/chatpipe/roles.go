@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,7 +35,7 @@ type infraFlags struct {
 	sec                                  *secFlags
 }
 
-func addInfraFlags(fs *flag.FlagSet) infraFlags {
+func addInfraFlags(fs *flagSet) infraFlags {
 	return infraFlags{
 		endpoints: fs.String("endpoints", "", "endpoints.json of a running 'chatpipe dev'; fills --etcd, --kafka and --database-url"),
 		etcd:      fs.String("etcd", "", "etcd endpoints, comma separated"),
@@ -67,12 +66,9 @@ func (f infraFlags) resolve() error {
 	return nil
 }
 
-// setup parses the flags (env first), fills the infrastructure flags from
-// --endpoints and makes the logger.
-func (f infraFlags) setup(fs *flag.FlagSet, args []string, level, format *string) (*slog.Logger, error) {
-	if err := parse(fs, args); err != nil {
-		return nil, err
-	}
+// setup fills the infrastructure flags from --endpoints and makes the
+// logger.
+func (f infraFlags) setup(level, format *string) (*slog.Logger, error) {
 	if err := f.resolve(); err != nil {
 		return nil, err
 	}
@@ -90,8 +86,9 @@ func joinList(l []string) string {
 	return s
 }
 
-func runWorker(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+// newWorkerCommand makes chatpipe worker.
+func newWorkerCommand() *command {
+	fs := newFlagSet("worker")
 	inf := addInfraFlags(fs)
 	id := fs.String("id", "", "worker id, unique in the deployment: its owner rows and the worker label of its metrics (default: <hostname>-<port> with a fixed --listen port, so a restarted worker keeps it; worker-<random> with port 0)")
 	listen := fs.String("listen", "127.0.0.1:0", "gateway-facing listen address (port 0: a free one, advertised in etcd)")
@@ -102,48 +99,50 @@ func runWorker(ctx context.Context, args []string) error {
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
 	leaseTTL := fs.Int64("lease-ttl", lease.DefaultTTL, leaseTTLUsage)
 	lim := addLimitFlags(fs)
-	checkFlags(fs, notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"), atLeast("lease-ttl", 2))
+	fs.check(notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"), atLeast("lease-ttl", 2))
 	level, format := logFlags(fs)
-	log, err := inf.setup(fs, args, level, format)
-	if err != nil {
-		return err
-	}
-	if *inf.etcd == "" || *inf.kafka == "" || *inf.dbURL == "" {
-		return errors.New("need --endpoints, or --etcd, --kafka and --database-url")
-	}
-	if *id == "" {
-		*id = defaultWorkerID(*listen)
-	}
-	kopts, err := inf.kafkaOpts(ctx)
-	if err != nil {
-		return err
-	}
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	db, err := openDB(ctx, *inf.dbURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ln, err := listenAdmin(*adminAddr)
-	if err != nil {
-		return err
-	}
-	w, err := newWorker(workerOpts{id: *id, listen: *listen, advertise: *advertise, admin: shardworker.Advertised(ln.Addr().String()),
-		cli: cli, cfg: cfg, brokers: splitList(*inf.kafka), kopts: kopts, db: db,
-		linger: *linger, cacheConvs: *cacheConvs, leaseTTL: *leaseTTL, lim: lim, log: log})
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	w.SetTxnTimeout(*txnTimeout)
-	admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, shardworker.MountHot(w.Hot))
-	defer admin.Close()
-	log.Info("worker starting", "id", *id, "admin", admin.Addr())
-	return w.Run(ctx)
+	return newCommand(fs, "own virtual shards and write their conversations to Kafka", func(ctx context.Context, _ []string) error {
+		log, err := inf.setup(level, format)
+		if err != nil {
+			return err
+		}
+		if *inf.etcd == "" || *inf.kafka == "" || *inf.dbURL == "" {
+			return errors.New("need --endpoints, or --etcd, --kafka and --database-url")
+		}
+		if *id == "" {
+			*id = defaultWorkerID(*listen)
+		}
+		kopts, err := inf.kafkaOpts(ctx)
+		if err != nil {
+			return err
+		}
+		cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		db, err := openDB(ctx, *inf.dbURL)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		ln, err := listenAdmin(*adminAddr)
+		if err != nil {
+			return err
+		}
+		w, err := newWorker(workerOpts{id: *id, listen: *listen, advertise: *advertise, admin: shardworker.Advertised(ln.Addr().String()),
+			cli: cli, cfg: cfg, brokers: splitList(*inf.kafka), kopts: kopts, db: db,
+			linger: *linger, cacheConvs: *cacheConvs, leaseTTL: *leaseTTL, lim: lim, log: log})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		w.SetTxnTimeout(*txnTimeout)
+		admin := serveAdmin(ln, newRegistry(append(w.Collectors(), lim.linkCollectors()...)...), w.Healthy, nil, log, shardworker.MountHot(w.Hot))
+		defer admin.Close()
+		log.Info("worker starting", "id", *id, "admin", admin.Addr())
+		return w.Run(ctx)
+	})
 }
 
 // logConsumer is what persist and projection have in common as roles.
@@ -163,54 +162,57 @@ type consumerDeps struct {
 	Log       *slog.Logger
 }
 
-// runLogConsumer runs a consumer of the log as its own process: flags,
-// Postgres with migrations, and an admin server whose /readyz is "caught
-// up" (503 while behind or stopped at a record of a newer schema version;
-// 200 "ready, degraded: N dead letters …" once it has dead letters).
-// addFlags adds the role's own flags; build makes the consumer.
-func runLogConsumer(ctx context.Context, name string, args []string, addFlags func(*flag.FlagSet),
-	build func(consumerDeps) (logConsumer, error)) error {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// newLogConsumerCommand makes the command of a consumer of the log, run as
+// its own process: flags, Postgres with migrations, and an admin server
+// whose /readyz is "caught up" (503 while behind or stopped at a record of
+// a newer schema version; 200 "ready, degraded: N dead letters …" once it
+// has dead letters). addFlags adds the role's own flags; build makes the
+// consumer.
+func newLogConsumerCommand(name, help string, addFlags func(*flagSet), build func(consumerDeps) (logConsumer, error)) *command {
+	fs := newFlagSet(name)
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
 	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
-	checkFlags(fs, notNegative("ready-lag"))
+	fs.check(notNegative("ready-lag"))
 	if addFlags != nil {
 		addFlags(fs)
 	}
 	level, format := logFlags(fs)
-	log, err := inf.setup(fs, args, level, format)
-	if err != nil {
-		return err
-	}
-	if *inf.kafka == "" || *inf.dbURL == "" {
-		return errors.New("need --endpoints, or --kafka and --database-url")
-	}
-	kopts, err := inf.kafkaOpts(ctx)
-	if err != nil {
-		return err
-	}
-	db, err := openMigratedDB(ctx, *inf.dbURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
-	if err != nil {
-		return err
-	}
-	ln, err := listenAdmin(*adminAddr)
-	if err != nil {
-		return err
-	}
-	admin := serveAdmin(ln, newRegistry(c.Collectors()...), func() error { return c.CaughtUp(*maxLag) }, c.Degraded, log)
-	defer admin.Close()
-	log.Info(name+" starting", "admin", admin.Addr())
-	return c.Run(ctx)
+	return newCommand(fs, help, func(ctx context.Context, _ []string) error {
+		log, err := inf.setup(level, format)
+		if err != nil {
+			return err
+		}
+		if *inf.kafka == "" || *inf.dbURL == "" {
+			return errors.New("need --endpoints, or --kafka and --database-url")
+		}
+		kopts, err := inf.kafkaOpts(ctx)
+		if err != nil {
+			return err
+		}
+		db, err := openMigratedDB(ctx, *inf.dbURL)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
+		if err != nil {
+			return err
+		}
+		ln, err := listenAdmin(*adminAddr)
+		if err != nil {
+			return err
+		}
+		admin := serveAdmin(ln, newRegistry(c.Collectors()...), func() error { return c.CaughtUp(*maxLag) }, c.Degraded, log)
+		defer admin.Close()
+		log.Info(name+" starting", "admin", admin.Addr())
+		return c.Run(ctx)
+	})
 }
 
-func runPersist(ctx context.Context, args []string) error {
-	return runLogConsumer(ctx, "persist", args, nil, newPersist)
+// newPersistCommand makes chatpipe persist.
+func newPersistCommand() *command {
+	return newLogConsumerCommand("persist", "copy the committed log into Postgres", nil, newPersist)
 }
 
 // newPersist makes the persist role's consumer.
@@ -218,8 +220,9 @@ func newPersist(d consumerDeps) (logConsumer, error) {
 	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Log: d.Log})
 }
 
-func runGateway(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+// newGatewayCommand makes chatpipe gateway.
+func newGatewayCommand() *command {
+	fs := newFlagSet("gateway")
 	inf := addInfraFlags(fs)
 	httpAddr := fs.String("http", "127.0.0.1:8080", "listen address (websocket at /v1/ws)")
 	tokens := addTokenFlags(fs, "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else the file in --data-dir; none with --jwks-url: HS256 off)")
@@ -231,69 +234,71 @@ func runGateway(ctx context.Context, args []string) error {
 	metricsPublic := fs.Bool("metrics-public", false, "serve /metrics on the --http address too; it is always on --admin")
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz, /debug/pprof/ and the pipeline page /ops (empty: none)")
 	level, format := logFlags(fs)
-	log, err := inf.setup(fs, args, level, format)
-	if err != nil {
-		return err
-	}
-	if *inf.etcd == "" || *inf.dbURL == "" {
-		return errors.New("need --endpoints, or --etcd and --database-url (sync, history and delivery read Postgres)")
-	}
-	var kopts []kgo.Opt
-	if *inf.kafka != "" {
-		if kopts, err = inf.kafkaOpts(ctx); err != nil {
+	return newCommand(fs, "serve the websocket protocol and route commands to workers", func(ctx context.Context, _ []string) error {
+		log, err := inf.setup(level, format)
+		if err != nil {
 			return err
 		}
-	}
-	key, err := tokens.loadSecret(*dataDir, false)
-	if err != nil {
-		return err
-	}
-	if key != nil && len(key) < auth.MinSecretBytes {
-		return fmt.Errorf("the JWT secret is %d bytes; HS256 needs at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes)
-	}
-	verifier, err := tokens.verifier(ctx, key, log)
-	if err != nil {
-		return err
-	}
-	defer verifier.Close()
-	cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	db, err := openDB(ctx, *inf.dbURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	g, err := newGatewayRole(ctx, verifier, *httpAddr, lim, dlv, nil,
-		webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, MetricsPublic: *metricsPublic, Log: log.With("role", "web")}, log)
-	if err != nil {
-		return err
-	}
-	admin, err := g.serveAdmin(*adminAddr, log)
-	if err != nil {
-		return err
-	}
-	if admin != nil {
-		defer admin.Close()
-		log.Info("gateway admin listening", "admin", admin.Addr())
-	}
-	feedCtx, stopFeed := context.WithCancel(context.Background())
-	feedDone := make(chan struct{})
-	go func() { defer close(feedDone); g.feed.Run(feedCtx) }()
-	defer func() { stopFeed(); <-feedDone }()
-	errc := g.serve()
-	log.Info("gateway listening", "addr", g.ln.Addr().String())
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
+		if *inf.etcd == "" || *inf.dbURL == "" {
+			return errors.New("need --endpoints, or --etcd and --database-url (sync, history and delivery read Postgres)")
+		}
+		var kopts []kgo.Opt
+		if *inf.kafka != "" {
+			if kopts, err = inf.kafkaOpts(ctx); err != nil {
+				return err
+			}
+		}
+		key, err := tokens.loadSecret(*dataDir, false)
+		if err != nil {
 			return err
 		}
-	}
-	g.shutdown()
-	return nil
+		if key != nil && len(key) < auth.MinSecretBytes {
+			return fmt.Errorf("the JWT secret is %d bytes; HS256 needs at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes)
+		}
+		verifier, err := tokens.verifier(ctx, key, log)
+		if err != nil {
+			return err
+		}
+		defer verifier.Close()
+		cli, cfg, err := etcdConfig(ctx, *inf.etcd, inf.sec, lease.Config{})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		db, err := openDB(ctx, *inf.dbURL)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		g, err := newGatewayRole(ctx, verifier, *httpAddr, lim, dlv, nil,
+			webDeps{Etcd: cli, Config: cfg, DB: db, Brokers: splitList(*inf.kafka), KafkaOpts: kopts, NoChat: !*pages, OpsPublic: *opsPublic, MetricsPublic: *metricsPublic, Log: log.With("role", "web")}, log)
+		if err != nil {
+			return err
+		}
+		admin, err := g.serveAdmin(*adminAddr, log)
+		if err != nil {
+			return err
+		}
+		if admin != nil {
+			defer admin.Close()
+			log.Info("gateway admin listening", "admin", admin.Addr())
+		}
+		feedCtx, stopFeed := context.WithCancel(context.Background())
+		feedDone := make(chan struct{})
+		go func() { defer close(feedDone); g.feed.Run(feedCtx) }()
+		defer func() { stopFeed(); <-feedDone }()
+		errc := g.serve()
+		log.Info("gateway listening", "addr", g.ln.Addr().String())
+		select {
+		case <-ctx.Done():
+		case err := <-errc:
+			if !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+		}
+		g.shutdown()
+		return nil
+	})
 }
 
 // gatewayRole is a gateway with its HTTP server (websocket, /healthz,
@@ -465,46 +470,47 @@ type webDeps struct {
 // shared.
 var newPages func(d webDeps, metrics http.Handler) func(mux *http.ServeMux, chat, ops bool)
 
-func runKafka(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+// newKafkaCommand makes chatpipe kafka.
+func newKafkaCommand() *command {
+	fs := newFlagSet("kafka")
 	dataDir := fs.String("data-dir", "chatpipe-kafka", "directory the broker persists its log in")
 	port := fs.Int("port", 9092, "listen port on 127.0.0.1 (0: a free one)")
 	topic := fs.String("topic", logrecord.DefaultTopic, "topic to create if missing")
 	partitions := fs.Int("partitions", devTopicPartitions(), "partitions of the topic (the default fits 'chatpipe dev --kafka' with its defaults: its hashed partitions and one per dedicated vshard)")
 	adminAddr := fs.String("admin", "", "listen address of /metrics (Go and process collectors) and /healthz (default: none)")
-	checkFlags(fs, portCheck("port", true), atLeast("partitions", 1))
+	fs.check(portCheck("port", true), atLeast("partitions", 1))
 	level, format := logFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	log, err := newLogger(*level, *format)
-	if err != nil {
-		return err
-	}
-	k, err := devstack.StartKafka(*dataDir, *port, log)
-	if err != nil {
-		return err
-	}
-	defer k.Close()
-	if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, *topic, *partitions); err != nil {
-		return err
-	}
-	if *adminAddr != "" {
-		ln, err := listenAdmin(*adminAddr)
+	return newCommand(fs, "run a standalone dev Kafka broker (kfake) with a data dir", func(ctx context.Context, _ []string) error {
+		log, err := newLogger(*level, *format)
 		if err != nil {
 			return err
 		}
-		admin := serveAdmin(ln, newRegistry(), func() error { return nil }, nil, log)
-		defer admin.Close()
-		log.Info("kafka admin listening", "admin", admin.Addr())
-	}
-	fmt.Println(k.Addr())
-	<-ctx.Done()
-	return nil
+		k, err := devstack.StartKafka(*dataDir, *port, log)
+		if err != nil {
+			return err
+		}
+		defer k.Close()
+		if err := devstack.EnsureTopic(ctx, []string{k.Addr()}, *topic, *partitions); err != nil {
+			return err
+		}
+		if *adminAddr != "" {
+			ln, err := listenAdmin(*adminAddr)
+			if err != nil {
+				return err
+			}
+			admin := serveAdmin(ln, newRegistry(), func() error { return nil }, nil, log)
+			defer admin.Close()
+			log.Info("kafka admin listening", "admin", admin.Addr())
+		}
+		fmt.Println(k.Addr())
+		<-ctx.Done()
+		return nil
+	})
 }
 
-func runToken(_ context.Context, args []string) error {
-	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+// newTokenCommand makes chatpipe token.
+func newTokenCommand() *command {
+	fs := newFlagSet("token")
 	user := fs.String("user", "", "user id (the token's sub)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "validity")
 	secret := fs.String("jwt-secret", "", "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else the file in --data-dir)")
@@ -512,24 +518,23 @@ func runToken(_ context.Context, args []string) error {
 	issuer := fs.String("jwt-issuer", "", "iss of the token (for a gateway with --jwt-issuer)")
 	audience := fs.String("jwt-audience", "", "aud of the token (for a gateway with --jwt-audience)")
 	dataDir := fs.String("data-dir", "chatpipe-data", "data dir of 'chatpipe dev' holding the generated secret")
-	checkFlags(fs, positive("ttl"))
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *user == "" {
-		return errors.New("--user is required")
-	}
-	dir, _ := filepath.Abs(*dataDir)
-	key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
-	if err != nil {
-		return err
-	}
-	tok, err := auth.MintFor(key, *user, *ttl, time.Now(), *issuer, *audience)
-	if err != nil {
-		return err
-	}
-	fmt.Println(tok)
-	return nil
+	fs.check(positive("ttl"))
+	return newCommand(fs, "print a client token for a user", func(_ context.Context, _ []string) error {
+		if *user == "" {
+			return errors.New("--user is required")
+		}
+		dir, _ := filepath.Abs(*dataDir)
+		key, err := auth.FindSecret(auth.SecretSources{Value: *secret, File: *secretFile, DataDir: dir})
+		if err != nil {
+			return err
+		}
+		tok, err := auth.MintFor(key, *user, *ttl, time.Now(), *issuer, *audience)
+		if err != nil {
+			return err
+		}
+		fmt.Println(tok)
+		return nil
+	})
 }
 
 // kafkaOpts returns the Kafka client options of the --kafka-tls* and

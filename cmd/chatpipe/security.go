@@ -26,7 +26,7 @@ type secFlags struct {
 	probed bool
 }
 
-func addSecFlags(fs *flag.FlagSet) *secFlags {
+func addSecFlags(fs *flagSet) *secFlags {
 	s := &secFlags{}
 	k := &s.kafka
 	fs.BoolVar(&k.TLS.Enabled, "kafka-tls", false, "talk TLS to Kafka (implied by any --kafka-tls-* flag); trusts the system roots unless --kafka-tls-ca")
@@ -89,7 +89,7 @@ type linkFlags struct {
 	creds         *link.TLS // set by the check when the link is TLS
 }
 
-func addLinkFlags(fs *flag.FlagSet) *linkFlags {
+func addLinkFlags(fs *flagSet) *linkFlags {
 	l := &linkFlags{
 		ca:   fs.String("link-tls-ca", "", "PEM file of the link CA(s): the gateway↔worker link is mutual TLS 1.3 with --link-tls-cert and --link-tls-key (chatpipe init --link-certs makes them)"),
 		cert: fs.String("link-tls-cert", "", "PEM certificate of this end of the gateway↔worker link: a gateway's names "+link.GatewayID+", a worker's "+link.WorkerID),
@@ -98,7 +98,7 @@ func addLinkFlags(fs *flag.FlagSet) *linkFlags {
 	if fs.Name() == "worker" {
 		l.insecure = fs.Bool("link-insecure", false, "serve gateways in plaintext on a non-loopback --listen address: anyone who reaches it can write as any user (without it, such a worker needs --link-tls-*); with --link-tls-*, take both TLS and plaintext links, while a deployment turns TLS on")
 	}
-	checkFlags(fs, l.check)
+	fs.check(l.check)
 	return l
 }
 

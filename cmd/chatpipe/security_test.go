@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,15 +25,14 @@ func TestLoopbackAddr(t *testing.T) {
 // --listen, --workers as the worker and dev have them) and runs the check.
 func linkCheck(t *testing.T, cmd string, args ...string) (*linkFlags, error) {
 	t.Helper()
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs := newFlagSet(cmd)
 	fs.String("listen", "127.0.0.1:0", "")
 	fs.Int("workers", 2, "")
 	l := addLinkFlags(fs)
-	defer dropChecks(fs)
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	return l, runChecks(fs)
+	return l, fs.checkValues()
 }
 
 // The link flags: all three or none; a worker on a non-loopback address

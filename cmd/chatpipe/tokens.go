@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"time"
@@ -21,7 +20,7 @@ type tokenFlags struct {
 
 // addTokenFlags adds the token flags to fs; secretHelp describes
 // --jwt-secret for the command.
-func addTokenFlags(fs *flag.FlagSet, secretHelp string) tokenFlags {
+func addTokenFlags(fs *flagSet, secretHelp string) tokenFlags {
 	f := tokenFlags{
 		secret:         fs.String("jwt-secret", "", secretHelp),
 		secretFile:     fs.String("jwt-secret-file", "", "file holding the JWT HS256 secret (instead of --jwt-secret, which shows in ps)"),
@@ -32,7 +31,7 @@ func addTokenFlags(fs *flag.FlagSet, secretHelp string) tokenFlags {
 		jwksRefresh:    fs.Duration("jwks-refresh", auth.DefaultJWKSRefresh, "how often the JWK Set is fetched again (a key removed from it is refused from then on)"),
 		jwksMinRefresh: fs.Duration("jwks-min-refresh", auth.DefaultJWKSMinRefresh, "least time between two fetches of the JWK Set caused by a token with an unknown kid"),
 	}
-	checkFlags(fs, notNegative("jwt-leeway"), positive("jwks-refresh"), positive("jwks-min-refresh"))
+	fs.check(notNegative("jwt-leeway"), positive("jwks-refresh"), positive("jwks-min-refresh"))
 	return f
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/link"
@@ -15,8 +14,8 @@ type wireFlags struct {
 	link                    *linkFlags
 }
 
-func addWireFlags(fs *flag.FlagSet) wireFlags {
-	checkFlags(fs, positive("wire-write-timeout"), positive("wire-ping"), positive("call-timeout"),
+func addWireFlags(fs *flagSet) wireFlags {
+	fs.check(positive("wire-write-timeout"), positive("wire-ping"), positive("call-timeout"),
 		aboveFlag("wire-read-timeout", "wire-ping", ": a link is pinged before it can time out"),
 		atLeast("wire-queue", 65))
 	return wireFlags{
