@@ -26,7 +26,7 @@ func TestPersistCommitWakesTheWait(t *testing.T) {
 	wait := func(what string) {
 		t.Helper()
 		select {
-		case <-p.persisted:
+		case <-p.persisted.Woken():
 		case <-time.After(30 * time.Second):
 			t.Fatalf("no wake-up %s", what)
 		}
@@ -73,7 +73,7 @@ func TestListeningWaitReadsOffsetsOnce(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); p.listen(ctx) }()
 	defer func() { cancel(); <-done }()
-	for !p.listening.Load() {
+	for !p.persisted.Listening() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	const batches = 10

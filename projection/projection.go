@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -89,20 +88,12 @@ type Projector struct {
 	waitSeconds                              prometheus.Histogram
 	consumer                                 *logsink.Consumer
 	lastTrim                                 time.Time
-	persisted                                chan struct{} // a persist commit was announced (cap 1)
 	offsetReads                              atomic.Int64
-	// listening: a LISTEN on persist's channel is in effect, so every
-	// commit of persist is announced. resync: an announcement came that
-	// named no offsets (the one after each LISTEN among them), so what
-	// persist stored must be read once.
-	listening, resync atomic.Bool
 
-	// stored holds persist's stored next offsets as far as the projector
-	// knows them (from its announcements and its own reads of
-	// consumer_offsets): they only grow, and each was committed, so a
-	// batch they cover needs no read of consumer_offsets.
-	storedMu sync.Mutex
-	stored   map[int32]int64
+	// persisted holds persist's stored next offsets as far as the
+	// projector knows them (from its announcements and its own reads of
+	// consumer_offsets): a batch they cover needs no read.
+	persisted *logsink.Announced
 }
 
 // New returns a Projector; Run starts it.
@@ -110,7 +101,7 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Projector{cfg: cfg, persisted: make(chan struct{}, 1), stored: map[int32]int64{},
+	p := &Projector{cfg: cfg, persisted: logsink.NewAnnounced(cfg.Topic),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
 			Help: "Time to apply one batch (one Postgres transaction), waiting for persist excluded.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
@@ -156,23 +147,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	return p.consumer.Run(ctx)
 }
 
-// listen signals p.persisted on every notification of persist's channel,
-// until ctx ends. Without it (or while it reconnects) waitForPersist polls.
+// listen follows persist's announcements until ctx ends. Without it (or
+// while it reconnects) waitForPersist polls.
 func (p *Projector) listen(ctx context.Context) {
-	pglisten.Run(ctx, p.cfg.DB, pglisten.Persisted, p.signalPersisted, p.listening.Store, p.cfg.Log,
+	p.persisted.Listen(ctx, p.cfg.DB, pglisten.Persisted, p.cfg.Log,
 		"projection: LISTEN connection lost; polling for persist until it is back")
-}
-
-func (p *Projector) signalPersisted(payload string) {
-	if got := logsink.ParseAnnounce(p.cfg.Topic, payload); got != nil {
-		p.learn(got)
-	} else {
-		p.resync.Store(true)
-	}
-	select {
-	case p.persisted <- struct{}{}:
-	default:
-	}
 }
 
 // trim deletes delivery rows older than Retain, once a minute.
@@ -213,28 +192,6 @@ func (p *Projector) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record
 	return p.queue(b, events), nil
 }
 
-// learn raises the known stored offsets to have.
-func (p *Projector) learn(have map[int32]int64) {
-	p.storedMu.Lock()
-	defer p.storedMu.Unlock()
-	for part, o := range have {
-		p.stored[part] = max(p.stored[part], o)
-	}
-}
-
-// covered reports whether the known stored offsets reach next for every
-// partition.
-func (p *Projector) covered(next map[int32]int64) bool {
-	p.storedMu.Lock()
-	defer p.storedMu.Unlock()
-	for part, n := range next {
-		if p.stored[part] < n {
-			return false
-		}
-	}
-	return true
-}
-
 // listenPoll is how long waitForPersist waits for an announcement while
 // listening before it reads consumer_offsets anyway.
 const listenPoll = time.Second
@@ -249,16 +206,16 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 	waited, timedOut := false, false
 	delay := 2 * time.Millisecond
 	for {
-		if !p.covered(next) && (timedOut || !p.listening.Load() || p.resync.Swap(false)) {
+		if !p.persisted.Covered(next) && (timedOut || p.persisted.Stale()) {
 			have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
 			if err != nil {
-				p.resync.Store(true)
+				p.persisted.MarkStale()
 				return fmt.Errorf("projection: %w", err)
 			}
 			p.offsetReads.Add(1)
-			p.learn(have)
+			p.persisted.Learn(have)
 		}
-		if p.covered(next) {
+		if p.persisted.Covered(next) {
 			if waited {
 				p.waits.Add(1)
 				p.waitSeconds.Observe(time.Since(start).Seconds())
@@ -270,7 +227,7 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 		// when none comes: a notification that came before the read above
 		// is still queued, so none is missed.
 		wait := delay
-		if p.listening.Load() {
+		if p.persisted.Listening() {
 			wait = listenPoll
 		}
 		timer := time.NewTimer(wait)
@@ -278,7 +235,7 @@ func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) er
 		case <-ctx.Done():
 			timer.Stop()
 			return ctx.Err()
-		case <-p.persisted:
+		case <-p.persisted.Woken():
 			timedOut = false
 		case <-timer.C:
 			timedOut = true

@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/internal/logsink"
 	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -357,7 +356,7 @@ func (s *shard) perform(e *shardcore.Effect) {
 		s.m.Committed(time.Now(), offs, err)
 	case shardcore.EffectPersistOffset:
 		ctx, cancel := s.effectContext(e)
-		off, ok, err := logsink.Offset(ctx, s.w.cfg.DB, logsink.PersistConsumer, s.w.cfg.Topic, s.part)
+		off, ok, err := s.w.persistOffset(ctx, s.part)
 		cancel()
 		s.m.PersistOffset(time.Now(), off, ok, err)
 	case shardcore.EffectReadTail:

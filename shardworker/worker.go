@@ -17,6 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/logsink"
+	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/internal/shardcore"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
@@ -70,6 +72,11 @@ type Config struct {
 	// in flight: the gateway's 15 s call plus what queues ahead of it).
 	RefusalMemory time.Duration
 	TrimInterval  time.Duration // how often a busy writer trims (default 1 s)
+	// NoListen: do not LISTEN for persist's commits; every writer then
+	// reads persist's stored offsets from Postgres when it trims (for
+	// connection poolers that do not pass LISTEN through). With LISTEN the
+	// worker learns them from persist's announcements.
+	NoListen      bool
 	CommitTimeout time.Duration // per transaction (default 10 s)
 	TxnTimeout    time.Duration // Kafka transaction.timeout (default 10 s)
 	ReplayTimeout time.Duration // default 60 s
@@ -201,6 +208,10 @@ type Stats struct {
 	// Releases counts the overrides this worker's writers removed: a
 	// released conversation was home (lease.ReleaseOverride).
 	Releases atomic.Int64
+	// PersistOffsetReads counts reads of persist's stored offsets from
+	// Postgres (a writer trimming or replaying asks; persist's
+	// announcements answer most of them).
+	PersistOffsetReads atomic.Int64
 }
 
 // Worker owns some vshards and runs their writers.
@@ -209,6 +220,9 @@ type Worker struct {
 	log   *slog.Logger
 	stats Stats
 	gen   atomic.Int64
+
+	// persisted follows persist's stored offsets (persistOffset).
+	persisted *logsink.Announced
 
 	takeoverSeconds prometheus.Histogram
 	commitSeconds   prometheus.Histogram
@@ -246,6 +260,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{cfg: cfg, log: cfg.Log.With("worker", cfg.ID), shards: map[int]*shard{}, ready: make(chan struct{}),
+		persisted: logsink.NewAnnounced(cfg.Topic),
 		takeovers: make(chan struct{}, cfg.MaxTakeovers),
 		takeoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "chatpipe_worker_takeover_seconds", Help: "Time from seeing the owner row to accepting commands (marker + replay), per vshard.",
@@ -279,6 +294,7 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		counter("chatpipe_worker_dedupe_trimmed_total", "Dedupe results dropped from memory (a later retry is answered from Postgres).", &w.stats.DedupeTrimmed),
 		counter("chatpipe_worker_state_loads_total", "Batches whose writer asked Postgres for conversations or client_message_ids it lacked.", &w.stats.StateLoads),
 		counter("chatpipe_worker_state_round_trips_total", "Postgres round trips that answered those loads (several writers' loads share one).", &w.stats.StateRoundTrips),
+		counter("chatpipe_worker_persist_offset_reads_total", "Reads of persist's stored offsets from Postgres (persist's announcements answer the writers while the worker's LISTEN is in effect).", &w.stats.PersistOffsetReads),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_dedupe_entries", Help: "Dedupe results held in memory by this worker's writers, as of their last trim.", ConstLabels: l},
 			func() float64 { return float64(w.dedupeHeld()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chatpipe_worker_owned_shards", Help: "Vshards this worker is accepting for.", ConstLabels: l},
@@ -289,6 +305,26 @@ func (w *Worker) Collectors() []prometheus.Collector {
 		w.commitSeconds,
 		w.arrivalSeconds,
 	}, w.leaseCollectors()...)
+}
+
+// persistOffset is persist's stored next offset of partition part (ok:
+// one is stored): what persist's announcements said, while they are
+// current, else read from Postgres. It may lag what is stored, never lead
+// it: what a writer trims or replays by it stays safe.
+func (w *Worker) persistOffset(ctx context.Context, part int32) (off int64, ok bool, err error) {
+	if !w.persisted.Stale() {
+		off, ok = w.persisted.Offset(part)
+		return off, ok, nil
+	}
+	have, err := logsink.Offsets(ctx, w.cfg.DB, logsink.PersistConsumer, w.cfg.Topic)
+	if err != nil {
+		w.persisted.MarkStale()
+		return 0, false, err
+	}
+	w.stats.PersistOffsetReads.Add(1)
+	w.persisted.Learn(have)
+	off, ok = have[part]
+	return off, ok, nil
 }
 
 // SetTxnTimeout sets the Kafka transaction timeout of writers started
@@ -383,6 +419,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.view.Store(watcher)
 	w.loader = newLoader(w.cfg.DB, w.cfg.CommitTimeout, &w.stats.StateRoundTrips, &w.stats.StateLoads)
 	defer w.loader.stop()
+	if !w.cfg.NoListen {
+		bgwg.Add(1)
+		go func() {
+			defer bgwg.Done()
+			w.persisted.Listen(bg, w.cfg.DB, pglisten.Persisted, w.log,
+				"worker: LISTEN connection lost; reading persist's offsets until it is back")
+		}()
+	}
 	bgwg.Add(2)
 	go func() {
 		defer bgwg.Done()

@@ -98,6 +98,7 @@ func newWorkerCommand() *command {
 	cacheConvs := fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
 	txnTimeout := fs.Duration("txn-timeout", 10*time.Second, "Kafka transaction.timeout of the shard writers")
 	leaseTTL := fs.Int64("lease-ttl", lease.DefaultTTL, leaseTTLUsage)
+	persistListen := fs.Bool("persist-listen", true, "LISTEN for persist's commits to learn its stored offsets instead of reading them whenever a writer trims (false: e.g. behind a transaction-pooling proxy)")
 	lim := addLimitFlags(fs)
 	fs.check(notNegative("linger"), atLeast("cache-convs", 1), positive("txn-timeout"), atLeast("lease-ttl", 2))
 	level, format := logFlags(fs)
@@ -132,7 +133,7 @@ func newWorkerCommand() *command {
 		}
 		w, err := newWorker(workerOpts{id: *id, listen: *listen, advertise: *advertise, admin: shardworker.Advertised(ln.Addr().String()),
 			cli: cli, cfg: cfg, brokers: splitList(*inf.kafka), kopts: kopts, db: db,
-			linger: *linger, cacheConvs: *cacheConvs, leaseTTL: *leaseTTL, lim: lim, log: log})
+			linger: *linger, cacheConvs: *cacheConvs, leaseTTL: *leaseTTL, noListen: !*persistListen, lim: lim, log: log})
 		if err != nil {
 			ln.Close()
 			return err
@@ -389,6 +390,7 @@ type workerOpts struct {
 	linger                       time.Duration
 	cacheConvs                   int
 	leaseTTL                     int64 // seconds
+	noListen                     bool  // no LISTEN for persist's commits
 	lim                          limitFlags
 	log                          *slog.Logger
 }
@@ -397,7 +399,7 @@ func newWorker(o workerOpts) (*shardworker.Worker, error) {
 	wc := shardworker.Config{
 		ID: o.id, Listen: o.listen, Advertise: o.advertise, AdminAddr: o.admin, Etcd: o.cli, Prefix: lease.DefaultPrefix,
 		Brokers: o.brokers, KafkaOpts: o.kopts, Topic: o.cfg.Topic, VShards: o.cfg.VShards, Partitions: o.cfg.Partitions,
-		Dedicated: o.cfg.Dedicated, DB: o.db, Linger: o.linger, MaxConvs: o.cacheConvs, LeaseTTL: o.leaseTTL,
+		Dedicated: o.cfg.Dedicated, DB: o.db, Linger: o.linger, MaxConvs: o.cacheConvs, LeaseTTL: o.leaseTTL, NoListen: o.noListen,
 		Log: o.log.With("role", "worker"),
 	}
 	o.lim.worker(&wc)
