@@ -256,14 +256,14 @@ snap() {
     { split($1, f, "/"); s[name[f[3]]] += $2 }
     END { print "wall", wall; for (k in s) print k, s[k] }' > "$R/switches/$(basename "$1")"
 }
-# metrics SUFFIX RUN: every chatpipe role's /metrics.
+# metrics SUFFIX RUN: every chatpipe role's /metrics, each in its own file
+# (metrics/RUN.ROLE.SUFFIX; tools/bench/report reads the workers' counters
+# from w1's and w2's).
 metrics() {
   local i
   for i in "${!NAMES[@]}"; do
     [ -n "${ADMINS[i]}" ] && curl -s -m 10 "http://${ADMINS[i]}/metrics" > "$R/metrics/$2.${NAMES[i]}.$1" 2>/dev/null || true
   done
-  # tools/bench/report -batch reads the workers' counters from one file.
-  cat "$R/metrics/$2.w1.$1" "$R/metrics/$2.w2.$1" > "$R/metrics/$2.$1" 2>/dev/null || true
 }
 phase_of() { cat "$R/runs/$1/phase" 2>/dev/null || true; }
 

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/chatpipe/chatpipe/internal/promtext"
 	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
@@ -103,30 +103,14 @@ func us(secs float64, n int64) float64 {
 }
 
 // promSum sums the samples of a metric (all label sets) in a Prometheus
-// text snapshot; NaN when the file or the metric is missing.
+// text snapshot; NaN when the file is missing or unreadable or lacks the
+// metric.
 func promSum(path, metric string) float64 {
-	f, err := os.Open(path)
-	if err != nil {
+	fams, err := promtext.ParseFile(path)
+	if err != nil || fams[metric] == nil {
 		return math.NaN()
 	}
-	defer f.Close()
-	found, s := false, 0.0
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || (name != metric && !strings.HasPrefix(name, metric+"{")) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			s += v
-			found = true
-		}
-	}
-	if !found {
-		return math.NaN()
-	}
-	return s
+	return promtext.Sum(fams, metric)
 }
 
 // deliveredEvents is the gateway's event frames queued to devices over a

@@ -2,16 +2,19 @@
 // the goal table (each figure beside its target, the ratio, met or not, and
 // the same-run bare-pipeline ceiling), CPU per message of every process per
 // run, the roles' CPU profile tops, the other figures and ceilings, the
-// group-commit trade-off when it was swept, the machine and the commands. `report -batch PREFIX` prints the events
-// per Kafka transaction between PREFIX.before and PREFIX.after (metrics
-// snapshots), which run.sh feeds to the produce ceiling.
+// group-commit trade-off when it was swept, the machine and the commands.
+// `report -batch PREFIX` prints the events per Kafka transaction between
+// the workers' metrics snapshots PREFIX.w1.before and PREFIX.w1.after (and
+// w2's), which run.sh feeds to the produce ceiling.
 package main
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -22,13 +25,14 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/atomicfile"
+	"github.com/chatpipe/chatpipe/internal/promtext"
 	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
 
 func main() {
 	dir := flag.String("dir", "", "results directory of tools/bench/run.sh")
 	out := flag.String("out", "BENCHMARKS.md", "file to write")
-	batch := flag.String("batch", "", "print events per transaction between PREFIX.before and PREFIX.after, and exit")
+	batch := flag.String("batch", "", "print events per transaction between the workers' snapshots PREFIX.<worker>.before and .after, and exit")
 	flag.Parse()
 	if *batch != "" {
 		d, err := metricDelta(*batch)
@@ -66,52 +70,50 @@ func (d delta) eventsPerTxn() float64 {
 }
 
 func metricDelta(prefix string) (delta, error) {
-	return metricDeltaBetween(prefix+".before", prefix+".after")
+	return workerDelta(prefix, "before", "after")
 }
 
-// metricDeltaBetween is what the workers' counters moved by from snapshot
-// a to snapshot b.
-func metricDeltaBetween(pa, pb string) (delta, error) {
-	a, err := counters(pa)
+// workers are the workers whose counters the report reads, each from its
+// own snapshot, metrics/RUN.<worker>.SUFFIX; in the sweep w1's is the page
+// of the all-in-one dev, which holds both workers' counters.
+var workers = []string{"w1", "w2"}
+
+// workerDelta is what the workers' counters moved by from their snapshots
+// PREFIX.<worker>.FROM to PREFIX.<worker>.TO.
+func workerDelta(prefix, from, to string) (delta, error) {
+	a, err := counters(prefix, from)
 	if err != nil {
 		return delta{}, err
 	}
-	b, err := counters(pb)
+	b, err := counters(prefix, to)
 	if err != nil {
 		return delta{}, err
 	}
 	return delta{commits: b.commits - a.commits, events: b.events - a.events}, nil
 }
 
-// counters sums chatpipe_worker_commits_total and _events_total over
-// workers in a Prometheus text snapshot.
-func counters(path string) (delta, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return delta{}, err
-	}
-	defer f.Close()
+// counters sums chatpipe_worker_commits_total and _events_total over the
+// workers' snapshots PREFIX.<worker>.SUFFIX, each a page of its own. A
+// worker without a snapshot adds nothing; without any it is an error.
+func counters(prefix, suffix string) (delta, error) {
 	var d delta
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, val, ok := strings.Cut(line, " ")
-		if !ok {
+	found := false
+	for _, w := range workers {
+		fams, err := promtext.ParseFile(prefix + "." + w + "." + suffix)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
 		if err != nil {
-			continue
+			return delta{}, fmt.Errorf("workers' counters: %w", err)
 		}
-		switch {
-		case strings.HasPrefix(name, "chatpipe_worker_commits_total"):
-			d.commits += v
-		case strings.HasPrefix(name, "chatpipe_worker_events_total"):
-			d.events += v
-		}
+		found = true
+		d.commits += promtext.Sum(fams, "chatpipe_worker_commits_total")
+		d.events += promtext.Sum(fams, "chatpipe_worker_events_total")
 	}
-	return d, sc.Err()
+	if !found {
+		return delta{}, fmt.Errorf("workers' counters: no snapshot %s.{%s}.%s", prefix, strings.Join(workers, ","), suffix)
+	}
+	return d, nil
 }
 
 func readReport(dir, run string) (*loadgen.Report, error) {

@@ -334,8 +334,8 @@ func writeProfiles(b *strings.Builder, res results) {
 func writeOtherFigures(b *strings.Builder, res results) {
 	dir, bench, order, hot := res.dir, res.bench, res.order, res.hot
 	b.WriteString("## Other figures\n\n")
-	hotD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "hot.send"), filepath.Join(dir, "metrics", "hot.end"))
-	satD, _ := metricDeltaBetween(filepath.Join(dir, "metrics", "saturation.send"), filepath.Join(dir, "metrics", "saturation.end"))
+	hotD, _ := workerDelta(filepath.Join(dir, "metrics", "hot"), "send", "end")
+	satD, _ := workerDelta(filepath.Join(dir, "metrics", "saturation"), "send", "end")
 	oneProducer, oneTxnMS := math.NaN(), math.NaN()
 	if v, ok := bench["TxnProduce/producers=1/batch=100/partitions=one"]["records/s"]; ok {
 		oneProducer = v
@@ -377,7 +377,7 @@ func writeSweep(b *strings.Builder, dir string) {
 				continue
 			}
 			r := readRun(dir, f[2])
-			d, _ := metricDeltaBetween(filepath.Join(dir, "metrics", f[2]+".send"), filepath.Join(dir, "metrics", f[2]+".end"))
+			d, _ := workerDelta(filepath.Join(dir, "metrics", f[2]), "send", "end")
 			l := f[1]
 			if strings.HasPrefix(l, "-") {
 				l = "off"
