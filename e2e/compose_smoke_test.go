@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/promtext"
 )
 
 // TestComposeSmoke runs the compose file's own stack as local processes:
@@ -962,18 +963,11 @@ func contains(list []string, v string) bool {
 // worker's /metrics.
 func workerLabel(t *testing.T, metricsURL string) string {
 	t.Helper()
-	resp, err := http.Get(metricsURL)
-	if err != nil {
-		t.Fatal(err)
+	for _, m := range scrape(t, metricsURL)["chatpipe_worker_owned_shards"].GetMetric() {
+		if w := promtext.Label(m, "worker"); w != "" {
+			return w
+		}
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^chatpipe_worker_owned_shards\{[^}]*worker="([^"]*)"`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("%s: no chatpipe_worker_owned_shards with a worker label", metricsURL)
-	}
-	return string(m[1])
+	t.Fatalf("%s: no chatpipe_worker_owned_shards with a worker label", metricsURL)
+	return ""
 }

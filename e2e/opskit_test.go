@@ -1,17 +1,16 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"sigs.k8s.io/yaml"
 )
@@ -31,29 +30,15 @@ const (
 // _count.
 func exportedMetrics(t *testing.T, url string) map[string]bool {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("metrics %s: %v", url, err)
-	}
-	defer resp.Body.Close()
 	names := map[string]bool{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" {
-			continue
+	for name, f := range scrape(t, url) {
+		names[name] = true
+		switch f.GetType() {
+		case dto.MetricType_HISTOGRAM:
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		case dto.MetricType_SUMMARY:
+			names[name+"_sum"], names[name+"_count"] = true, true
 		}
-		names[f[2]] = true
-		switch f[3] {
-		case "histogram":
-			names[f[2]+"_bucket"], names[f[2]+"_sum"], names[f[2]+"_count"] = true, true, true
-		case "summary":
-			names[f[2]+"_sum"], names[f[2]+"_count"] = true, true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return names
 }

@@ -17,9 +17,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/chatpipe/chatpipe/internal/promtext"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -264,32 +264,22 @@ func metric(t *testing.T, url, name string) float64 {
 // `name="value"`).
 func metricLabeled(t *testing.T, url, name string, labels ...string) float64 {
 	t.Helper()
+	return promtext.Sum(scrape(t, url), name, labels...)
+}
+
+// scrape reads the /metrics page at url: its metric families by name.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatalf("metrics %s: %v", url, err)
 	}
 	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
+	fams, err := promtext.Parse(resp.Body)
 	if err != nil {
 		t.Fatalf("metrics %s: %v", url, err)
 	}
-	sum := 0.0
-next:
-	for _, m := range fams[name].GetMetric() {
-		for _, want := range labels {
-			k, v, _ := strings.Cut(want, "=")
-			found := false
-			for _, l := range m.GetLabel() {
-				found = found || (l.GetName() == k && strconv.Quote(l.GetValue()) == v)
-			}
-			if !found {
-				continue next
-			}
-		}
-		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
-	}
-	return sum
+	return fams
 }
 
 func adminURL(t *testing.T, ep endpoints, worker string) string {
