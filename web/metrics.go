@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/chatpipe/chatpipe/internal/promtext"
 )
 
 // metricSample holds the chatpipe_* metrics of one or more /metrics pages:
@@ -26,10 +24,9 @@ func newMetricSample() *metricSample {
 
 // parse adds the chatpipe_* metrics of a Prometheus text page to s.
 func (s *metricSample) parse(text []byte) error {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+	fams, err := promtext.Parse(bytes.NewReader(text))
 	if err != nil {
-		return fmt.Errorf("web: parse metrics: %w", err)
+		return fmt.Errorf("web: metrics: %w", err)
 	}
 	for name, f := range fams {
 		if !strings.HasPrefix(name, "chatpipe_") {
@@ -37,13 +34,13 @@ func (s *metricSample) parse(text []byte) error {
 		}
 		for _, m := range f.GetMetric() {
 			into := s.global
-			if w := label(m, "worker"); w != "" {
+			if w := promtext.Label(m, "worker"); w != "" {
 				if s.workers[w] == nil {
 					s.workers[w] = map[string]float64{}
 				}
 				into = s.workers[w]
 			}
-			if r := label(m, "result"); r != "" && m.Counter != nil {
+			if r := promtext.Label(m, "result"); r != "" && m.Counter != nil {
 				into[name+"{result="+r+"}"] += m.Counter.GetValue()
 			}
 			switch {
@@ -65,12 +62,3 @@ func (s *metricSample) parse(text []byte) error {
 // gatewayAccepted is the sample key of the commands the gateways answered
 // accepted.
 const gatewayAccepted = "chatpipe_gateway_commands_total{result=accepted}"
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
