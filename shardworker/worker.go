@@ -46,7 +46,7 @@ type Config struct {
 	Linger    time.Duration // fixed extra wait for a batch to fill (default 0: adaptive, see LingerMax)
 	// LingerMax is the latency budget of the adaptive group commit: a
 	// vshard's writer waits up to this long for its batch to fill once its
-	// commands arrive faster than its share of TxnBudget (internal/shardcore/groupcommit.go).
+	// commands arrive faster than its share of TxnBudget (internal/groupcommit).
 	// Default 5 ms; negative: never wait (take what queued during the last
 	// commit). A fixed Linger turns the adaptive wait off.
 	LingerMax time.Duration
@@ -91,7 +91,7 @@ type Config struct {
 	Log  *slog.Logger
 }
 
-// Defaults of the adaptive group commit (internal/shardcore/groupcommit.go).
+// Defaults of the adaptive group commit (internal/groupcommit).
 const (
 	DefaultLingerMax = 5 * time.Millisecond // latency budget of a writer's wait for its batch
 	DefaultTxnBudget = 2000                 // Kafka transactions/s per worker, shared by its vshards

@@ -26,9 +26,12 @@ const module = "github.com/chatpipe/chatpipe"
 // is itself a key of Pure also allows what that package is allowed.
 var Pure = map[string][]string{
 	module + "/internal/jsonenc": {},
-	module + "/protocol":         {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
-	module + "/logrecord":        {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
+	// How long a batcher lingers: durations in, a duration out.
+	module + "/internal/groupcommit": {},
+	module + "/protocol":             {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
+	module + "/logrecord":            {"github.com/go-json-experiment/json", module + "/internal/jsonenc"},
 	module + "/internal/shardcore": {
+		module + "/internal/groupcommit",
 		module + "/protocol",
 		module + "/logrecord",
 		"golang.org/x/time/rate",

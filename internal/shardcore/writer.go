@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/chatpipe/chatpipe/internal/groupcommit"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -67,7 +68,7 @@ type Writer struct {
 	batchStart time.Time
 	decideAt   time.Time
 	prevStart  time.Time
-	gc         groupCommit
+	gc         groupcommit.Pacer
 	share      float64
 
 	unstored []unstoredEvent
@@ -399,7 +400,7 @@ func NewWriter(cfg WriterConfig, now time.Time) *Writer {
 	if cfg.MoveRetryMax == cfg.MoveRetry && cfg.MoveRetry == time.Second {
 		cfg.MoveRetryMax = 30 * time.Second
 	}
-	m := &Writer{cfg: cfg, backoff: cfg.Backoff, gc: groupCommit{max: max(cfg.LingerMax, 0)}, notice: Notice{DedupeHeld: -1}}
+	m := &Writer{cfg: cfg, backoff: cfg.Backoff, gc: groupcommit.Pacer{Max: max(cfg.LingerMax, 0)}, notice: Notice{DedupeHeld: -1}}
 	m.open(now)
 	return m
 }
@@ -482,7 +483,7 @@ func (m *Writer) Tick(now time.Time) {
 			m.collecting, m.batchStart = true, now
 			wait := m.cfg.Linger
 			if wait <= 0 {
-				wait = m.gc.linger(m.share)
+				wait = m.gc.Linger(m.share)
 			}
 			m.collectAt = now.Add(wait)
 		}

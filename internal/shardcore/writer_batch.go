@@ -279,7 +279,7 @@ func (m *Writer) commitDone(now time.Time, offsets []int64, err error) {
 	if !m.prevStart.IsZero() {
 		cycle = m.batchStart.Sub(m.prevStart)
 	}
-	m.gc.observe(len(m.batch), cycle, now.Sub(m.decideAt))
+	m.gc.Observe(len(m.batch), cycle, now.Sub(m.decideAt))
 	m.prevStart = m.batchStart
 	m.endBatch()
 	if m.cancelled {

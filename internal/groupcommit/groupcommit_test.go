@@ -1,26 +1,26 @@
-package shardcore
+package groupcommit
 
 import (
 	"testing"
 	"time"
 )
 
-// feed runs n batches of a vshard receiving rate commands/s with batches
+// feed runs n batches of a batcher receiving rate items/s with batches
 // of the given size and commit time.
-func feed(g *groupCommit, rate float64, size int, took time.Duration, n int) {
+func feed(g *Pacer, rate float64, size int, took time.Duration, n int) {
 	cycle := time.Duration(float64(size) / rate * float64(time.Second))
 	for i := 0; i < n; i++ {
-		g.observe(size, cycle, took)
+		g.Observe(size, cycle, took)
 	}
 }
 
 func TestLingerIsZeroUnderTheBudget(t *testing.T) {
-	g := &groupCommit{max: 20 * time.Millisecond}
+	g := &Pacer{Max: 20 * time.Millisecond}
 	feed(g, 10, 1, time.Millisecond, 100) // 10/s, share 50 txn/s
-	if l := g.linger(50); l != 0 {
+	if l := g.Linger(50); l != 0 {
 		t.Fatalf("linger %v at 10 commands/s with a 50 txn/s share", l)
 	}
-	if l := (&groupCommit{}).linger(1); l != 0 {
+	if l := (&Pacer{}).Linger(1); l != 0 {
 		t.Fatalf("no budget, linger %v", l)
 	}
 }
@@ -29,9 +29,9 @@ func TestLingerGrowsWithLoadWithinTheBudget(t *testing.T) {
 	share := 100.0 // txn/s for this vshard: 1/T = 10 ms
 	var last time.Duration
 	for _, rate := range []float64{150, 300, 1000, 10000} {
-		g := &groupCommit{max: 20 * time.Millisecond}
+		g := &Pacer{Max: 20 * time.Millisecond}
 		feed(g, rate, 1, time.Millisecond, int(rate)) // one second of batches
-		l := g.linger(share)
+		l := g.Linger(share)
 		if l < last {
 			t.Errorf("linger fell from %v to %v as load rose to %v/s", last, l, rate)
 		}
@@ -46,15 +46,15 @@ func TestLingerGrowsWithLoadWithinTheBudget(t *testing.T) {
 		}
 		last = l
 	}
-	g := &groupCommit{max: 2 * time.Millisecond}
+	g := &Pacer{Max: 2 * time.Millisecond}
 	feed(g, 10000, 1, time.Millisecond, 10000)
-	if l := g.linger(share); l != 2*time.Millisecond {
+	if l := g.Linger(share); l != 2*time.Millisecond {
 		t.Errorf("linger %v past the 2 ms budget", l)
 	}
 }
 
 func TestRateIsSmoothedOverWindows(t *testing.T) {
-	g := &groupCommit{max: time.Second}
+	g := &Pacer{Max: time.Second}
 	// 100 batches of 5 every 10 ms: 500/s
 	feed(g, 500, 5, 2*time.Millisecond, 100)
 	if g.rate < 450 || g.rate > 550 {
@@ -64,7 +64,7 @@ func TestRateIsSmoothedOverWindows(t *testing.T) {
 		t.Fatalf("commit %v", g.commit)
 	}
 	// an idle minute pulls the estimate down
-	g.observe(1, time.Minute, time.Millisecond)
+	g.Observe(1, time.Minute, time.Millisecond)
 	if g.rate > 400 {
 		t.Fatalf("rate %v after an idle minute", g.rate)
 	}
