@@ -43,7 +43,9 @@ type Config struct {
 	Consumer string // name in consumer_offsets (default persist)
 	DB       *pgxpool.Pool
 	MaxBatch int // records per Postgres transaction (default 5000)
-	Log      *slog.Logger
+	// Pace is the consumer's group commit (logsink.Pace; zero: defaults).
+	Pace logsink.Pace
+	Log  *slog.Logger
 
 	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
 }
@@ -107,7 +109,7 @@ func newPersister(cfg Config, db logsink.DB, hold time.Duration) *Persister {
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: db, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle,
+		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle,
 		Announce: pglisten.Persisted, HoldBeforeCommit: hold},
 		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
 	return p

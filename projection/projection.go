@@ -40,9 +40,11 @@ type Config struct {
 	Consumer string // name in consumer_offsets (default projection)
 	After    string // consumer whose stored offsets this one waits for (default persist)
 	DB       *pgxpool.Pool
-	MaxBatch int           // records per transaction (default 5000)
-	Retain   time.Duration // how long delivery rows are kept (default 1 h)
-	Log      *slog.Logger
+	MaxBatch int // records per transaction (default 5000)
+	// Pace is the consumer's group commit (logsink.Pace; zero: defaults).
+	Pace   logsink.Pace
+	Retain time.Duration // how long delivery rows are kept (default 1 h)
+	Log    *slog.Logger
 
 	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
 	// NoListen: do not LISTEN for persist's commits (for connection
@@ -108,7 +110,7 @@ func New(cfg Config) (*Projector, error) {
 			Help: "Time a batch waited for persist to store its records.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Log: cfg.Log, Handle: p.handle, Tick: p.trim, HoldBeforeCommit: faultSleepBeforeCommit},
+		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim, HoldBeforeCommit: faultSleepBeforeCommit},
 		"chatpipe_projection", "Records of a partition not yet projected, as of the last fetch.")
 	return p, nil
 }

@@ -49,5 +49,5 @@ func newProjectionCommand() *command {
 // delivery outbox rows for the default time, noListen polls for persist's
 // commits only.
 func newProjection(d consumerDeps, retain time.Duration, noListen bool) (logConsumer, error) {
-	return projection.New(projection.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Retain: retain, Log: d.Log, NoListen: noListen})
+	return projection.New(projection.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Pace: d.Pace, Retain: retain, Log: d.Log, NoListen: noListen})
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/chatpipe/chatpipe/internal/auth"
 	"github.com/chatpipe/chatpipe/internal/delivery"
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/logsink"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/persist"
@@ -160,6 +161,7 @@ type consumerDeps struct {
 	KafkaOpts []kgo.Opt
 	Topic     string
 	DB        *pgxpool.Pool
+	Pace      logsink.Pace
 	Log       *slog.Logger
 }
 
@@ -174,7 +176,9 @@ func newLogConsumerCommand(name, help string, addFlags func(*flagSet), build fun
 	inf := addInfraFlags(fs)
 	adminAddr := fs.String("admin", "127.0.0.1:0", "listen address of /metrics, /healthz, /readyz and /debug/pprof/")
 	maxLag := fs.Int64("ready-lag", 10000, "/readyz fails while a partition lags by more records than this")
-	fs.check(notNegative("ready-lag"))
+	txnBudget := fs.Float64("txn-budget", logsink.DefaultTxnBudget, "Postgres transactions/s this consumer aims to stay under; it lingers (up to --linger-max) for its batch to fill once records arrive faster")
+	lingerMax := fs.Duration("linger-max", logsink.DefaultLingerMax, "latency budget of the consumer's group commit: the longest it waits for its batch to fill (0: never wait)")
+	fs.check(notNegative("ready-lag"), positive("txn-budget"), notNegative("linger-max"))
 	if addFlags != nil {
 		addFlags(fs)
 	}
@@ -196,7 +200,11 @@ func newLogConsumerCommand(name, help string, addFlags func(*flagSet), build fun
 			return err
 		}
 		defer db.Close()
-		c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Log: log})
+		pace := logsink.Pace{TxnBudget: *txnBudget, LingerMax: *lingerMax}
+		if pace.LingerMax == 0 {
+			pace.LingerMax = -1 // never wait
+		}
+		c, err := build(consumerDeps{Brokers: splitList(*inf.kafka), KafkaOpts: kopts, Topic: *inf.topic, DB: db, Pace: pace, Log: log})
 		if err != nil {
 			return err
 		}
@@ -218,7 +226,7 @@ func newPersistCommand() *command {
 
 // newPersist makes the persist role's consumer.
 func newPersist(d consumerDeps) (logConsumer, error) {
-	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Log: d.Log})
+	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Pace: d.Pace, Log: d.Log})
 }
 
 // newGatewayCommand makes chatpipe gateway.

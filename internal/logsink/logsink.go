@@ -43,6 +43,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/internal/groupcommit"
 )
 
 // Querier is what reading offsets needs: a pool, a connection or a tx.
@@ -58,6 +60,23 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// Pace is a consumer's group commit. TxnBudget is the Postgres
+// transactions per second it aims to stay under: once records arrive
+// faster, it lingers after a poll (up to LingerMax) for its batch to fill
+// (internal/groupcommit), as a vshard's writer does for its Kafka
+// transactions. Zero values take DefaultTxnBudget and DefaultLingerMax; a
+// negative LingerMax never waits.
+type Pace struct {
+	TxnBudget float64
+	LingerMax time.Duration
+}
+
+// Defaults of a consumer's group commit (Pace).
+const (
+	DefaultTxnBudget = 100
+	DefaultLingerMax = 5 * time.Millisecond
+)
+
 // PersistConsumer is persist's name in consumer_offsets and dead_letters:
 // the projection waits for its offsets, a shard writer reads them and its
 // dead letters, and the run checks wait for it.
@@ -71,7 +90,8 @@ type Config struct {
 	Consumer string // its name in consumer_offsets and dead_letters
 	DB       DB
 	MaxBatch int
-	Log      *slog.Logger
+	Pace
+	Log *slog.Logger
 	// Handle queues on b the statements that apply one poll's records (of
 	// Topic, in offset order per partition) and returns how to read their
 	// results. It may be given any part of a poll, in order. b already
@@ -173,6 +193,12 @@ func (c *Consumer) deadLetterBudget(now time.Time) bool {
 // New returns a consumer whose metrics are named prefix_lag_records (with
 // lagHelp), prefix_dead_letters_total and prefix_halted.
 func New(cfg Config, prefix, lagHelp string) *Consumer {
+	if cfg.TxnBudget <= 0 {
+		cfg.TxnBudget = DefaultTxnBudget
+	}
+	if cfg.LingerMax == 0 {
+		cfg.LingerMax = DefaultLingerMax
+	}
 	return &Consumer{cfg: cfg, lags: map[int32]int64{},
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: prefix + "_lag_records", Help: lagHelp}, []string{"partition"}),
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + "_dead_letters_total",
@@ -262,19 +288,33 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer cl.Close()
 	defer cl.AllowRebalance() // Close leaves the group, which a blocked rebalance would stall
+	pace := groupcommit.Pacer{Max: max(c.cfg.LingerMax, 0)}
+	var last time.Time // when the last batch started
 	for {
 		fs := cl.PollRecords(ctx, c.cfg.MaxBatch)
 		if ctx.Err() != nil {
 			return nil
 		}
+		if n := fs.NumRecords(); n > 0 && n < c.cfg.MaxBatch {
+			if d := pace.Linger(c.cfg.TxnBudget); d > 0 {
+				fs = c.linger(ctx, cl, fs, d)
+			}
+		}
 		for _, e := range fs.Errors() {
 			c.cfg.Log.Warn("fetch error", "consumer", c.cfg.Consumer, "topic", e.Topic, "partition", e.Partition, "err", e.Err)
 		}
 		if recs := fs.Records(); len(recs) > 0 {
+			start := time.Now()
 			c.handleRetrying(ctx, recs)
 			if ctx.Err() != nil {
 				return nil
 			}
+			var cycle time.Duration
+			if !last.IsZero() {
+				cycle = start.Sub(last)
+			}
+			pace.Observe(len(recs), cycle, time.Since(start))
+			last = start
 		}
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if n := len(fp.Records); n > 0 {
@@ -290,6 +330,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cfg.Tick(ctx)
 		}
 	}
+}
+
+// linger polls for more records after fs until the batch holds MaxBatch or
+// d has passed, whichever comes first.
+func (c *Consumer) linger(ctx context.Context, cl *kgo.Client, fs kgo.Fetches, d time.Duration) kgo.Fetches {
+	lctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for n := fs.NumRecords(); n < c.cfg.MaxBatch; n = fs.NumRecords() {
+		more := cl.PollRecords(lctx, c.cfg.MaxBatch-n)
+		if lctx.Err() != nil && more.NumRecords() == 0 {
+			break // the wait is over: its context's error is no fetch error
+		}
+		fs = append(fs, more...)
+	}
+	return fs
 }
 
 // startOffsets replaces the group's offsets with those stored in Postgres.

@@ -1,0 +1,78 @@
+package logsink
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chatpipe/chatpipe/internal/devstack"
+)
+
+// TestLingerFillsTheBatch: a consumer lingering after a poll takes the
+// records that arrive meanwhile into the same batch, stops once the batch
+// is full, and returns what it has when the wait is over, with no fetch
+// error for the wait's end.
+func TestLingerFillsTheBatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	brokers := []string{k.Addr()}
+	const topic = "linger"
+	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func(i int) {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte(fmt.Sprint(i))}).FirstErr(); err != nil {
+			t.Error(err)
+		}
+	}
+	cons, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	c := New(Config{Consumer: "test", MaxBatch: 6, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, "test", "")
+
+	produce(0)
+	fs := cons.PollRecords(ctx, c.cfg.MaxBatch)
+	if n := fs.NumRecords(); n != 1 {
+		t.Fatalf("first poll: %d records, want 1", n)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; i <= 8; i++ {
+			time.Sleep(10 * time.Millisecond)
+			produce(i)
+		}
+	}()
+	fs = c.linger(ctx, cons, fs, 30*time.Second)
+	if n := fs.NumRecords(); n != c.cfg.MaxBatch {
+		t.Errorf("lingering for a full batch: %d records, want %d", n, c.cfg.MaxBatch)
+	}
+	<-done
+	// Three more are buffered or on their way; nothing else comes.
+	rest := cons.PollRecords(ctx, c.cfg.MaxBatch)
+	rest = c.linger(ctx, cons, rest, 300*time.Millisecond)
+	if n := fs.NumRecords() + rest.NumRecords(); n != 9 {
+		t.Errorf("after the wait ran out: %d records in all, want 9", n)
+	}
+	if errs := rest.Errors(); len(errs) != 0 {
+		t.Errorf("the wait's end showed as fetch errors: %v", errs)
+	}
+}
