@@ -17,6 +17,9 @@
 #   one1        1:1 conversations, one device per user (--devices 1
 #               --groups 0) at BENCH_ONE_RATE: CPU per message
 #   hot         one hot conversation's max msg/s
+#   pgpause     1,000 msg/s with Postgres paused (SIGSTOP) for
+#               BENCH_PAUSE_SECS from 10 s into the send phase: accepted/s
+#               while Postgres does not answer
 #   takeover    a third worker joins and takes its share by hand-off
 #   ceiling     the bare pipeline (tools/bench/ceiling): transactional producers →
 #               the same broker → persist's read_committed consumer → the
@@ -39,7 +42,7 @@
 # Knobs (environment), with defaults:
 #   BENCH_LAT_SECS=30 BENCH_MID_RATE=3000 BENCH_MID_SECS=30
 #   BENCH_SAT_RATE=9000 BENCH_SAT_SECS=20 BENCH_ONE_RATE=3000 BENCH_ONE_SECS=30
-#   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_TAKEOVER_SECS=20
+#   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_PAUSE_SECS=15 BENCH_TAKEOVER_SECS=20
 #   BENCH_PROF_SECS=20 (profile length, inside r3000's send phase)
 #   BENCH_CEIL_SECS=20 BENCH_CEIL_PRODUCERS=16 BENCH_CEIL_BATCH=50
 #   BENCH_GOBENCH=1 (0 skips go test -bench) BENCH_BENCHTIME=3s
@@ -68,6 +71,7 @@ ONE_RATE=${BENCH_ONE_RATE:-3000}
 ONE_SECS=${BENCH_ONE_SECS:-30}
 HOT_RATE=${BENCH_HOT_RATE:-3000}
 HOT_SECS=${BENCH_HOT_SECS:-15}
+PAUSE_SECS=${BENCH_PAUSE_SECS:-15}
 TAKEOVER_SECS=${BENCH_TAKEOVER_SECS:-20}
 PROF_SECS=${BENCH_PROF_SECS:-20}
 CEIL_SECS=${BENCH_CEIL_SECS:-20}
@@ -136,7 +140,8 @@ stop_all() {
   done
   PIDS=()
 }
-trap stop_all EXIT
+# A Postgres left paused by an interrupted pgpause run is resumed first.
+trap '[ -n "${PM:-}" ] && kill -CONT "$PM" 2>/dev/null; stop_all' EXIT
 trap 'exit 130' INT TERM
 
 # wait_for FILE PATTERN: the first match of PATTERN (sed -n regex with one
@@ -339,6 +344,25 @@ log "one1: 1:1 conversations, one device, $ONE_RATE msg/s for ${ONE_SECS}s"
 measured one1 --rate "$ONE_RATE" --devices 1 --groups 0 --duration "${ONE_SECS}s" --drain 90s
 log "hot: one hot conversation"
 measured hot --profile hot --rate "$HOT_RATE" --duration "${HOT_SECS}s" --drain 90s
+if [ -n "$PM" ]; then
+  log "pgpause: peak mix at 1,000 msg/s for $((PAUSE_SECS + 20))s, Postgres paused for ${PAUSE_SECS}s from 10 s in"
+  (
+    until [ "$(phase_of pgpause)" = send ]; do sleep 0.05; done
+    sleep 10
+    metrics pause pgpause
+    echo "kill -STOP $PM   # Postgres, for ${PAUSE_SECS}s" >> "$R/commands.txt"
+    kill -STOP "$PM"
+    sleep "$PAUSE_SECS"
+    metrics resume pgpause
+    kill -CONT "$PM"
+    echo "$PAUSE_SECS" > "$R/pgpause-secs"
+  ) &
+  pauser=$!
+  measured pgpause --rate 1000 --duration "$((PAUSE_SECS + 20))s" --drain 90s
+  wait "$pauser" || true
+else
+  log "pgpause: skipped (no postmaster pid)"
+fi
 
 log "takeover: a third worker joins and takes its share"
 echo "$BIN worker --endpoints $EP --id w3 --log-level info" >> "$R/commands.txt"

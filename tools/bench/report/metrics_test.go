@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -70,5 +71,32 @@ func TestPromSum(t *testing.T) {
 	}
 	if v := promSum(filepath.Join(dir, "missing"), "chatpipe_gateway_ws_frames_total"); !math.IsNaN(v) {
 		t.Errorf("a missing file = %v, want NaN", v)
+	}
+}
+
+// The pgpause run's line: the workers' events between the pause and
+// resume snapshots, per second of the pause; nothing when it did not run.
+func TestWritePause(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	writePause(&b, dir)
+	if b.Len() != 0 {
+		t.Errorf("without a pgpause run: %q, want nothing", b.String())
+	}
+	metrics := writeFiles(t, map[string]string{
+		"pgpause.w1.pause":  workerPage("w1", "100", "1000"),
+		"pgpause.w2.pause":  workerPage("w2", "100", "1000"),
+		"pgpause.w1.resume": workerPage("w1", "200", "8500"),
+		"pgpause.w2.resume": workerPage("w2", "200", "8500"),
+	})
+	if err := os.Rename(metrics, filepath.Join(dir, "metrics")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pgpause-secs"), []byte("15\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writePause(&b, dir)
+	if !strings.Contains(b.String(), "for 15 s") || !strings.Contains(b.String(), ": 1000 events committed a second") {
+		t.Errorf("pgpause line %q, want 15,000 events in 15 s: 1,000 a second", b.String())
 	}
 }

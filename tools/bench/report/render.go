@@ -346,6 +346,7 @@ func writeOtherFigures(b *strings.Builder, res results) {
 	fmt.Fprintf(b, "- Saturation: %.1f events per Kafka transaction.\n", satD.eventsPerTxn())
 	fmt.Fprintf(b, "- One hot conversation (20 members, offered %.0f msg/s): %s msg/s (best second %d), p99 %.1f ms, %.1f events per transaction; one transactional producer at 100 records per transaction: %s records/s.\n",
 		hot.rep.Rate, num(hot.rep.AcceptedPerSec), hot.rep.PeakPerSec, hot.rep.AcceptedLat.P99MS, hotD.eventsPerTxn(), num(oneProducer))
+	writePause(b, dir)
 	if tk := takeovers(filepath.Join(dir, "takeover.log")); len(tk) > 0 {
 		fmt.Fprintf(b, "- Takeover, claim → accepting, a joining worker taking %d vshards by hand-off: p50 %v, max %v (one bare transaction: %s ms).\n",
 			len(tk), tk[len(tk)/2].Round(time.Millisecond), tk[len(tk)-1].Round(time.Millisecond), num(oneTxnMS))
@@ -393,12 +394,30 @@ func writeSweep(b *strings.Builder, dir string) {
 	}
 }
 
+// writePause writes what the workers committed a second while the
+// pgpause run had Postgres paused (run.sh's pgpause-secs and the
+// pause/resume snapshots), if it ran.
+func writePause(b *strings.Builder, dir string) {
+	raw, err := os.ReadFile(filepath.Join(dir, "pgpause-secs"))
+	if err != nil {
+		return
+	}
+	secs, err := strconv.ParseFloat(strings.TrimSpace(string(raw)), 64)
+	d, derr := workerDelta(filepath.Join(dir, "metrics", "pgpause"), "pause", "resume")
+	if err != nil || derr != nil || secs <= 0 {
+		b.WriteString("- Postgres paused: not measured (no pause window in the snapshots).\n")
+		return
+	}
+	fmt.Fprintf(b, "- Postgres paused (SIGSTOP) for %.0f s, 1,000 msg/s offered: %s events committed a second while it did not answer (a send to a conversation its writer has cached needs no Postgres).\n",
+		secs, num(d.events/secs))
+}
+
 // writeChecks writes the result of `chatpipe check` of every run, with
 // the start of a failed check's output.
 func writeChecks(b *strings.Builder, dir string) {
 	b.WriteString("## `chatpipe check` of every run\n\n| run | result |\n|---|---|\n")
 	var failed []string
-	checked := []string{"lat1000", "r3000", "saturation", "one1", "hot"}
+	checked := []string{"lat1000", "r3000", "saturation", "one1", "hot", "pgpause"}
 	if sweep, err := os.ReadFile(filepath.Join(dir, "sweep.txt")); err == nil {
 		for _, line := range strings.Split(strings.TrimSpace(string(sweep)), "\n") {
 			if f := strings.Fields(line); len(f) == 3 {
