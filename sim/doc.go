@@ -229,6 +229,11 @@
 //	                          verdict names (refusals kept in the cached
 //	                          state instead of the writer-level table):
 //	                          bounded-writer-cache in 82
+//	KnownForgetsTrimmed       a trimmed dedupe result's key is not added to
+//	                          the conversation's filter of known keys: I4
+//	                          retry-not-first-result in 76, I4
+//	                          duplicate-client_message_id in 48: a retry
+//	                          after the trim is written as a new send
 //	ReleaseFromSink           the operator deletes a released conversation's
 //	                          override once the sink shows it home (admin
 //	                          unisolate deciding from Postgres): liveness in
