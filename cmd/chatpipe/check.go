@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/atomicfile"
+	"github.com/chatpipe/chatpipe/internal/worldcheck"
 	"github.com/chatpipe/chatpipe/tools/loadcheck"
 	"github.com/chatpipe/chatpipe/tools/loadgen"
 )
@@ -32,13 +33,18 @@ func newCheckCommand() *command {
 		if err != nil {
 			return err
 		}
-		stack := run.Info.Stack
+		stack, dedicated := run.Info.Stack, 0
 		if *epPath != "" {
 			ep, err := readEndpoints(*epPath)
 			if err != nil {
 				return err
 			}
 			stack = loadgen.Stack{WebSocket: ep.WebSocket, Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres, VShards: ep.VShards, Partitions: ep.Partitions}
+			dedicated = ep.Dedicated
+		}
+		if *kafka != "" || *topic != "" {
+			// Another log than the one recorded: its layout is not known.
+			stack.VShards, stack.Partitions = 0, 0
 		}
 		overrideStack(&stack, "", *kafka, *topic, *dbURL)
 		if len(stack.Kafka) == 0 || stack.Postgres == "" || stack.Topic == "" {
@@ -48,13 +54,11 @@ func newCheckCommand() *command {
 		if err != nil {
 			return err
 		}
-		var convs []string
-		for _, c := range run.Info.Plan.Conversations {
-			convs = append(convs, c.ID)
-		}
-		world, err := loadcheck.ReadWorld(ctx, loadcheck.WorldConfig{Stack: stack, Convs: convs, PersistWait: *wait, KafkaOpts: kopts})
+		cfg := loadcheck.Config(run, stack, dedicated)
+		cfg.PersistWait, cfg.KafkaOpts = *wait, kopts
+		world, err := worldcheck.ReadWorld(ctx, cfg)
 		if err != nil {
-			return err
+			return fmt.Errorf("run %s: %w", run.Info.Run, err)
 		}
 		res := loadcheck.Check(run, world)
 		fmt.Print(res.Text())
