@@ -10,6 +10,8 @@ import (
 	"time"
 
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/worldcheck"
+	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -356,4 +358,23 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+// events returns every event the device holds, for the world check.
+func (d *device) events() []worldcheck.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []worldcheck.Event
+	for _, m := range d.view {
+		for _, e := range m {
+			out = append(out, worldEvent(e))
+		}
+	}
+	return out
+}
+
+// worldEvent is a delivered event in the world checker's terms.
+func worldEvent(e *protocol.Event) worldcheck.Event {
+	return worldcheck.Event{Event: logrecord.Event{ConversationID: e.ConversationID, Seq: e.Seq, Kind: e.Kind, MessageID: e.MessageID,
+		ClientMessageID: e.ClientMessageID, Sender: e.Sender, Body: e.Body, UserID: e.UserID, Members: e.Members}}
 }

@@ -1,13 +1,14 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,9 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
-
+	"github.com/chatpipe/chatpipe/internal/readmodel"
+	"github.com/chatpipe/chatpipe/internal/worldcheck"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -27,9 +27,10 @@ import (
 // TestNemesis runs a seeded random schedule of faults against a stack
 // whose roles are separate processes — three workers, persist, projection
 // and the broker beside chatpipe dev (etcd, Postgres, the gateway) — while
-// clients send, then heals everything and runs the world check: every
-// accepted message in the log and exactly once in Postgres, no seq used
-// twice, no client_message_id stored twice. The faults: kill -9 of a
+// clients send, then heals everything and runs the world check
+// (internal/worldcheck): every accepted message in the log and exactly
+// once in Postgres, no seq used twice, no client_message_id stored twice,
+// and the rest of countViolationsOf. The faults: kill -9 of a
 // worker, a worker paused past its lease (so it is fenced when it
 // resumes), a graceful worker restart, kill -9 of persist or of the
 // projection, and a graceful broker restart.
@@ -42,11 +43,11 @@ import (
 // connected through the faults (reconnecting and syncing when dropped).
 // Once the faults have healed and the churn has stopped, every
 // conversation must take a send by a current member within a bound. Then
-// countViolations counts every must-be-zero violation over the log,
-// Postgres, the answers, the devices' views after a final sync, and what
-// sync and history give each kicked member from a new device of theirs;
-// each must be 0. Last, the read model's membership periods must be the
-// log's.
+// countViolationsOf runs the world check over the log, Postgres, the
+// answers, the devices' views after a final sync, and what sync and
+// history give each kicked member from a new device of theirs, and counts
+// every must-be-zero violation; each must be 0. Last, the read model's
+// membership periods must be the log's.
 //
 // It runs only with CHATPIPE_E2E_LONG=1 (see long). The seed is logged;
 // CHATPIPE_E2E_NEMESIS_SEED=N replays the same schedule
@@ -287,7 +288,6 @@ func TestNemesis(t *testing.T) {
 			t.Errorf("write the report: %v", err)
 		}
 	}
-	checkWorld(t, dev.ep, all)
 	// The read model: membership periods (the kicked members' above all,
 	// across the moves) equal the log's, delivery rows cover every seq.
 	checkReadModel(t, dev.ep)
@@ -316,48 +316,94 @@ type nemesisReport struct {
 	Zero         nemesisZeros     `json:"zero"`
 }
 
-// nemesisZeros are the counts that must be zero.
+// nemesisZeros are the counts that must be zero: the world check's
+// violations (internal/worldcheck; each counts the events it stands for)
+// under the names of the report, and the conversations not writable.
 type nemesisZeros struct {
 	// LostAccepted: accepted sends (and membership commands) missing from
-	// the log or Postgres, or held there as another event.
+	// the log or Postgres, or held there as another event
+	// (accepted-not-in-log, accepted-not-in-postgres,
+	// accepted-differs-from-stored).
 	LostAccepted int `json:"lost_accepted"`
-	// NotPersisted: an event of the committed log that Postgres lacks.
+	// NotPersisted: an event of the committed log that Postgres lacks
+	// (postgres-lacks-event).
 	NotPersisted int `json:"not_persisted"`
 	// Duplicated: a (conversation, client_message_id) stored twice in the
-	// log or in Postgres, or a message_id at two seqs.
+	// log or in Postgres or answered with two events
+	// (duplicate-not-resolved), or a message_id stored twice
+	// (message-stored-twice).
 	Duplicated int `json:"duplicated"`
-	// SeqCollision: a (conversation, seq) twice in the log or Postgres, a
-	// Postgres row whose message differs from the log's at its seq, rows in
-	// seq_conflicts, or two accepted answers with one seq.
+	// SeqCollision: a (conversation, seq) twice in the log or Postgres,
+	// rows in seq_conflicts, or two accepted answers with one seq
+	// (seq-collision); a Postgres row that differs from the log's at its
+	// seq (log-postgres-mismatch).
 	SeqCollision int `json:"seq_collision"`
-	// SeqGap: a conversation's seqs in the log not 1, 2, 3, ...
+	// SeqGap: a conversation's seqs in the log not 1, 2, 3, ... (seq-gap).
 	SeqGap int `json:"seq_gap"`
 	// Regression: a seq not above its conversation's previous one in its
 	// partition's order (a moved conversation's events are in more than
-	// one partition), or a send accepted before another was sent that has
-	// the larger seq.
+	// one partition), or a command accepted before another was sent that
+	// has the larger seq (seq-regression).
 	Regression int `json:"regression"`
 	// AbortedVisible: an event in Postgres or on a device that is not in
-	// the committed (read_committed) log.
+	// the committed (read_committed) log (postgres-not-in-log,
+	// device-not-in-log).
 	AbortedVisible int `json:"aborted_visible"`
 	// PostKick: a message in the log from a sender who was not a member at
-	// its seq; a device holding an event outside its user's membership
-	// periods (pushed, synced or read from history); or a removed user's
-	// sync or history, from a new device at the end, giving one.
+	// its seq (message-after-removal); a device holding an event outside
+	// its user's membership periods (pushed, synced or read from history),
+	// a removed user's sync or history from a new device at the end
+	// included (device-outside-membership).
 	PostKick int `json:"post_kick"`
 	// RejectedStored: a send answered with a final rejection (forbidden:
-	// its sender was out) that the log holds anyway.
+	// its sender was out) that the log holds anyway (rejected-but-stored).
 	RejectedStored int `json:"rejected_stored"`
 	// DeviceDivergence: after a final sync, an event a device's user may
-	// see that it lacks or holds differently from the log; or a removed
-	// user's sync or history at the end lacking one.
+	// see that it lacks (device-lacks-event) or holds otherwise than the
+	// log (device-differs-from-log); a removed user's sync or history at
+	// the end included.
 	DeviceDivergence int `json:"device_divergence"`
 	// StaleEpoch: a vshard's record in the log with an older ownership
-	// epoch than one before it.
+	// epoch than one before it (stale-epoch).
 	StaleEpoch int `json:"stale_epoch"`
 	// Unwritable: a conversation that did not accept a send by a member
 	// within the bound once the faults had healed and the churn stopped.
 	Unwritable int `json:"unwritable"`
+}
+
+// count adds the world check's violations to the counts they belong to,
+// and returns the rules no count takes that were violated.
+func (z *nemesisZeros) count(res *worldcheck.Result) (untaken []string) {
+	for _, rule := range slices.Sorted(maps.Keys(res.Counts)) {
+		n := res.Counts[rule]
+		switch rule {
+		case worldcheck.RuleNotInLog, worldcheck.RuleNotInDB, worldcheck.RuleMismatch:
+			z.LostAccepted += n
+		case worldcheck.RuleNotPersisted:
+			z.NotPersisted += n
+		case worldcheck.RuleStoredTwice, worldcheck.RuleDuplicate:
+			z.Duplicated += n
+		case worldcheck.RuleCollision, worldcheck.RuleLogVsDB:
+			z.SeqCollision += n
+		case worldcheck.RuleGap:
+			z.SeqGap += n
+		case worldcheck.RuleRegression:
+			z.Regression += n
+		case worldcheck.RuleNotCommitted, worldcheck.RuleDeviceNotInLog:
+			z.AbortedVisible += n
+		case worldcheck.RuleRemovedSender, worldcheck.RuleDeviceOutside:
+			z.PostKick += n
+		case worldcheck.RuleRejectedStored:
+			z.RejectedStored += n
+		case worldcheck.RuleDeviceLacks, worldcheck.RuleDeviceDiffers:
+			z.DeviceDivergence += n
+		case worldcheck.RuleStaleEpoch:
+			z.StaleEpoch += n
+		default:
+			untaken = append(untaken, rule)
+		}
+	}
+	return untaken
 }
 
 type namedCount struct {
@@ -395,204 +441,34 @@ type nemesisRun struct {
 	removed []string
 }
 
-// countViolationsOf is countViolations over everything run holds: what
-// `chatpipe check` verifies of a loadgen run (cmd/chatpipe/check.go,
-// loadcheck) is counted here too — every accepted event in the log and
-// Postgres once, as answered; no seq collision or regression; no message
-// stored twice; nobody sending after their removal; no finally rejected
-// send stored; Postgres holding exactly the log; every device holding
-// exactly what its user may see.
+// countViolationsOf runs the world check (internal/worldcheck, what
+// `chatpipe check` runs of a loadgen run and checkWorld of the other fault
+// tests) over everything run holds and counts its violations under the
+// must-be-zero counts; a violation no count takes fails the test. It
+// reads the committed log and Postgres, waits for the projection, syncs
+// every device once more, and reads what sync and history give each
+// removed user from a new device; then the check: every accepted event in
+// the log and Postgres once, as answered; no seq collision, gap or
+// regression; no message stored twice; nobody sending outside their
+// membership periods; no finally rejected send stored; Postgres holding
+// exactly the log; no vshard's records going back to an older epoch,
+// each in its vshard's partition; every view holding exactly what its
+// user may see.
 func countViolationsOf(t *testing.T, ep endpoints, run nemesisRun) *nemesisReport {
 	t.Helper()
-	accepted, devs := run.accepted, run.devs
-	rep := &nemesisReport{Devices: len(devs)}
-	z := &rep.Zero
-	var logRows []row
-	topEpoch := map[int]int64{}
-	topAt := map[int]string{} // where the vshard's newest epoch was first seen, and by which producer
-	// A conversation's last seq in each partition: a moved conversation's
-	// events are in its hashed vshard's partition and a dedicated one's,
-	// read in no fixed order between partitions.
-	type convPart struct {
-		conv string
-		part int32
-	}
-	lastSeq := map[convPart]int64{}
-	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
-		at := fmt.Sprintf("%s at %d/%d (producer %d epoch %d)", e.Kind, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch)
-		if e.Epoch < topEpoch[e.VShard] {
-			z.StaleEpoch++
-			t.Logf("stale epoch: vshard %d %s has ownership epoch %d after epoch %d's %s", e.VShard, at, e.Epoch, topEpoch[e.VShard], topAt[e.VShard])
-		}
-		if e.Epoch > topEpoch[e.VShard] || topAt[e.VShard] == "" {
-			topEpoch[e.VShard], topAt[e.VShard] = e.Epoch, at
-		}
-		if !e.HasSeq() {
-			return
-		}
-		cp := convPart{e.ConversationID, r.Partition}
-		if prev, ok := lastSeq[cp]; ok && e.Seq <= prev {
-			z.Regression++
-			t.Logf("regression: %s seq %d after %d in partition %d of the log", e.ConversationID, e.Seq, prev, r.Partition)
-		}
-		lastSeq[cp] = e.Seq
-		logRows = append(logRows, row{Conv: e.ConversationID, Kind: e.Kind, MessageID: e.MessageID, ClientMessageID: e.ClientMessageID,
-			Sender: e.Sender, Seq: e.Seq, UserID: e.UserID, Body: e.Body, Members: e.Members})
-	})
-	rep.LogEvents = len(logRows)
-	dbRows := readDB(t, ep, len(logRows))
+	rep := &nemesisReport{Devices: len(run.devs)}
+	world := readWorld(t, ep)
+	rep.LogEvents = len(world.Log)
 	// A schedule may end with persist and the projection killed and
 	// started again: each killed member holds its partitions until its
 	// consumer group session times out (45 s), one after the other.
-	waitProjectedFor(t, ep, len(logRows), 3*time.Minute)
-	conflicts := 0
-	func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, ep.Postgres)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM seq_conflicts`).Scan(&conflicts); err != nil {
-			t.Fatal(err)
-		}
-	}()
-	z.SeqCollision += conflicts
+	waitProjectedFor(t, ep, len(world.Log), 3*time.Minute)
 
-	key := func(conv string, seq int64) string { return fmt.Sprintf("%s/%d", conv, seq) }
-	index := func(name string, rows []row) map[string]row {
-		bySeq := map[string]row{}
-		byCmid := map[string]bool{}
-		byMID := map[string]string{}
-		for _, r := range rows {
-			k := key(r.Conv, r.Seq)
-			if _, ok := bySeq[k]; ok {
-				z.SeqCollision++
-				t.Logf("seq collision: %s %s used twice", name, k)
-			}
-			bySeq[k] = r
-			if at, ok := byMID[r.MessageID]; ok && r.MessageID != "" && at != k {
-				z.Duplicated++
-				t.Logf("duplicated: %s message %s stored at %s and at %s", name, r.MessageID, at, k)
-			}
-			byMID[r.MessageID] = k
-			if r.Kind == logrecord.KindMessage {
-				ck := r.Conv + "/" + r.ClientMessageID
-				if byCmid[ck] {
-					z.Duplicated++
-					t.Logf("duplicated: %s %s stored twice", name, ck)
-				}
-				byCmid[ck] = true
-			}
-		}
-		return bySeq
-	}
-	logBySeq, dbBySeq := index("log", logRows), index("postgres", dbRows)
-	for k, d := range dbBySeq {
-		l, ok := logBySeq[k]
-		switch {
-		case !ok:
-			z.AbortedVisible++
-			t.Logf("aborted visible: Postgres holds %s (%s), the committed log does not", k, d.MessageID)
-		case l.MessageID != d.MessageID || l.ClientMessageID != d.ClientMessageID || l.Body != d.Body:
-			z.SeqCollision++
-			t.Logf("seq collision: Postgres %s holds %+v, the log %+v", k, d, l)
-		}
-	}
-	for k, l := range logBySeq {
-		if _, ok := dbBySeq[k]; !ok {
-			z.NotPersisted++
-			t.Logf("not persisted: the log holds %s (%s %s), Postgres does not", k, l.Kind, l.MessageID)
-		}
-	}
-	storedSend := map[string]row{}
-	for _, l := range logRows {
-		if l.Kind == logrecord.KindMessage {
-			storedSend[l.Conv+"/"+l.ClientMessageID] = l
-		}
-	}
-	for _, r := range run.rejected {
-		if l, ok := storedSend[r.Conv+"/"+r.ClientMessageID]; ok && l.Sender == r.Sender {
-			z.RejectedStored++
-			t.Logf("rejected but stored: %s %s by %s was answered %s, the log holds it at seq %d", r.Conv, r.ClientMessageID, r.Sender, r.Code, l.Seq)
-		}
-	}
-	answered := map[string]string{}
-	for _, a := range accepted {
-		k := key(a.Conv, a.Seq)
-		if prev, ok := answered[k]; ok && prev != a.ClientMessageID {
-			z.SeqCollision++
-			t.Logf("seq collision: %s answered to %s and %s", k, prev, a.ClientMessageID)
-		}
-		answered[k] = a.ClientMessageID
-		l, inLog := logBySeq[k]
-		d, inDB := dbBySeq[k]
-		if !inLog || !inDB || l.MessageID != a.MessageID || l.ClientMessageID != a.ClientMessageID || d.MessageID != a.MessageID {
-			z.LostAccepted++
-			t.Logf("lost accepted: %s %s (in the log %v, in Postgres %v)", k, a.ClientMessageID, inLog, inDB)
-		}
-	}
-	byConv := map[string][]acceptedMsg{}
-	for _, a := range accepted {
-		byConv[a.Conv] = append(byConv[a.Conv], a)
-	}
-	for _, as := range byConv {
-		sort.Slice(as, func(i, j int) bool { return as[i].AcceptedAt.Before(as[j].AcceptedAt) })
-		// a accepted before b was sent must have the smaller seq: compare
-		// each b with the largest seq accepted before it was sent.
-		top, j := int64(0), 0
-		bySent := append([]acceptedMsg(nil), as...)
-		sort.Slice(bySent, func(i, j int) bool { return bySent[i].SentAt.Before(bySent[j].SentAt) })
-		for _, b := range bySent {
-			for ; j < len(as) && as[j].AcceptedAt.Before(b.SentAt); j++ {
-				top = max(top, as[j].Seq)
-			}
-			if j > 0 && top >= b.Seq {
-				z.Regression++
-				t.Logf("regression: %s %s got seq %d, a send accepted before it was sent has %d", b.Conv, b.ClientMessageID, b.Seq, top)
-			}
-		}
-	}
-	rowsByConv := map[string][]row{}
-	for _, r := range logRows {
-		rowsByConv[r.Conv] = append(rowsByConv[r.Conv], r)
-	}
-	per := periods(logRows)
-	userConvs := map[string]map[string][][2]int64{} // user → conversation → periods
-	for conv, m := range per {
-		for u, ps := range m {
-			if userConvs[u] == nil {
-				userConvs[u] = map[string][][2]int64{}
-			}
-			userConvs[u][conv] = ps
-		}
-	}
-	for conv, rows := range rowsByConv {
-		seqs := make([]int64, len(rows))
-		for i, r := range rows {
-			seqs[i] = r.Seq
-		}
-		sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
-		for i, s := range seqs {
-			if s != int64(i+1) {
-				z.SeqGap++
-				t.Logf("seq gap: %s has seq %d at position %d", conv, s, i+1)
-				break
-			}
-		}
-		for _, r := range rows {
-			if r.Kind == logrecord.KindMessage && !inPeriods(per[conv][r.Sender], r.Seq) {
-				z.PostKick++
-				t.Logf("post-kick: %s/%d from %s, not a member then", conv, r.Seq, r.Sender)
-			}
-		}
-	}
 	// Every device syncs once more (a few at a time: each sync is a
 	// Postgres read), then must hold exactly what its user may see.
 	var wg sync.WaitGroup
 	next := make(chan *device)
-	for w := 0; w < min(32, len(devs)); w++ {
+	for w := 0; w < min(32, len(run.devs)); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -605,111 +481,74 @@ func countViolationsOf(t *testing.T, ep endpoints, run nemesisRun) *nemesisRepor
 			}
 		}()
 	}
-	for _, d := range devs {
+	for _, d := range run.devs {
 		next <- d
 	}
 	close(next)
 	wg.Wait()
-	for _, d := range devs {
-		for _, conv := range d.convs() {
-			for _, s := range d.seqs(conv) {
-				e := d.get(conv, s)
-				l, ok := logBySeq[key(conv, s)]
-				switch {
-				case !ok:
-					z.AbortedVisible++
-					t.Logf("aborted visible: %s holds %s/%d, the committed log does not", d.name, conv, s)
-				case !inPeriods(per[conv][d.user], s):
-					z.PostKick++
-					t.Logf("post-kick: %s holds %s/%d, outside %s's periods", d.name, conv, s, d.user)
-				case e.MessageID != l.MessageID || e.Body != l.Body || e.Kind != l.Kind || e.Sender != l.Sender:
-					z.DeviceDivergence++
-					t.Logf("device divergence: %s holds %s/%d = %+v, the log %+v", d.name, conv, s, e, l)
-				}
-			}
+	in := &worldcheck.Run{Accepted: worldAccepted(run.accepted)}
+	for _, r := range run.rejected {
+		in.Rejected = append(in.Rejected, worldcheck.Rejected{Op: "send", Conv: r.Conv, ClientMessageID: r.ClientMessageID, Sender: r.Sender, Code: r.Code})
+	}
+	for _, d := range run.devs {
+		in.Views = append(in.Views, worldcheck.View{Name: d.name, User: d.user, Events: d.events(), Bodies: true})
+	}
+	if len(run.removed) > 0 {
+		evs := make([]*logrecord.Event, len(world.Log))
+		for i := range world.Log {
+			evs[i] = &world.Log[i].Event
 		}
-		for conv, ps := range userConvs[d.user] {
-			for s := range visibleTo(rowsByConv[conv], ps) {
-				if d.get(conv, s) == nil {
-					z.DeviceDivergence++
-					t.Logf("device divergence: %s lacks %s/%d", d.name, conv, s)
-				}
-			}
+		per := readmodel.LogPeriods(evs)
+		for _, u := range run.removed {
+			in.Views = append(in.Views, removedUserViews(t, run.dev, u, per)...)
 		}
 	}
-	for _, u := range run.removed {
-		checkRemovedUser(t, run.dev, u, userConvs[u], rowsByConv, z)
+
+	res := worldcheck.Check(in, world)
+	for _, rule := range rep.Zero.count(res) {
+		t.Errorf("%s: %d (no count takes it; must be 0)", rule, res.Counts[rule])
 	}
+	t.Logf("%s", res.Text())
 	return rep
 }
 
-// checkRemovedUser reads, as user from a new device of theirs, a sync from
-// nothing and the history of each conversation they were ever in, and
-// counts what differs from what their membership periods (convs:
-// conversation → periods) let them see: an event after a removal (and
-// before a join that followed it) is post-kick, a missing one (the removal
-// event itself above all) a divergence.
-func checkRemovedUser(t *testing.T, dev *devProc, user string, convs map[string][][2]int64, rowsByConv map[string][]row, z *nemesisZeros) {
+// removedUserViews reads, as user from a new device of theirs, a sync from
+// nothing and the history of each conversation they were ever in (per:
+// the log's membership periods): each must be exactly what their
+// membership periods let them see — an event after a removal (and before
+// a join that followed it) is post-kick, a missing one (the removal event
+// itself above all) a divergence.
+func removedUserViews(t *testing.T, dev *devProc, user string, per map[string]map[string][]readmodel.Period) []worldcheck.View {
 	t.Helper()
 	d := newDevice(t, dev, user, user+".final")
 	defer d.disconnect()
 	if err := d.connect(); err != nil { // dials and syncs from empty cursors
 		t.Errorf("sync as %s from a new device: %v", user, err)
-		return
+		return nil
 	}
-	compare := func(what, conv string, got []int64) {
-		want := visibleTo(rowsByConv[conv], convs[conv])
-		have := map[int64]bool{}
-		for _, s := range got {
-			have[s] = true
-			if _, ok := want[s]; !ok {
-				z.PostKick++
-				t.Logf("post-kick: %s's %s gave %s/%d, outside %s's periods %v", user, what, conv, s, user, convs[conv])
-			}
-		}
-		var missing []int64
-		for s := range want {
-			if !have[s] {
-				missing = append(missing, s)
-			}
-		}
-		if len(missing) > 0 {
-			sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
-			z.DeviceDivergence += len(missing)
-			t.Logf("device divergence: %s's %s of %s lacks seqs %v (periods %v)", user, what, conv, missing, convs[conv])
+	views := []worldcheck.View{{Name: user + "'s sync from a new device", User: user, Events: d.events(), Bodies: true}}
+	var convs []string
+	for conv, users := range per {
+		if len(users[user]) > 0 {
+			convs = append(convs, conv)
 		}
 	}
-	for _, conv := range d.convs() {
-		if _, ok := convs[conv]; !ok {
-			z.PostKick++
-			t.Logf("post-kick: %s's sync gave events of %s, which they never were in", user, conv)
-		}
-	}
-	var names []string
-	for conv := range convs {
-		names = append(names, conv)
-	}
-	sort.Strings(names)
-	for _, conv := range names {
-		compare("sync", conv, d.seqs(conv))
+	sort.Strings(convs)
+	for _, conv := range convs {
 		got, err := d.history(conv, 200)
 		if err != nil {
 			t.Errorf("history of %s as %s: %v", conv, user, err)
 			continue
 		}
-		compare("history", conv, got)
-		t.Logf("%s from a new device: sync and history of %s checked against %d membership periods (%d of its %d events theirs to see)",
-			user, conv, len(convs[conv]), len(visibleTo(rowsByConv[conv], convs[conv])), len(rowsByConv[conv]))
-	}
-}
-
-func inPeriods(ps [][2]int64, seq int64) bool {
-	for _, p := range ps {
-		if seq >= p[0] && seq <= p[1] {
-			return true
+		v := worldcheck.View{Name: fmt.Sprintf("%s's history of %s from a new device", user, conv), User: user, Convs: []string{conv}, Bodies: true}
+		for _, s := range got {
+			v.Events = append(v.Events, worldEvent(d.get(conv, s)))
 		}
+		views = append(views, v)
+		t.Logf("%s from a new device: sync and history of %s read, %d events, to be checked against %d membership periods",
+			user, conv, len(got), len(per[conv][user]))
 	}
-	return false
+	return views
 }
 
 // sendGaps is, per fault kind, the longest time a load client waited
@@ -1020,4 +859,27 @@ func startObservers(t *testing.T, dev *devProc, devs []*device, users ...string)
 func (o *observerSet) finish() {
 	close(o.stop)
 	o.wg.Wait()
+}
+
+// TestNemesisCountsEveryRule: each rule of the world check feeds one of
+// the nemesis's must-be-zero counts, but for the two no count names (a
+// record outside its partition, a membership event naming no user),
+// which fail the test on their own.
+func TestNemesisCountsEveryRule(t *testing.T) {
+	res := &worldcheck.Result{}
+	for _, rule := range worldcheck.Rules() {
+		res.Add(rule, 2, "planted")
+	}
+	var z nemesisZeros
+	untaken := z.count(res)
+	if want := []string{worldcheck.RuleNoUser, worldcheck.RulePlacement}; !slices.Equal(untaken, want) {
+		t.Errorf("untaken rules %v, want %v", untaken, want)
+	}
+	sum := 0
+	for _, c := range (&nemesisReport{Zero: z}).zeros() {
+		sum += c.n
+	}
+	if want := 2 * (len(worldcheck.Rules()) - 2); sum != want {
+		t.Errorf("the counts sum to %d, want %d: %+v", sum, want, z)
+	}
 }

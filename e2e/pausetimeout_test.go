@@ -7,10 +7,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/chatpipe/chatpipe/logrecord"
 )
 
 // TestPausedPastTxnTimeout: a writer is paused (SIGSTOP) with a transaction
@@ -18,8 +14,9 @@ import (
 // and its lease. Unlike TestPausedWriterIsFenced, whose transaction timeout
 // outlasts the pause, here the broker aborts the open transactions itself
 // before the new owner fences them. On waking, the writer must not commit
-// as if it still owned its shards: its commits are refused, no vshard's log
-// goes back to an older ownership epoch, and the world check holds.
+// as if it still owned its shards: its commits are refused, and the world
+// check holds — no vshard's log going back to an older ownership epoch
+// among it.
 //
 // CHATPIPE_E2E_PLANT=recommit plants the bug this test is for: the woken
 // writer commits its refused batch again with a fresh producer, without
@@ -65,7 +62,6 @@ func TestPausedPastTxnTimeout(t *testing.T) {
 	if refused == 0 {
 		t.Error("the paused writer had no write refused after waking: it committed nothing it held, or it was never stopped")
 	}
-	checkEpochOrder(t, dev.ep)
 	checkWorld(t, dev.ep, accepted)
 }
 
@@ -76,18 +72,4 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// checkEpochOrder reads the committed log and checks that no vshard's
-// records go back to an older ownership epoch: a writer that lost its
-// shard committed nothing after the new owner's first record.
-func checkEpochOrder(t *testing.T, ep endpoints) {
-	t.Helper()
-	top := map[int]int64{}
-	eachLogEvent(t, ep, func(r *kgo.Record, e *logrecord.Event) {
-		if e.Epoch < top[e.VShard] {
-			t.Errorf("vshard %d: %s at %d/%d has ownership epoch %d after epoch %d", e.VShard, e.Kind, r.Partition, r.Offset, e.Epoch, top[e.VShard])
-		}
-		top[e.VShard] = max(top[e.VShard], e.Epoch)
-	})
 }

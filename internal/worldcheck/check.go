@@ -155,6 +155,13 @@ const (
 	RuleDeviceDiffers  = "device-differs-from-log"
 )
 
+// Rules lists every rule Check reports, in the order of the constants.
+func Rules() []string {
+	return []string{RuleNotInLog, RuleNotInDB, RuleMismatch, RuleStoredTwice, RuleCollision, RuleGap, RuleRegression,
+		RuleDuplicate, RuleRemovedSender, RuleNoUser, RuleRejectedStored, RuleNotPersisted, RuleNotCommitted, RuleLogVsDB,
+		RuleStaleEpoch, RulePlacement, RuleDeviceNotInLog, RuleDeviceOutside, RuleDeviceLacks, RuleDeviceDiffers}
+}
+
 type key struct {
 	conv string
 	seq  int64

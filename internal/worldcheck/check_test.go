@@ -2,6 +2,7 @@ package worldcheck
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -359,5 +360,24 @@ func TestViolationsListedPerRuleAndCounted(t *testing.T) {
 	}
 	if txt := res.Text(); !strings.Contains(txt, "world check: FAIL") || !strings.Contains(txt, "VIOLATION seq-gap: … and 5 more") {
 		t.Fatalf("text:\n%s", txt)
+	}
+}
+
+// TestRulesDocumented: every rule is named in docs/loadgen.md's table of
+// what `chatpipe check` verifies, once in Rules.
+func TestRulesDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/loadgen.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range Rules() {
+		if seen[r] {
+			t.Errorf("%s listed twice", r)
+		}
+		seen[r] = true
+		if !strings.Contains(string(b), "`"+r+"`") {
+			t.Errorf("docs/loadgen.md does not name %s", r)
+		}
 	}
 }
