@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/readmodel"
 	"github.com/chatpipe/chatpipe/internal/worldcheck"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -299,38 +301,24 @@ func (d *device) seqs(conv string) []int64 {
 	return out
 }
 
-// periods folds a conversation's membership events (from the log, in seq
-// order) into each user's membership periods, [from, to] inclusive, to =
-// 1<<62 while open.
+// periods is the log's membership periods (readmodel.LogPeriods) of the
+// conversations of rows, by conversation and user: [from, to] inclusive,
+// to = 1<<62 while open (as projectedPeriods has them).
 func periods(rows []row) map[string]map[string][][2]int64 {
-	byConv := map[string][]row{}
-	for _, r := range rows {
-		byConv[r.Conv] = append(byConv[r.Conv], r)
+	evs := make([]*logrecord.Event, len(rows))
+	for i, r := range rows {
+		evs[i] = &logrecord.Event{ConversationID: r.Conv, Seq: r.Seq, Kind: r.Kind, Sender: r.Sender, UserID: r.UserID, Members: r.Members}
 	}
 	out := map[string]map[string][][2]int64{}
-	for conv, rs := range byConv {
-		sort.Slice(rs, func(i, j int) bool { return rs[i].Seq < rs[j].Seq })
+	for conv, users := range readmodel.LogPeriods(evs) {
 		m := map[string][][2]int64{}
-		open := func(u string, s int64) {
-			ps := m[u]
-			if len(ps) > 0 && ps[len(ps)-1][1] == 1<<62 {
-				return
-			}
-			m[u] = append(ps, [2]int64{s, 1 << 62})
-		}
-		for _, r := range rs {
-			switch r.Kind {
-			case "create":
-				open(r.Sender, r.Seq)
-				for _, u := range r.Members {
-					open(u, r.Seq)
+		for u, ps := range users {
+			for _, p := range ps {
+				to := p.To
+				if to == math.MaxInt64 {
+					to = 1 << 62
 				}
-			case "join":
-				open(r.UserID, r.Seq)
-			case "kick", "leave":
-				if ps := m[r.UserID]; len(ps) > 0 && ps[len(ps)-1][1] == 1<<62 {
-					ps[len(ps)-1][1] = r.Seq
-				}
+				m[u] = append(m[u], [2]int64{p.From, to})
 			}
 		}
 		out[conv] = m
