@@ -189,9 +189,7 @@ func (m *Writer) decide(now time.Time) {
 	// commits a takeover marker first, which succeeds only while no other
 	// writer has taken the vshard over since this one did.
 	if seqs == 0 && (!decided || m.cfg.Faults.NoEmptyBatchMarker) {
-		for _, r := range m.replies {
-			m.answers = append(m.answers, r)
-		}
+		m.answers = append(m.answers, m.replies...)
 		m.keepVerdicts(now)
 		m.notice.Released = append(m.notice.Released, m.batchReleased...)
 		m.endBatch()

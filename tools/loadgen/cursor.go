@@ -22,10 +22,6 @@ type cursorEvent struct {
 	userID string
 }
 
-// holds reports whether an event at seq adds nothing (already at or
-// under the cursor).
-func (c *convCursor) holds(seq int64) bool { return seq <= c.seq }
-
 // event notes an event of user's conversation.
 func (c *convCursor) event(user string, seq int64, kind, userID string) {
 	if seq <= c.seq {
