@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/chatpipe/chatpipe/internal/clustersec"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -401,4 +402,24 @@ func deliveryConverges(t *testing.T, dev *devProc) {
 	}
 	t.Logf("%d events, %d devices, %d connections; delivery (created_at → device) p50 %v p99 %v over %d live frames",
 		len(logRows), len(all), conns, percentile(lat, 0.5), percentile(lat, 0.99), len(lat))
+}
+
+// TestSecuredDeliveryConverges is TestDeliveryConverges in the secured
+// mode: pushes to devices and sync over a gateway whose link to the worker
+// is mutual TLS, from a projection and persist reading with their own
+// users. The gateway and the worker export the time left on their link
+// certificates (made valid for 24 h).
+func TestSecuredDeliveryConverges(t *testing.T) {
+	s := startSecuredForChecks(t)
+	s.startWorker("w1")
+	s.startRole(clustersec.RolePersist)
+	s.startRole(clustersec.RoleProjection)
+	waitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := etcdView(t, s.dev.ep).Workers["w1"]; return ok })
+	for role, url := range map[string]string{"gateway": s.dev.ep.Admin + "/metrics", "worker": adminURL(t, s.dev.ep, "w1")} {
+		left := time.Duration(metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))
+		if left < 23*time.Hour || left > 24*time.Hour {
+			t.Errorf("the %s's chatpipe_link_cert_expiry_seconds says %v left, want just under 24h", role, left)
+		}
+	}
+	deliveryConverges(t, s.dev)
 }

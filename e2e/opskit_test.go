@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"sigs.k8s.io/yaml"
+
+	"github.com/chatpipe/chatpipe/internal/clustersec"
 )
 
 // The operator's kit under deploy/: the Grafana dashboard, the Prometheus
@@ -41,6 +46,25 @@ func exportedMetrics(t *testing.T, url string) map[string]bool {
 		}
 	}
 	return names
+}
+
+// linkTLSGatewayMetrics returns the metric names of a `chatpipe gateway`
+// on dev's stack whose link is mutual TLS (certificates from `chatpipe
+// init --link-certs`): what a gateway exports only then, such as
+// chatpipe_link_cert_expiry_seconds.
+func linkTLSGatewayMetrics(t *testing.T, dev *devProc) map[string]bool {
+	t.Helper()
+	link := filepath.Join(t.TempDir(), "link")
+	if r := runChatpipe(t, "init", "--link-certs", link); r.err != nil {
+		t.Fatalf("init --link-certs: %v\n%s", r.err, r.out)
+	}
+	f := clustersec.LinkDir(link, clustersec.RoleGateway)
+	port, adminPort := freePort(t), freePort(t)
+	startProc(t, dev.dir, "gateway-link-tls", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--admin", "127.0.0.1:"+strconv.Itoa(adminPort), "--log-level", "warn",
+		"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key)
+	waitFor(t, 60*time.Second, "the link TLS gateway to listen", func() bool { return dialable(port) && dialable(adminPort) })
+	return exportedMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort))
 }
 
 var (

@@ -193,6 +193,30 @@ func (s *securedStack) roleClient(role string, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// startSecuredForChecks starts the secured stack and gives the test's own
+// clients what they need against it: the reader's Kafka credentials (the
+// world checks read the committed log) and an etcd client certificate (the
+// tests read the owner rows).
+func startSecuredForChecks(t *testing.T) *securedStack {
+	t.Helper()
+	s := startSecured(t)
+	s.dev.ep.kafkaOpts = s.kafkaOpts(clustersec.RoleReader, securedUsers[clustersec.RoleReader], "pw-"+clustersec.RoleReader)
+	etls, err := clustersec.TLS{CAFile: s.certs.CAFile, CertFile: s.certs.ClientCert, KeyFile: s.certs.ClientKey}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dev.ep.etcdTLS = etls
+	return s
+}
+
+// startWorker runs `chatpipe worker` as id with the worker's Kafka user,
+// etcd client certificate and link certificate, and env.
+func (s *securedStack) startWorker(id string, env ...string) *proc {
+	args := []string{"worker", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--id", id, "--log-level", "warn"}
+	args = append(append(args, s.linkFlags(clustersec.RoleWorker)...), s.roleFlags(clustersec.RoleWorker)...)
+	return startProc(s.t, s.dir, id, env, args...)
+}
+
 // waitExit waits for p to exit on its own and returns its log.
 func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string) {
 	t.Helper()

@@ -1,0 +1,27 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestKafkaRestartUnderLoad stops the broker gracefully and starts it again
+// on the same data dir and port while clients send (fault test 4).
+func TestKafkaRestartUnderLoad(t *testing.T) {
+	parallel(t)
+	dir := t.TempDir()
+	port := freePort(t)
+	kdir := filepath.Join(dir, "broker")
+	args := []string{"kafka", "--data-dir", kdir, "--port", strconv.Itoa(port), "--partitions", "10", "--log-level", "warn"} // dev's 8 hashed partitions and its 2 dedicated vshards' own
+	k := startProc(t, dir, "kafka1", nil, args...)
+	waitFor(t, 30*time.Second, "the broker to listen", func() bool { return dialable(port) })
+	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port))
+	underLoad(t, dev, func() {
+		k.stop()
+		k = startProc(t, dir, "kafka2", nil, args...)
+		waitFor(t, 30*time.Second, "the broker to listen again", func() bool { return dialable(port) })
+	})
+}

@@ -1,0 +1,22 @@
+package e2e
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestKilledPersistResumes kills persist with kill -9 in the middle of a
+// Postgres transaction; a new persist resumes from the offsets in Postgres
+// and every event ends up there exactly once (fault test 3).
+func TestKilledPersistResumes(t *testing.T) {
+	parallel(t)
+	dev := startDev(t, t.TempDir(), "--persist=false")
+	ep := filepath.Join(dev.dir, "endpoints.json")
+	p1 := startProc(t, dev.dir, "persist1", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"}, "persist", "--endpoints", ep, "--log-level", "warn", "--admin", "127.0.0.1:0")
+	underLoad(t, dev, func() {
+		time.Sleep(time.Second)
+		p1.kill9()
+		startProc(t, dev.dir, "persist2", nil, "persist", "--endpoints", ep, "--log-level", "warn")
+	})
+}
