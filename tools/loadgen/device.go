@@ -111,7 +111,7 @@ func (d *device) run(ctx context.Context) {
 			}
 			d.r.errors.Add(1)
 			d.r.log.Debug("dial failed", "device", d.name, "err", err)
-			sleepCtx(ctx, backoff(attempt))
+			jitter.Sleep(ctx, backoff(attempt))
 			attempt++
 			continue
 		}
@@ -156,22 +156,13 @@ func (d *device) run(ctx context.Context) {
 		for _, o := range again {
 			d.r.resend(ctx, d, o, "connection", 0)
 		}
-		sleepCtx(ctx, backoff(0))
+		jitter.Sleep(ctx, backoff(0))
 	}
 }
 
 // backoff is full jitter: random(0, min(5 s, 100 ms × 2^attempt)).
 func backoff(attempt int) time.Duration {
 	return jitter.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // dial opens a connection of the device on the client package's
