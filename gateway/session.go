@@ -81,7 +81,7 @@ func (g *Gateway) serveWS(w http.ResponseWriter, r *http.Request) {
 	sess.exp, sess.limits = g.deadline(claims), st
 	g.users.attach(st, sess)
 	defer g.users.detach(st, sess)
-	sess.run(r.Context())
+	sess.run()
 }
 
 // session is one websocket connection of an authenticated user.
@@ -170,7 +170,13 @@ var noDeadline = context.Background()
 // ends (ctx is cancelled, which closes the connection) when the read loop
 // returns or the writer or the pinger gives up on the peer; run returns
 // once all of them, and every command still running, have.
-func (s *session) run(parent context.Context) {
+//
+// The session's context is its own, not the request's: once the
+// connection is hijacked for the websocket, the request's context no
+// longer follows it and ends only when the handler returns, after run.
+// The connection's end ends the session instead (the peer's close, a
+// failed write or ping, or Shutdown's 1012 close).
+func (s *session) run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The session's end ends the connection: a read or write in flight
