@@ -6,7 +6,7 @@ import (
 )
 
 // TestAddWorkerUnderLoad adds a third worker while clients send: shards move
-// to it by hand-off and no message is lost (fault test 6). Then the worker
+// to it by hand-off and no message is lost. Then the worker
 // shuts down gracefully: it revokes its lease on the way out, so its
 // vshards move without waiting for the TTL.
 func TestAddWorkerUnderLoad(t *testing.T) {

@@ -106,7 +106,7 @@ func (s *sinkStack) readyz(t *testing.T) (int, string) {
 }
 
 // TestPoisonRecordIsDeadLettered: a committed message whose body Postgres
-// refuses (a NUL byte: SQLSTATE 22021) no longer stops persist: it lands in
+// refuses (a NUL byte: SQLSTATE 22021) does not stop persist: it lands in
 // persist's dead_letters, a message sent after it on the same partition is
 // in Postgres within seconds, the projection moves past it, persist's
 // /readyz says degraded, its counter is 1, and `chatpipe admin

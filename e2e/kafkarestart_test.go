@@ -9,7 +9,7 @@ import (
 )
 
 // TestKafkaRestartUnderLoad stops the broker gracefully and starts it again
-// on the same data dir and port while clients send (fault test 4).
+// on the same data dir and port while clients send.
 func TestKafkaRestartUnderLoad(t *testing.T) {
 	parallel(t)
 	dir := t.TempDir()

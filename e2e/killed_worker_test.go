@@ -8,7 +8,7 @@ import (
 )
 
 // TestKilledWriterBetweenProduceAndCommit kills a worker with kill -9 while
-// its transactions sit between produce and commit (fault test 2).
+// its transactions sit between produce and commit.
 func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", shortLease)

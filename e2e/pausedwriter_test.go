@@ -61,7 +61,7 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 }
 
 // TestPausedWriterIsFenced: a writer paused past its lease cannot make
-// anything visible when it wakes up; Kafka fences it (fault test 1).
+// anything visible when it wakes up; Kafka fences it.
 func TestPausedWriterIsFenced(t *testing.T) {
 	parallel(t)
 	dev, accepted, fenced := pausedWriter(t)
@@ -80,7 +80,7 @@ func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg,
 }
 
 // TestReversedTakeoverOrderIsCaught builds the same scenario with the new
-// owner accepting before it fences the old one (fault test 7): the old
+// owner accepting before it fences the old one: the old
 // writer's late commit and the new writer's then reuse seqs, and the checks
 // must see it. This shows the checks can fail.
 func TestReversedTakeoverOrderIsCaught(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 
 // TestKilledPersistResumes kills persist with kill -9 in the middle of a
 // Postgres transaction; a new persist resumes from the offsets in Postgres
-// and every event ends up there exactly once (fault test 3).
+// and every event ends up there exactly once.
 func TestKilledPersistResumes(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--persist=false")

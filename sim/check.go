@@ -70,7 +70,8 @@ const (
 	PropBusyWake = "busy-wake"
 	// PropCacheBound: after a housekeeping pass a writer caches more
 	// conversations than MaxConvs, or than those with events persist had
-	// not stored if they are more (DESIGN rule 8: state is bounded).
+	// not stored if they are more (a writer's state is bounded:
+	// docs/operations.md, "Memory bounds").
 	PropCacheBound = "bounded-writer-cache"
 )
 

@@ -99,13 +99,14 @@ type Config struct {
 	// StrictAnswers makes an answer from a fenced writer that the log
 	// contradicts a violation (PropStaleAnswer); without it they are only
 	// counted, in Stats.StaleAnswers. DefaultConfig turns it on: the real
-	// writer no longer gives such answers (doc.go, "What the model found").
+	// writer gives no such answers (doc.go, "Answers that write nothing").
 	StrictAnswers bool
 }
 
 // WhatIf are changes to the writer's order that the model can try, to
-// measure a fix for an issue it found (doc.go, "What the model found"). The
-// zero value is the order before that fix; DefaultConfig has the real one.
+// measure what each step of the real order prevents (doc.go, "Answers that
+// write nothing"). The zero value answers a batch that wrote nothing
+// without a fence check; DefaultConfig has the real order.
 type WhatIf struct {
 	// RecheckAtOpen re-reads the owner row in the same step as
 	// InitProducer, instead of only before the backoff that precedes a new
@@ -117,10 +118,10 @@ type WhatIf struct {
 	// takes over again.
 	FenceCheckedAnswers bool
 	// NoMarkerConfirm commits a session's first marker without reading the
-	// owner row between its produce and its commit (the order before that
-	// fix): a writer whose re-check passed just before its row moved can
-	// then commit a marker of the older epoch after the newer owner's
-	// records.
+	// owner row between its produce and its commit (what
+	// docs/architecture.md rule 3 forbids): a writer whose re-check passed
+	// just before its row moved can then commit a marker of the older epoch
+	// after the newer owner's records.
 	NoMarkerConfirm bool
 }
 

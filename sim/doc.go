@@ -131,12 +131,13 @@
 //	    every state of the log during its attempt (below), unless it
 //	    repeats the key's first answer the writer keeps
 //
-// plus bounded-writer-cache (DESIGN rule 8: state is bounded): after every
-// housekeeping pass a writer caches at most MaxConvs conversations, or the
-// ones with events persist had not stored if they are more
-// (internal/shardcore/writer_memory.go), however many conversations clients are
-// refused in; and liveness: the healed world answers every op, persists
-// and projects everything and syncs every device.
+// plus bounded-writer-cache (a writer's state is bounded:
+// docs/operations.md, "Memory bounds"): after every housekeeping pass a
+// writer caches at most MaxConvs conversations, or the ones with events
+// persist had not stored if they are more
+// (internal/shardcore/writer_memory.go), however many conversations
+// clients are refused in; and liveness: the healed world answers every
+// op, persists and projects everything and syncs every device.
 //
 // # Running
 //
@@ -247,7 +248,7 @@
 //
 // The counts are of today's schedules; a change to the model moves them.
 //
-// # What the model found
+// # Answers that write nothing
 //
 // A writer answers a command whose decision writes nothing — a rejection
 // (forbidden, not_found, conflict), a retried send found by dedupe, a join

@@ -8,13 +8,14 @@ import (
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
-// reopenSchedule is the schedule of the issue doc.go describes: w0's
-// marker commit reply is lost, w0 re-checks its row (still the owner) and
-// freezes in the backoff before the next session; w1 takes over; w0 resumes
-// and opens its producer without looking at the row again, which fences w1,
-// and commits the create and u1's send after w1's marker. The send's reply
-// is lost; the retry goes to w1, which never saw those commits and, persist
-// lagging, answers forbidden without committing anything.
+// reopenSchedule is the schedule of interleaving 1 in doc.go's "Answers
+// that write nothing": w0's marker commit reply is lost, w0 re-checks its
+// row (still the owner) and freezes in the backoff before the next
+// session; w1 takes over; w0 resumes and opens its producer without
+// looking at the row again, which fences w1, and commits the create and
+// u1's send after w1's marker. The send's reply is lost; the retry goes to
+// w1, which never saw those commits and, persist lagging, answers
+// forbidden without committing anything.
 //
 // It returns the world drained and checked, and the send op.
 func reopenSchedule(t *testing.T, cfg Config) (*Result, *World, *op) {
@@ -50,13 +51,13 @@ func reopenSchedule(t *testing.T, cfg Config) (*Result, *World, *op) {
 }
 
 // TestKnownIssueFencedWriterAnswers reproduces an answer the log
-// contradicts, as the writer gave it before the fix: a send that is
-// committed gets a definitive `forbidden` on its retry (I4), from the
-// legitimate owner whose producer a zombie re-opened over. The real order
-// now (fence-checked answers) answers it with its first seq.
+// contradicts, as a writer without fence-checked answers gives it: a send
+// that is committed gets a definitive `forbidden` on its retry (I4), from
+// the legitimate owner whose producer a zombie re-opened over. The real
+// order (fence-checked answers) answers it with its first seq.
 func TestKnownIssueFencedWriterAnswers(t *testing.T) {
-	// The orders before the marker's confirm: the zombie's marker commits
-	// after the new owner's.
+	// Without fence-checked answers and without the marker's confirm: the
+	// zombie's marker commits after the new owner's.
 	old := func() Config {
 		cfg := oneShard()
 		cfg.WhatIf.FenceCheckedAnswers, cfg.StrictAnswers, cfg.WhatIf.NoMarkerConfirm = false, false, true

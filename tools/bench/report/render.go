@@ -179,7 +179,7 @@ func goalRows(res results) []goalRow {
 // it is met and, for those that are not, where they fall short.
 func writeGoal(b *strings.Builder, res results) {
 	rows := goalRows(res)
-	b.WriteString("## Goal (issue 17)\n\n| figure | measured | target | measured ÷ target | met? | same run, beside |\n|---|---|---|---|---|---|\n")
+	b.WriteString("## Goals: CPU per message, throughput and latency\n\n| figure | measured | target | measured ÷ target | met? | same run, beside |\n|---|---|---|---|---|---|\n")
 	var unmet []goalRow
 	for _, g := range rows {
 		op := "≥"
