@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/internal/promtext"
 )
 
@@ -52,12 +54,10 @@ func TestComposeSmoke(t *testing.T) {
 	if err != nil {
 		t.Skip("etcd is not installed (Debian: apt-get install etcd-server); compose smoke test skipped")
 	}
-	pgBins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(pgBins) == 0 {
-		t.Skip("no PostgreSQL server binaries under /usr/lib/postgresql; compose smoke test skipped")
+	pgBin, err := devstack.PostgresBinDir(context.Background())
+	if err != nil {
+		t.Skipf("no PostgreSQL server binaries (%v); compose smoke test skipped", err)
 	}
-	sort.Strings(pgBins)
-	pgBin := filepath.Dir(pgBins[len(pgBins)-1])
 
 	secret := fmt.Sprintf("%016x%016x%016x%016x", rand.Uint64(), rand.Uint64(), rand.Uint64(), rand.Uint64())
 	if len(secret) < auth.MinSecretBytes {
@@ -140,7 +140,7 @@ func TestComposeSmoke(t *testing.T) {
 	}
 
 	// Postgres as the postgres image sets it up.
-	s.startPostgres(pgBin)
+	s.startPostgres()
 	s.waitHealthy("postgres", func() error { return s.postgresReady(pgBin) })
 
 	// The topic service's kafka-topics.sh command, done by the stand-in.
@@ -771,10 +771,11 @@ func (s *smokeStack) runToCompletion(name string, args, env []string, timeout ti
 }
 
 // startPostgres does what the postgres image's entrypoint does with the
-// service's environment: initdb with POSTGRES_USER as superuser, its
-// POSTGRES_PASSWORD, POSTGRES_INITDB_ARGS and password authentication over
-// TCP, then the server on the service's address, then POSTGRES_DB.
-func (s *smokeStack) startPostgres(pgBin string) {
+// service's environment, with devstack's Postgres: initdb with
+// POSTGRES_USER as superuser, its POSTGRES_PASSWORD, POSTGRES_INITDB_ARGS
+// and password authentication over TCP, then the server on the service's
+// address, then POSTGRES_DB.
+func (s *smokeStack) startPostgres() {
 	t := s.t
 	svc, ok := s.c.Services["postgres"]
 	if !ok || !strings.HasPrefix(svc.Image, "postgres:") {
@@ -796,67 +797,33 @@ func (s *smokeStack) startPostgres(pgBin string) {
 	if pgDB == "" {
 		pgDB = pgUser
 	}
-	var cred *syscall.Credential
-	var uid, gid int = -1, -1
+	if env["POSTGRES_PASSWORD"] == "" {
+		t.Fatalf("postgres: no POSTGRES_PASSWORD (the image refuses to start without one)")
+	}
 	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
+		if _, err := user.Lookup("postgres"); err != nil {
 			t.Skipf("running as root without a postgres OS user: %v", err)
 		}
-		uid, _ = strconv.Atoi(u.Uid)
-		gid, _ = strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 	}
-	dir := filepath.Join(s.root, "pg")
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o700); err != nil {
+	// The server's log (pg/postgres.log) shows beside the other services'.
+	if err := os.Symlink(filepath.Join("pg", "postgres.log"), filepath.Join(s.root, "postgres.log")); err != nil {
 		t.Fatal(err)
 	}
-	pw := filepath.Join(dir, "pwfile")
-	if err := os.WriteFile(pw, []byte(env["POSTGRES_PASSWORD"]+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	p, err := devstack.StartPostgresWith(context.Background(), filepath.Join(s.root, "pg"), 5432, devstack.PostgresSetup{
+		Listen:     s.ips["postgres"],
+		Superuser:  pgUser,
+		Password:   env["POSTGRES_PASSWORD"],
+		InitdbArgs: strings.Fields(env["POSTGRES_INITDB_ARGS"]),
+		Database:   pgDB,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("postgres: %v", err)
 	}
-	if uid >= 0 {
-		for _, p := range []string{dir, data, pw} {
-			if err := os.Chown(p, uid, gid); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	args := append([]string{"-D", data, "--username=" + pgUser, "--pwfile=" + pw, "--auth-local=trust", "--auth-host=scram-sha-256"},
-		strings.Fields(env["POSTGRES_INITDB_ARGS"])...)
-	initdb := exec.Command(filepath.Join(pgBin, "initdb"), args...)
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	initdb.Dir = dir
-	if out, err := initdb.CombinedOutput(); err != nil {
-		t.Fatalf("initdb %q: %v\n%s", args, err, out)
-	}
-	ip := s.ips["postgres"]
-	p := s.start("postgres", filepath.Join(pgBin, "postgres"),
-		[]string{"-D", data, "-c", "listen_addresses=" + ip, "-p", "5432", "-k", dir}, nil, cred)
-	t.Cleanup(func() {
-		// SIGINT: fast shutdown (runs before start's SIGTERM cleanup).
-		select {
-		case <-p.done:
-		default:
-			p.cmd.Process.Signal(syscall.SIGINT)
-			select {
-			case <-p.done:
-			case <-time.After(30 * time.Second):
-			}
+	t.Cleanup(func() { // after the roles' clean-ups: registered before they start
+		if err := p.Close(); err != nil {
+			t.Errorf("postgres: %v", err)
 		}
 	})
-	s.waitHealthy("postgres", func() error {
-		return exec.Command(filepath.Join(pgBin, "pg_isready"), "-h", ip, "-p", "5432").Run()
-	})
-	if pgDB != "postgres" {
-		cmd := exec.Command(filepath.Join(pgBin, "createdb"), "-h", dir, "-p", "5432", "-U", pgUser, pgDB)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("createdb: %v\n%s", err, out)
-		}
-	}
 }
 
 // postgresReady runs the service's own healthcheck (pg_isready) as the

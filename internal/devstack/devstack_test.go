@@ -441,6 +441,44 @@ func TestPGTemplateHoldsDatabase(t *testing.T) {
 	pgExec(t, ctx, p, "SELECT 1") // p.URL() names the chatpipe database
 }
 
+// TestPostgresSetup: a cluster set up as the postgres image sets one up
+// (a superuser of its own with a password, password authentication over
+// TCP, initdb's arguments, a database of its own) on another loopback
+// address is made by initdb even where a template is named, and refuses a
+// connection over TCP without the password.
+func TestPostgresSetup(t *testing.T) {
+	ctx := testContext(t)
+	t.Setenv(pgTemplateEnv, filepath.Join(t.TempDir(), "none")) // a copy would fail: no cluster there
+	setup := PostgresSetup{Listen: "127.0.0.2", Superuser: "app", Password: "s3cret",
+		InitdbArgs: []string{"--encoding=UTF8", "--locale=C"}, Database: "appdb"}
+	p, err := StartPostgresWith(ctx, filepath.Join(t.TempDir(), "pg"), 0, setup, testLogger(t))
+	if err != nil {
+		t.Fatalf("StartPostgresWith: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if !strings.HasPrefix(p.URL(), "postgres://app:s3cret@127.0.0.2:") || !strings.HasSuffix(p.URL(), "/appdb?sslmode=disable") {
+		t.Fatalf("URL = %q", p.URL())
+	}
+	conn, err := pgx.Connect(ctx, p.URL())
+	if err != nil {
+		t.Fatalf("connect with the password: %v", err)
+	}
+	defer conn.Close(ctx)
+	var user, db, enc string
+	var super bool
+	if err := conn.QueryRow(ctx, `SELECT current_user, current_database(), pg_encoding_to_char(encoding), usesuper
+		FROM pg_database, pg_user WHERE datname = current_database() AND usename = current_user`).Scan(&user, &db, &enc, &super); err != nil {
+		t.Fatal(err)
+	}
+	if user != "app" || db != "appdb" || enc != "UTF8" || !super {
+		t.Errorf("connected as %s (superuser %v) to %s encoded %s, want app (superuser) to appdb encoded UTF8", user, super, db, enc)
+	}
+	if c, err := pgx.Connect(ctx, strings.Replace(p.URL(), ":s3cret@", "@", 1)); err == nil {
+		c.Close(ctx)
+		t.Error("a connection over TCP without the password was let in")
+	}
+}
+
 func TestPostgresNotEmptyDir(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "junk"), []byte("x"), 0o600); err != nil {

@@ -2,8 +2,9 @@
 // one machine.
 //
 // It starts the three backing services chatpipe needs, each bound to
-// 127.0.0.1 only and each keeping its state in a caller-chosen directory so
-// that a restart on the same directory sees the same data:
+// 127.0.0.1 only (Postgres to another loopback address if a test asks) and
+// each keeping its state in a caller-chosen directory so that a restart on
+// the same directory sees the same data:
 //
 //   - [Etcd]: a single-member etcd server embedded in this process
 //     (go.etcd.io/etcd/server/v3/embed).
@@ -14,7 +15,8 @@
 //
 // Every Start function returns a value whose Close method stops everything it
 // started; Close methods are safe to call more than once. Nothing here is
-// meant for production: there is no authentication, no TLS and no
+// meant for production: there is no authentication (but for the
+// Postgres password a test may ask StartPostgresWith for), no TLS and no
 // replication.
 //
 // All logging goes to the *slog.Logger passed in (nil means slog.Default()).

@@ -29,6 +29,8 @@ const (
 	pgDatabase = "chatpipe"
 	// pgSuperuser is the bootstrap superuser initdb creates.
 	pgSuperuser = "postgres"
+	// pgListen is the address StartPostgres's server listens on.
+	pgListen = "127.0.0.1"
 	// pgOSUser is the OS account postgres runs as when we are root.
 	pgOSUser = "postgres"
 	// pgLogFile receives the server's stdout and stderr, appended.
@@ -47,6 +49,51 @@ const (
 	pgBindAttempts = 3
 )
 
+// PostgresSetup is how StartPostgresWith sets a new cluster up and serves
+// it. Its zero value is StartPostgres's: superuser "postgres", trusted on
+// the unix socket and over TCP, UTF8 and the C locale, listening on
+// 127.0.0.1, database "chatpipe". A cluster that already exists in the data
+// dir keeps the superuser, password and initdb arguments it was made with.
+type PostgresSetup struct {
+	// Listen is the address the server listens on (default 127.0.0.1).
+	Listen string
+	// Superuser is the bootstrap superuser initdb creates (default
+	// "postgres").
+	Superuser string
+	// Password, when set, is Superuser's password, and connections over
+	// TCP authenticate with it (scram-sha-256); the unix socket stays
+	// trusted.
+	Password string
+	// InitdbArgs replace initdb's encoding and locale arguments (default
+	// --encoding=UTF8 --locale=C).
+	InitdbArgs []string
+	// Database is the database made sure to exist (default "chatpipe").
+	Database string
+}
+
+// withDefaults is s with its defaults filled in.
+func (s PostgresSetup) withDefaults() PostgresSetup {
+	if s.Listen == "" {
+		s.Listen = pgListen
+	}
+	if s.Superuser == "" {
+		s.Superuser = pgSuperuser
+	}
+	if len(s.InitdbArgs) == 0 {
+		s.InitdbArgs = []string{"--encoding=UTF8", "--locale=C"}
+	}
+	if s.Database == "" {
+		s.Database = pgDatabase
+	}
+	return s
+}
+
+// templated reports whether a cluster of setup s may be a copy of
+// CHATPIPE_PG_TEMPLATE's, which StartPostgres's defaults made.
+func (s PostgresSetup) templated() bool {
+	return s.Superuser == "" && s.Password == "" && len(s.InitdbArgs) == 0
+}
+
 // Postgres is a private PostgreSQL cluster created with the machine's
 // PostgreSQL binaries and run as a child process of this one.
 //
@@ -54,9 +101,10 @@ const (
 // (immediate shutdown) if this process dies without calling Close. Stop it
 // with Close.
 type Postgres struct {
-	dir  string
-	port int
-	log  *slog.Logger
+	dir   string
+	port  int
+	setup PostgresSetup // with its defaults
+	log   *slog.Logger
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once cmd.Wait has returned
@@ -85,7 +133,17 @@ type Postgres struct {
 // accepts connections, or with an error when ctx is done, a two minute start
 // timeout passes, or the server exits.
 func StartPostgres(ctx context.Context, dir string, port int, log *slog.Logger) (*Postgres, error) {
+	return StartPostgresWith(ctx, dir, port, PostgresSetup{}, log)
+}
+
+// StartPostgresWith is StartPostgres with the cluster set up and served as
+// setup says (its zero value is StartPostgres's). A cluster with another
+// superuser, a password or other initdb arguments is made by initdb, never
+// copied from CHATPIPE_PG_TEMPLATE.
+func StartPostgresWith(ctx context.Context, dir string, port int, setup PostgresSetup, log *slog.Logger) (*Postgres, error) {
 	log = orDefault(log).With("component", "postgres")
+	templated := setup.templated()
+	setup = setup.withDefaults()
 	if dir == "" {
 		return nil, errors.New("devstack: start postgres: empty data dir")
 	}
@@ -107,7 +165,7 @@ func StartPostgres(ctx context.Context, dir string, port int, log *slog.Logger) 
 	if err := preparePGDir(dir, cred, log); err != nil {
 		return nil, err
 	}
-	if err := initPGCluster(ctx, bin, dir, cred, log); err != nil {
+	if err := initPGCluster(ctx, bin, dir, cred, setup, templated, log); err != nil {
 		return nil, err
 	}
 	if err := clearStalePGLocks(ctx, dir, log); err != nil {
@@ -120,7 +178,7 @@ func StartPostgres(ctx context.Context, dir string, port int, log *slog.Logger) 
 	}
 
 	for attempt := 1; ; attempt++ {
-		p, err := startPGOnce(ctx, bin, dir, port, cred, log)
+		p, err := startPGOnce(ctx, bin, dir, port, setup, cred, log)
 		if err == nil {
 			if err := p.ensureDatabase(ctx); err != nil {
 				_ = p.Close()
@@ -170,7 +228,7 @@ func (e *pgStartError) Unwrap() error { return e.waitErr }
 
 // startPGOnce starts the server once and waits until it accepts connections.
 // If the server exits first, the error is a *pgStartError.
-func startPGOnce(ctx context.Context, bin, dir string, port int, cred *syscall.Credential, log *slog.Logger) (*Postgres, error) {
+func startPGOnce(ctx context.Context, bin, dir string, port int, setup PostgresSetup, cred *syscall.Credential, log *slog.Logger) (*Postgres, error) {
 	if port == 0 {
 		var err error
 		if port, err = FreePort(); err != nil {
@@ -197,7 +255,7 @@ func startPGOnce(ctx context.Context, bin, dir string, port int, cred *syscall.C
 		"-D", dir,
 		"-p", strconv.Itoa(port),
 		"-k", dir,
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses="+setup.Listen,
 		// A fresh database has no statistics: until autovacuum's first
 		// ANALYZE the planner may scan whole tables for the writers' and the
 		// read side's lookups. Look every 5 s instead of every minute.
@@ -228,6 +286,7 @@ func startPGOnce(ctx context.Context, bin, dir string, port int, cred *syscall.C
 	p := &Postgres{
 		dir:    dir,
 		port:   port,
+		setup:  setup,
 		log:    log,
 		cmd:    cmd,
 		exited: make(chan struct{}),
@@ -287,40 +346,46 @@ func (p *Postgres) waitReady(ctx context.Context) error {
 	}
 }
 
-// ensureDatabase creates the chatpipe database if it does not exist.
+// ensureDatabase creates the setup's database (chatpipe) if it does not
+// exist.
 func (p *Postgres) ensureDatabase(ctx context.Context) error {
+	db := p.setup.Database
 	conn, err := pgx.Connect(ctx, p.urlFor("postgres"))
 	if err != nil {
 		return fmt.Errorf("devstack: connect to postgres: %w", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", pgDatabase).Scan(&exists); err != nil {
-		return fmt.Errorf("devstack: check for database %s: %w", pgDatabase, err)
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", db).Scan(&exists); err != nil {
+		return fmt.Errorf("devstack: check for database %s: %w", db, err)
 	}
 	if exists {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{pgDatabase}.Sanitize()); err != nil {
-		return fmt.Errorf("devstack: create database %s: %w", pgDatabase, err)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
+		return fmt.Errorf("devstack: create database %s: %w", db, err)
 	}
-	p.log.Info("created database", "database", pgDatabase)
+	p.log.Info("created database", "database", db)
 	return nil
 }
 
-// URL returns the connection URL of the chatpipe database:
-// postgres://postgres@127.0.0.1:PORT/chatpipe?sslmode=disable.
-func (p *Postgres) URL() string { return p.urlFor(pgDatabase) }
+// URL returns the connection URL of the setup's database; with
+// StartPostgres's setup postgres://postgres@127.0.0.1:PORT/chatpipe?sslmode=disable.
+func (p *Postgres) URL() string { return p.urlFor(p.setup.Database) }
 
 // DatabaseURL returns the connection URL of another database of the same
 // cluster (tests create databases with other collations beside chatpipe).
 func (p *Postgres) DatabaseURL(db string) string { return p.urlFor(db) }
 
 func (p *Postgres) urlFor(db string) string {
+	user := url.User(p.setup.Superuser)
+	if p.setup.Password != "" {
+		user = url.UserPassword(p.setup.Superuser, p.setup.Password)
+	}
 	u := url.URL{
 		Scheme:   "postgres",
-		User:     url.User(pgSuperuser),
-		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)),
+		User:     user,
+		Host:     net.JoinHostPort(p.setup.Listen, strconv.Itoa(p.port)),
 		Path:     "/" + db,
 		RawQuery: "sslmode=disable",
 	}

@@ -28,6 +28,12 @@ func pgEnv() []string {
 	return append(env, "LC_ALL=C")
 }
 
+// PostgresBinDir returns the directory of the PostgreSQL binaries
+// StartPostgres runs (initdb, postgres and their companions such as
+// pg_isready): $CHATPIPE_PG_BIN if set, else the newest
+// /usr/lib/postgresql/*/bin, else `pg_config --bindir` from PATH.
+func PostgresBinDir(ctx context.Context) (string, error) { return pgBinDir(ctx) }
+
 // pgBinDir finds the directory holding initdb and postgres.
 func pgBinDir(ctx context.Context) (string, error) {
 	if d := os.Getenv("CHATPIPE_PG_BIN"); d != "" {

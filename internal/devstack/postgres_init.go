@@ -17,8 +17,10 @@ import (
 // A new cluster: initdb, or a copy of the template cluster
 // CHATPIPE_PG_TEMPLATE names.
 
-// initPGCluster runs initdb in dir unless dir already holds a cluster.
-func initPGCluster(ctx context.Context, bin, dir string, cred *syscall.Credential, log *slog.Logger) error {
+// initPGCluster runs initdb in dir unless dir already holds a cluster; a
+// templated setup's cluster is a copy of CHATPIPE_PG_TEMPLATE's if that is
+// set.
+func initPGCluster(ctx context.Context, bin, dir string, cred *syscall.Credential, setup PostgresSetup, templated bool, log *slog.Logger) error {
 	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err == nil {
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -35,14 +37,14 @@ func initPGCluster(ctx context.Context, bin, dir string, cred *syscall.Credentia
 		}
 		return fmt.Errorf("devstack: postgres data dir %s is not empty but holds no cluster (no PG_VERSION; found %s); remove it or use an empty dir", dir, strings.Join(names, ", "))
 	}
-	if tpl := os.Getenv(pgTemplateEnv); tpl != "" {
+	if tpl := os.Getenv(pgTemplateEnv); tpl != "" && templated {
 		if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err != nil {
 			return fmt.Errorf("devstack: %s=%s holds no cluster: %w", pgTemplateEnv, tpl, err)
 		}
 		log.Debug("copying postgres cluster template", "dir", dir, "template", tpl)
 		return copyTree(tpl, dir)
 	}
-	return runInitdb(ctx, bin, dir, cred, log)
+	return runInitdb(ctx, bin, dir, cred, setup, log)
 }
 
 // pgTemplateEnv names a directory holding a cluster made by
@@ -74,7 +76,7 @@ func PreparePGTemplate(ctx context.Context, dir string, log *slog.Logger) error 
 	if err := preparePGDir(dir, cred, log); err != nil {
 		return err
 	}
-	if err := runInitdb(ctx, bin, dir, cred, log); err != nil {
+	if err := runInitdb(ctx, bin, dir, cred, PostgresSetup{}.withDefaults(), log); err != nil {
 		return err
 	}
 	p, err := StartPostgres(ctx, dir, 0, startLog) // creates the database
@@ -128,17 +130,22 @@ func copyTree(src, dst string) error {
 	return nil
 }
 
-// runInitdb runs initdb in the empty directory dir.
-func runInitdb(ctx context.Context, bin, dir string, cred *syscall.Credential, log *slog.Logger) error {
+// runInitdb runs initdb in the empty directory dir, as setup (with its
+// defaults) says.
+func runInitdb(ctx context.Context, bin, dir string, cred *syscall.Credential, setup PostgresSetup, log *slog.Logger) error {
 	log.Info("initializing postgres cluster", "dir", dir, "bin", bin)
+	args := []string{"-D", dir, "--auth=trust"}
+	if setup.Password != "" {
+		pw, err := writePGPasswordFile(setup.Password, cred, log)
+		if err != nil {
+			return err
+		}
+		defer os.Remove(pw)
+		args = []string{"-D", dir, "--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile=" + pw}
+	}
+	args = append(append(args, "-U", setup.Superuser), setup.InitdbArgs...)
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-		"-D", dir,
-		"--auth=trust",
-		"-U", pgSuperuser,
-		"--encoding=UTF8",
-		"--locale=C",
-	)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), args...)
 	cmd.Dir = dir
 	cmd.Env = pgEnv()
 	cmd.Stdout = &out
@@ -149,4 +156,31 @@ func runInitdb(ctx context.Context, bin, dir string, cred *syscall.Credential, l
 	}
 	log.Debug("initdb done", "output", out.String())
 	return nil
+}
+
+// writePGPasswordFile writes password to a new temporary file for
+// initdb's --pwfile, readable by initdb's OS user only; the caller removes
+// it.
+func writePGPasswordFile(password string, cred *syscall.Credential, log *slog.Logger) (string, error) {
+	if cred != nil {
+		if err := ensureReachable(os.TempDir(), cred, log); err != nil {
+			return "", err
+		}
+	}
+	f, err := os.CreateTemp("", "chatpipe-pgpw-")
+	if err != nil {
+		return "", fmt.Errorf("devstack: postgres password file: %w", err)
+	}
+	_, err = f.WriteString(password + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && cred != nil {
+		err = os.Chown(f.Name(), int(cred.Uid), int(cred.Gid))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("devstack: postgres password file: %w", err)
+	}
+	return f.Name(), nil
 }

@@ -46,18 +46,26 @@ func preparePGDir(dir string, cred *syscall.Credential, log *slog.Logger) error 
 	if cred == nil {
 		return nil
 	}
-	for a := filepath.Dir(dir); ; a = filepath.Dir(a) {
-		if err := ensureTraversable(a, cred, log); err != nil {
-			return err
-		}
-		if a == filepath.Dir(a) {
-			break
-		}
+	if err := ensureReachable(filepath.Dir(dir), cred, log); err != nil {
+		return err
 	}
 	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
 		return fmt.Errorf("devstack: chown postgres data dir to %s: %w", pgOSUser, err)
 	}
 	return nil
+}
+
+// ensureReachable makes directory d and every ancestor of it traversable
+// for cred's user (ensureTraversable).
+func ensureReachable(d string, cred *syscall.Credential, log *slog.Logger) error {
+	for a := d; ; a = filepath.Dir(a) {
+		if err := ensureTraversable(a, cred, log); err != nil {
+			return err
+		}
+		if a == filepath.Dir(a) {
+			return nil
+		}
+	}
 }
 
 // ensureTraversable adds execute permission to directory d for the class
