@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/logsink"
@@ -17,12 +18,7 @@ import (
 // persist sends with each batch) reaches the projector's wait, so it need
 // not poll for persist.
 func TestPersistCommitWakesTheWait(t *testing.T) {
-	db := pgtest.DB(t, pgtest.Options{})
-	p := newTestProjector(t, db)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); p.listen(ctx) }()
-	defer func() { cancel(); <-done }()
+	db, p, ctx := listeningProjector(t)
 	wait := func(what string) {
 		t.Helper()
 		select {
@@ -67,12 +63,7 @@ func TestPersistCommitWakesTheWait(t *testing.T) {
 // batch's wait is answered by persist's announcement: consumer_offsets is
 // read once after the LISTEN, not once per batch.
 func TestListeningWaitReadsOffsetsOnce(t *testing.T) {
-	db := pgtest.DB(t, pgtest.Options{})
-	p := newTestProjector(t, db)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); p.listen(ctx) }()
-	defer func() { cancel(); <-done }()
+	db, p, ctx := listeningProjector(t)
 	for !p.persisted.Listening() {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -96,4 +87,17 @@ func TestListeningWaitReadsOffsetsOnce(t *testing.T) {
 	if n := p.offsetReads.Load(); n > 1 {
 		t.Errorf("%d waits, each announced, read consumer_offsets %d times; want at most once (after the LISTEN)", batches, n)
 	}
+}
+
+// listeningProjector is a test projector on a fresh database whose
+// LISTEN runs until the test ends, and the test's context.
+func listeningProjector(t *testing.T) (*pgxpool.Pool, *Projector, context.Context) {
+	t.Helper()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestProjector(t, db)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.listen(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return db, p, ctx
 }
