@@ -1,5 +1,11 @@
 package shardcore
 
+// This file is longer than most: it holds the writer's phases and every
+// transition between them (takeover, replay, accepting, committing,
+// backoff), which read as one machine. What a batch decides, what the
+// writer remembers and its verdicts are in writer_batch.go,
+// writer_memory.go and writer_verdicts.go.
+
 import (
 	"fmt"
 	"maps"

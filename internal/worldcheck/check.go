@@ -3,7 +3,10 @@
 // their devices hold, not against what the servers say: the invariants of
 // docs/reliability.md that can be seen from outside. It is the one checker
 // of the end-to-end tests' world check, the nemesis's must-be-zero counts
-// and `chatpipe check` of a load run (tools/loadcheck).
+// and `chatpipe check` of a load run (tools/loadcheck). Check and its
+// rules stay in this one file, longer than most, so that they read as one
+// list beside docs/loadgen.md's table of rules; reading the world is in
+// world.go.
 //
 // What it checks, each violation under its rule (the Rule constants):
 //
