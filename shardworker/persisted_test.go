@@ -75,3 +75,48 @@ func TestPersistOffsetFromAnnouncements(t *testing.T) {
 		}
 	}
 }
+
+// TestPersistOffsetRightAfterListen: the writers of a worker that took
+// its vshards over ask for persist's offsets at once, while the first
+// read after the LISTEN is still in flight. Each must get the stored
+// offset, not "none stored" (which would make a replay start at the
+// beginning of the partition).
+func TestPersistOffsetRightAfterListen(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 3, 10)`, logrecord.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20 {
+		w := &Worker{cfg: Config{DB: db, Topic: logrecord.DefaultTopic}, persisted: logsink.NewAnnounced(logrecord.DefaultTopic)}
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			w.persisted.Listen(lctx, db, pglisten.Persisted, slog.New(slog.NewTextHandler(io.Discard, nil)), "lost")
+		}()
+		<-w.persisted.Woken() // the LISTEN took effect: its first read is due
+		type got struct {
+			off int64
+			ok  bool
+			err error
+		}
+		res := make(chan got, 16)
+		for range cap(res) {
+			go func() {
+				off, ok, err := w.persistOffset(ctx, 3)
+				res <- got{off, ok, err}
+			}()
+		}
+		for range cap(res) {
+			if g := <-res; g.err != nil || !g.ok || g.off != 10 {
+				t.Errorf("round %d: a writer asking at once got %d %v %v, want 10 true", round, g.off, g.ok, g.err)
+			}
+		}
+		cancel()
+		<-done
+		if t.Failed() {
+			return
+		}
+	}
+}

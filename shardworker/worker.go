@@ -221,8 +221,10 @@ type Worker struct {
 	stats Stats
 	gen   atomic.Int64
 
-	// persisted follows persist's stored offsets (persistOffset).
+	// persisted follows persist's stored offsets (persistOffset); offsetMu
+	// makes a read of them one at a time.
 	persisted *logsink.Announced
+	offsetMu  sync.Mutex
 
 	takeoverSeconds prometheus.Histogram
 	commitSeconds   prometheus.Histogram
@@ -310,8 +312,13 @@ func (w *Worker) Collectors() []prometheus.Collector {
 // persistOffset is persist's stored next offset of partition part (ok:
 // one is stored): what persist's announcements said, while they are
 // current, else read from Postgres. It may lag what is stored, never lead
-// it: what a writer trims or replays by it stays safe.
+// it: what a writer trims or replays by it stays safe. Callers wait for a
+// read in flight (offsetMu): the writers that take vshards over together
+// all ask at once, and until that read is in, "nothing known" would read
+// as "nothing stored" and start their replays at the partition's start.
 func (w *Worker) persistOffset(ctx context.Context, part int32) (off int64, ok bool, err error) {
+	w.offsetMu.Lock()
+	defer w.offsetMu.Unlock()
 	if !w.persisted.Stale() {
 		off, ok = w.persisted.Offset(part)
 		return off, ok, nil
