@@ -224,8 +224,13 @@ test("an offline device converges through sync and duplicates are dropped", { sk
   px.cut();
   for (let i = online; i < online + offline; i++) await alice.send(conv, `m${i}`);
   assert.equal(bob.messages(conv).length, 1 + online, "bob got events while offline");
-  px.offline = false;
   const want = 1 + online + offline;
+  // A sync returns what the read model holds and sets the cursor there;
+  // what the projection applies later comes as pushes, which move no
+  // cursor (docs/architecture.md, rule 15). Bob comes back once it holds
+  // every send, so that his sync is the one that converges him.
+  await waitUntil("alice's history to hold every send", async () => (await alice.historyAll(conv, { pageSize: 200 })).length === want);
+  px.offline = false;
   await waitUntil("bob to converge", () => bob.cursors()[conv] === want && bob.messages(conv).length === want, 60_000);
   const view = bob.messages(conv);
   assertContiguous(conv, view);
