@@ -17,10 +17,10 @@ import (
 )
 
 // newRegistry returns a registry with the Go and process collectors,
-// chatpipe_build_info and cs.
+// chatpipe_build_info, the process's Postgres round trips and cs.
 func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(), pgRoundTrips)
 	reg.MustRegister(cs...)
 	return reg
 }

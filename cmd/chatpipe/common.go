@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/pgcount"
 	"github.com/chatpipe/chatpipe/internal/schema"
 	"github.com/chatpipe/chatpipe/lease"
 )
@@ -121,8 +122,13 @@ func poolConfig(dbURL string) (*pgxpool.Config, error) {
 	if !setsPoolMaxConns(dbURL) {
 		cfg.MaxConns = max(cfg.MaxConns, defaultPoolConns)
 	}
+	cfg.ConnConfig.Tracer = pgRoundTrips
 	return cfg, nil
 }
+
+// pgRoundTrips counts what this process's pools send to Postgres; every
+// role's registry exports it (chatpipe_postgres_statements_total).
+var pgRoundTrips = pgcount.New()
 
 // setsPoolMaxConns tells whether a database URL or keyword/value DSN names
 // pool_max_conns.
