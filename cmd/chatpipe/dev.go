@@ -129,6 +129,7 @@ type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, admin        *string
 	workers, vshards, partitions, dedicated, cacheConvs *int
 	persist, projection, opsPublic, metricsPublic       *bool
+	pgStats                                             *bool
 	linger                                              *time.Duration
 	leaseTTL                                            *int64
 	lim                                                 limitFlags
@@ -147,6 +148,7 @@ func addDevFlags(fs *flagSet) devFlags {
 	f.partitions = fs.Int("partitions", devPartitions, "partitions of the log topic for the hashed vshards (fixed for a deployment)")
 	f.dedicated = fs.Int("dedicated", -1, "dedicated vshards for hot conversations, each with a partition of its own after the hashed ones (fixed for a deployment; -1: "+strconv.Itoa(devDedicated)+" for a new one, else as stored)")
 	f.dbURL = fs.String("database-url", "", "use this Postgres instead of a private cluster under the data dir")
+	f.pgStats = fs.Bool("postgres-stats", false, "load pg_stat_statements into the private Postgres and create the extension, to count each statement's calls (costs Postgres a few per cent)")
 	f.kafka = fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
 	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
 	f.persist = fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
@@ -214,7 +216,11 @@ func (s *devStack) start(ctx context.Context, f devFlags, dir string, log *slog.
 	if s.pgURL = *f.dbURL; s.pgURL == "" {
 		go func() {
 			var err error
-			pg, err = devstack.StartPostgres(pgCtx, filepath.Join(dir, "postgres"), 0, log)
+			var setup devstack.PostgresSetup
+			if *f.pgStats {
+				setup.Settings = []string{"shared_preload_libraries=pg_stat_statements"}
+			}
+			pg, err = devstack.StartPostgresWith(pgCtx, filepath.Join(dir, "postgres"), 0, setup, log)
 			pgErr <- err
 		}()
 	} else {
@@ -294,6 +300,11 @@ func (s *devStack) prepare(ctx context.Context, f devFlags) error {
 		return err
 	}
 	s.onClose(s.db.Close)
+	if *f.pgStats {
+		if _, err := s.db.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+			return fmt.Errorf("--postgres-stats: %w", err)
+		}
+	}
 	return nil
 }
 

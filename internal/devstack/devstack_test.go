@@ -445,12 +445,13 @@ func TestPGTemplateHoldsDatabase(t *testing.T) {
 // (a superuser of its own with a password, password authentication over
 // TCP, initdb's arguments, a database of its own) on another loopback
 // address is made by initdb even where a template is named, and refuses a
-// connection over TCP without the password.
+// connection over TCP without the password; its Settings are in effect.
 func TestPostgresSetup(t *testing.T) {
 	ctx := testContext(t)
 	t.Setenv(pgTemplateEnv, filepath.Join(t.TempDir(), "none")) // a copy would fail: no cluster there
 	setup := PostgresSetup{Listen: "127.0.0.2", Superuser: "app", Password: "s3cret",
-		InitdbArgs: []string{"--encoding=UTF8", "--locale=C"}, Database: "appdb"}
+		InitdbArgs: []string{"--encoding=UTF8", "--locale=C"}, Database: "appdb",
+		Settings: []string{"shared_preload_libraries=pg_stat_statements", "work_mem=5MB"}}
 	p, err := StartPostgresWith(ctx, filepath.Join(t.TempDir(), "pg"), 0, setup, testLogger(t))
 	if err != nil {
 		t.Fatalf("StartPostgresWith: %v", err)
@@ -472,6 +473,13 @@ func TestPostgresSetup(t *testing.T) {
 	}
 	if user != "app" || db != "appdb" || enc != "UTF8" || !super {
 		t.Errorf("connected as %s (superuser %v) to %s encoded %s, want app (superuser) to appdb encoded UTF8", user, super, db, enc)
+	}
+	var preload, workMem string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries'), current_setting('work_mem')`).Scan(&preload, &workMem); err != nil {
+		t.Fatal(err)
+	}
+	if preload != "pg_stat_statements" || workMem != "5MB" {
+		t.Errorf("settings: shared_preload_libraries %q, work_mem %q; want pg_stat_statements, 5MB", preload, workMem)
 	}
 	if c, err := pgx.Connect(ctx, strings.Replace(p.URL(), ":s3cret@", "@", 1)); err == nil {
 		c.Close(ctx)

@@ -69,6 +69,10 @@ type PostgresSetup struct {
 	InitdbArgs []string
 	// Database is the database made sure to exist (default "chatpipe").
 	Database string
+	// Settings are server settings, each "name=value", given to postgres
+	// as -c options on every start (for example
+	// "shared_preload_libraries=pg_stat_statements").
+	Settings []string
 }
 
 // withDefaults is s with its defaults filled in.
@@ -261,6 +265,9 @@ func startPGOnce(ctx context.Context, bin, dir string, port int, setup PostgresS
 		// read side's lookups. Look every 5 s instead of every minute.
 		"-c", "autovacuum_naptime=5s",
 	)
+	for _, kv := range setup.Settings {
+		cmd.Args = append(cmd.Args, "-c", kv)
+	}
 	cmd.Dir = dir
 	cmd.Env = pgEnv()
 	// *os.File outputs are handed to the child directly: no copying
