@@ -20,7 +20,11 @@
 //	floor_sink_switches_per_frame,
 //	window_secs, conns, frame_bytes
 //
-// Usage: floor [-conns 1200] [-rate 30000] [-batch 1] [-size 300] [-duration 10s]
+// With -ws it measures a bare websocket server instead (ws.go): the
+// gateway's websocket library, one goroutine and one websocket message per
+// frame per connection, no protocol; it prints the same keys.
+//
+// Usage: floor [-ws] [-conns 1200] [-rate 30000] [-batch 1] [-size 300] [-duration 10s]
 package main
 
 import (
@@ -51,11 +55,17 @@ func main() {
 	size := flag.Int("size", 300, "frame bytes (a typical event frame is ~300)")
 	duration := flag.Duration("duration", 10*time.Second, "measured window")
 	warmup := flag.Duration("warmup", 2*time.Second, "load before the window")
+	ws := flag.Bool("ws", false, "a bare websocket server instead of TCP writes: one goroutine and one websocket message per frame per connection (-batch is ignored)")
 	flag.Parse()
 	var err error
-	if os.Getenv(sinkEnv) != "" {
+	switch {
+	case os.Getenv(sinkEnv) == "ws":
+		err = runWSSink(os.Stdin, os.Stdout)
+	case os.Getenv(sinkEnv) != "":
 		err = runSink(os.Stdin, os.Stdout)
-	} else {
+	case *ws:
+		err = runWSWriter(os.Stdout, *conns, *rate, *size, *warmup, *duration)
+	default:
 		err = runWriter(os.Stdout, *conns, *rate, *batch, *size, *warmup, *duration)
 	}
 	if err != nil {
