@@ -1,7 +1,8 @@
 // Package pgcount counts what a process sends to Postgres through pgx:
-// statements, and transactions begun, committed and rolled back, each a
-// round trip to the server (the pool's liveness pings, sent below pgx's
-// tracing, are not counted). A Counter is a
+// statements, transactions begun, committed and rolled back, and the
+// implicit transactions of statements and batches sent outside one (the
+// pool's liveness pings, sent below pgx's tracing, are not counted).
+// Transactions are begin + implicit. A Counter is a
 // pgx tracer (set it as a pool's ConnConfig.Tracer) and a Prometheus
 // collector of chatpipe_postgres_statements_total{kind}.
 //
@@ -25,21 +26,25 @@ const (
 	KindBegin     = "begin"
 	KindCommit    = "commit"
 	KindRollback  = "rollback"
+	// KindImplicit is a statement, or a batch, sent outside a
+	// transaction: Postgres runs it as a transaction of its own. It is
+	// counted besides its statements.
+	KindImplicit = "implicit"
 )
 
-var kinds = []string{KindStatement, KindBegin, KindCommit, KindRollback}
+var kinds = []string{KindStatement, KindBegin, KindCommit, KindRollback, KindImplicit}
 
 // Counter counts round trips by kind. Its zero value is not usable; make
 // one with New. It is safe for concurrent use.
 type Counter struct {
-	n    [4]atomic.Int64 // indexed as kinds
+	n    [5]atomic.Int64 // indexed as kinds
 	desc *prometheus.Desc
 }
 
 // New returns a Counter at zero.
 func New() *Counter {
 	return &Counter{desc: prometheus.NewDesc("chatpipe_postgres_statements_total",
-		"Round trips this process sent to Postgres through its pools, by kind: statement (query, exec, each query of a batch, COPY), begin, commit, rollback.",
+		"Round trips this process sent to Postgres through its pools, by kind: statement (query, exec, each query of a batch, COPY), begin, commit, rollback, and implicit (a statement or batch sent outside a transaction, which Postgres runs as one of its own; counted besides its statements).",
 		[]string{"kind"}, nil)}
 }
 
@@ -70,17 +75,30 @@ func kindOf(sql string) int {
 }
 
 // TraceQueryStart counts a query or exec (pgx.QueryTracer).
-func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.n[kindOf(d.SQL)].Add(1)
+func (c *Counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	k := kindOf(d.SQL)
+	c.n[k].Add(1)
+	if k == 0 && outside(conn) {
+		c.n[4].Add(1)
+	}
 	return ctx
+}
+
+// outside tells whether conn is in no transaction ('I', idle).
+func outside(conn *pgx.Conn) bool {
+	return conn != nil && conn.PgConn().TxStatus() == 'I'
 }
 
 // TraceQueryEnd does nothing (pgx.QueryTracer).
 func (c *Counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// TraceBatchStart does nothing: each query of the batch is counted by
-// TraceBatchQuery (pgx.BatchTracer).
-func (c *Counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+// TraceBatchStart counts a batch sent outside a transaction as an
+// implicit one; each query of the batch is counted by TraceBatchQuery
+// (pgx.BatchTracer).
+func (c *Counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	if outside(conn) {
+		c.n[4].Add(1)
+	}
 	return ctx
 }
 
@@ -93,8 +111,11 @@ func (c *Counter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBat
 func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TraceCopyFromStart counts a COPY (pgx.CopyFromTracer).
-func (c *Counter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+func (c *Counter) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
 	c.n[0].Add(1)
+	if outside(conn) {
+		c.n[4].Add(1)
+	}
 	return ctx
 }
 

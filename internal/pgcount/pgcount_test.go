@@ -14,8 +14,9 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // A pool traced by a Counter counts each round trip by its kind: queries,
-// execs, each query of a batch and a COPY as statements, and the begin and
-// commit or rollback of every transaction.
+// execs, each query of a batch and a COPY as statements, the begin and
+// commit or rollback of every transaction, and a statement or batch sent
+// outside a transaction as an implicit one.
 func TestCounterCountsRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(pgtest.DB(t, pgtest.Options{}).Config().ConnString())
@@ -37,14 +38,20 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil { // 2
 		t.Fatal(err)
 	}
+	out := &pgx.Batch{}
+	out.Queue(`SELECT 1`)
+	out.Queue(`SELECT 2`)
+	if err := pool.SendBatch(ctx, out).Close(); err != nil { // 3, 4: one implicit transaction
+		t.Fatal(err)
+	}
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error { // begin, commit
 		b := &pgx.Batch{}
 		b.Queue(`SELECT 1`)
 		b.Queue(`SELECT 2`)
-		if err := tx.SendBatch(ctx, b).Close(); err != nil { // 3, 4
+		if err := tx.SendBatch(ctx, b).Close(); err != nil { // 5, 6
 			return err
 		}
-		_, err := tx.Exec(ctx, `SELECT 3`) // 5
+		_, err := tx.Exec(ctx, `SELECT 3`) // 7
 		return err
 	})
 	if err != nil {
@@ -54,14 +61,14 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"t"}, []string{"x"}, pgx.CopyFromRows([][]any{{1}, {2}})); err != nil { // 6
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"t"}, []string{"x"}, pgx.CopyFromRows([][]any{{1}, {2}})); err != nil { // 8
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil { // rollback
 		t.Fatal(err)
 	}
 
-	want := map[string]int64{KindStatement: 6, KindBegin: 2, KindCommit: 1, KindRollback: 1}
+	want := map[string]int64{KindStatement: 8, KindBegin: 2, KindCommit: 1, KindRollback: 1, KindImplicit: 3}
 	for k, n := range want {
 		if got := c.Count(k); got != n {
 			t.Errorf("%s: counted %d, want %d", k, got, n)

@@ -16,6 +16,8 @@
 #               capacity; CPU per message
 #   one1        1:1 conversations, one device per user (--devices 1
 #               --groups 0) at BENCH_ONE_RATE: CPU per message
+#   idle        the stack with nothing sent for BENCH_IDLE_SECS (after the
+#               warm-up and 10 s to settle): CPU and Postgres statements
 #   hot         one hot conversation's max msg/s
 #   pgpause     1,000 msg/s with Postgres paused (SIGSTOP) for
 #               BENCH_PAUSE_SECS from 10 s into the send phase: accepted/s
@@ -27,7 +29,8 @@
 #   go test -bench ./bench: produce and Postgres-write ceilings
 #   floor       what one small loopback TCP write costs here (tools/bench/floor),
 #               once at one frame per write and once at BENCH_FLOOR_BATCH,
-#               paced like r3000's deliveries, after the stack is stopped
+#               paced like r3000's deliveries, after the stack is stopped;
+#               and a bare websocket server (floor -ws), one message per frame
 # and, with BENCH_SWEEP=1, the group-commit trade-off (vshards × linger
 # budget, each a fresh all-in-one stack).
 #
@@ -37,12 +40,17 @@
 # device sync are not counted. Postgres is its postmaster, its live
 # children and its waited-for children. Context switches per process are
 # read the same way, from /proc/PID/task/*/status (every thread).
+# Postgres' statements are read at the same points from pg_stat_statements
+# (dev runs with --postgres-stats) and pg_stat_database, and each role's
+# own count of its round trips from its metrics
+# (chatpipe_postgres_statements_total).
 #
 # Usage: tools/bench/run.sh [OUT.md]   (BENCH_DIR keeps the raw results)
 # Knobs (environment), with defaults:
 #   BENCH_LAT_SECS=30 BENCH_MID_RATE=3000 BENCH_MID_SECS=30
 #   BENCH_SAT_RATE=9000 BENCH_SAT_SECS=20 BENCH_ONE_RATE=3000 BENCH_ONE_SECS=30
-#   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_PAUSE_SECS=15 BENCH_TAKEOVER_SECS=20
+#   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_PAUSE_SECS=30 BENCH_TAKEOVER_SECS=20
+#   BENCH_IDLE_SECS=30
 #   BENCH_PROF_SECS=20 (profile length, inside r3000's send phase)
 #   BENCH_CEIL_SECS=20 BENCH_CEIL_PRODUCERS=16 BENCH_CEIL_BATCH=50
 #   BENCH_GOBENCH=1 (0 skips go test -bench) BENCH_BENCHTIME=3s
@@ -56,7 +64,7 @@ W=${BENCH_DIR:-$(mktemp -d /tmp/chatpipe-bench.XXXXXX)}
 mkdir -p "$W"
 W=$(cd "$W" && pwd)
 R=$W/results
-mkdir -p "$R/runs" "$R/metrics" "$R/cpu" "$R/switches" "$R/prof" "$R/logs"
+mkdir -p "$R/runs" "$R/metrics" "$R/cpu" "$R/switches" "$R/prof" "$R/logs" "$R/pgstat"
 L=$R/logs
 BIN=$W/chatpipe
 LAT_SECS=${BENCH_LAT_SECS:-30}
@@ -71,7 +79,8 @@ ONE_RATE=${BENCH_ONE_RATE:-3000}
 ONE_SECS=${BENCH_ONE_SECS:-30}
 HOT_RATE=${BENCH_HOT_RATE:-3000}
 HOT_SECS=${BENCH_HOT_SECS:-15}
-PAUSE_SECS=${BENCH_PAUSE_SECS:-15}
+PAUSE_SECS=${BENCH_PAUSE_SECS:-30}
+IDLE_SECS=${BENCH_IDLE_SECS:-30}
 TAKEOVER_SECS=${BENCH_TAKEOVER_SECS:-20}
 PROF_SECS=${BENCH_PROF_SECS:-20}
 CEIL_SECS=${BENCH_CEIL_SECS:-20}
@@ -123,6 +132,8 @@ hot_rate $HOT_RATE
 hot_secs $HOT_SECS
 prof_secs $PROF_SECS
 ceil_secs $CEIL_SECS
+idle_secs $IDLE_SECS
+pause_secs $PAUSE_SECS
 EOF
 
 # Every process started here, in start order; stopped in reverse.
@@ -141,7 +152,9 @@ stop_all() {
   PIDS=()
 }
 # A Postgres left paused by an interrupted pgpause run is resumed first.
-trap '[ -n "${PM:-}" ] && kill -CONT "$PM" 2>/dev/null; stop_all' EXIT
+# (kill fails once Postgres is gone; under set -e that must not end the
+# trap, nor make the script's status 1)
+trap '{ [ -z "${PM:-}" ] || kill -CONT "$PM" 2>/dev/null || true; }; stop_all' EXIT
 trap 'exit 130' INT TERM
 
 # wait_for FILE PATTERN: the first match of PATTERN (sed -n regex with one
@@ -178,8 +191,8 @@ start_roles() {
   add_proc broker "$kpid" "$(wait_for "$L/kafka.log" 's/.*kafka admin listening.* admin=\([0-9.:]*\).*/\1/p')"
 
   log "dev (etcd, Postgres; no gateway traffic, workers, persist or projection in it)"
-  echo "$BIN dev --data-dir $d/dev --kafka $KAFKA --workers 0 --persist=false --projection=false" >> "$R/commands.txt"
-  "$BIN" dev --data-dir "$d/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false --projection=false \
+  echo "$BIN dev --data-dir $d/dev --kafka $KAFKA --workers 0 --persist=false --projection=false --postgres-stats" >> "$R/commands.txt"
+  "$BIN" dev --data-dir "$d/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false --projection=false --postgres-stats \
     --log-level warn > "$L/dev.out" 2> "$L/dev.log" &
   PIDS+=($!)
   local dpid=$!
@@ -272,6 +285,21 @@ metrics() {
 }
 phase_of() { cat "$R/runs/$1/phase" 2>/dev/null || true; }
 
+# pgstat FILE: each database's transactions (pg_stat_database: "xact
+# DB COMMITS ROLLBACKS") and every statement's calls and total execution
+# ms (pg_stat_statements: "stmt DB QUERYID CALLS MS TEXT", the text on one
+# line; DB "dropped" for a database dropped since, as the ceiling's
+# scratch database is), leaving out these reads themselves. Nothing when Postgres does
+# not answer in 10 s.
+pgstat() {
+  [ -n "${PG:-}" ] || return 0
+  PGCONNECT_TIMEOUT=10 timeout 15 psql -X -q -At -F ' ' "$PG" -c "
+    SELECT 'xact', datname, xact_commit, xact_rollback FROM pg_stat_database WHERE datname IS NOT NULL;
+    SELECT 'stmt', coalesce(d.datname, 'dropped'), s.queryid, s.calls, round(s.total_exec_time::numeric, 3), regexp_replace(s.query, '\s+', ' ', 'g')
+      FROM pg_stat_statements s LEFT JOIN pg_database d ON d.oid = s.dbid
+      WHERE s.query NOT LIKE '%pg_stat_%'" > "$1" 2>/dev/null || true
+}
+
 # profile RUN: a CPU profile of every chatpipe role, PROF_SECS long, in the
 # background; its top 15 is written by profile_tops.
 PROF_PIDS=()
@@ -313,11 +341,11 @@ measured() {
   while kill -0 "$lg" 2>/dev/null; do
     ph=$(phase_of "$name")
     if [ "$sent" = 0 ] && [ "$ph" = send ]; then
-      snap "$R/cpu/$name.send" "$lg"; metrics send "$name"; sent=1
+      snap "$R/cpu/$name.send" "$lg"; metrics send "$name"; pgstat "$R/pgstat/$name.send"; sent=1
       if [ "$prof" = 1 ]; then profile "$name"; fi
     fi
     if [ "$sent" = 1 ] && [ "$ended" = 0 ] && { [ "$ph" = converge ] || [ "$ph" = report ]; }; then
-      snap "$R/cpu/$name.end" "$lg"; metrics end "$name"; ended=1
+      snap "$R/cpu/$name.end" "$lg"; metrics end "$name"; pgstat "$R/pgstat/$name.end"; ended=1
     fi
     sleep 0.05
   done
@@ -334,6 +362,11 @@ measured() {
 
 log "results in $W"
 start_roles
+log "idle: nothing sent for ${IDLE_SECS}s, after 10 s to settle"
+sleep 10
+snap "$R/cpu/idle.send"; metrics send idle; pgstat "$R/pgstat/idle.send"
+sleep "$IDLE_SECS"
+snap "$R/cpu/idle.end"; metrics end idle; pgstat "$R/pgstat/idle.end"
 log "lat1000: peak mix at 1,000 msg/s for ${LAT_SECS}s"
 measured lat1000 --rate 1000 --duration "${LAT_SECS}s"
 log "r3000: peak mix at $MID_RATE msg/s for ${MID_SECS}s, profiling every role for ${PROF_SECS}s"
@@ -372,11 +405,11 @@ sleep "$TAKEOVER_SECS"
 kill "$w3"; wait "$w3" 2>/dev/null || true
 
 log "ceiling: bare pipeline, $CEIL_PRODUCERS producers × $CEIL_BATCH records per transaction → read_committed consumer → Postgres, ${CEIL_SECS}s"
-snap "$R/cpu/ceiling.send"
+snap "$R/cpu/ceiling.send"; pgstat "$R/pgstat/ceiling.send"
 echo "$W/ceiling -kafka $KAFKA -pg $PG -producers $CEIL_PRODUCERS -batch $CEIL_BATCH -duration ${CEIL_SECS}s" >> "$R/commands.txt"
 "$W/ceiling" -kafka "$KAFKA" -pg "$PG" -producers "$CEIL_PRODUCERS" -batch "$CEIL_BATCH" -duration "${CEIL_SECS}s" \
   > "$R/ceiling.txt" 2> "$L/ceiling.log" || log "ceiling failed (see $L/ceiling.log)"
-snap "$R/cpu/ceiling.end"
+snap "$R/cpu/ceiling.end"; pgstat "$R/pgstat/ceiling.end"
 
 if [ "$GOBENCH" = 1 ]; then
   log "go test -bench: produce and Postgres-write ceilings on the same broker and Postgres"
@@ -396,6 +429,10 @@ for b in 1 "$FLOOR_BATCH"; do
   "$W/floor" -conns "$FLOOR_CONNS" -rate "$FLOOR_RATE" -batch "$b" -duration "${FLOOR_SECS}s" \
     > "$R/floor-$b.txt" 2> "$L/floor-$b.log" || log "floor failed (see $L/floor-$b.log)"
 done
+log "floor: a bare websocket server, one message per frame to $FLOOR_CONNS connections, $FLOOR_RATE frames/s, ${FLOOR_SECS}s"
+echo "$W/floor -ws -conns $FLOOR_CONNS -rate $FLOOR_RATE -duration ${FLOOR_SECS}s" >> "$R/commands.txt"
+"$W/floor" -ws -conns "$FLOOR_CONNS" -rate "$FLOOR_RATE" -duration "${FLOOR_SECS}s" \
+  > "$R/floor-ws.txt" 2> "$L/floor-ws.log" || log "websocket floor failed (see $L/floor-ws.log)"
 
 if [ "$SWEEP" = 1 ]; then
   # Each row a fresh all-in-one stack (`chatpipe dev` with its roles in it):

@@ -21,11 +21,15 @@ type floor struct {
 	conns     float64
 	bytes     float64
 	secs      float64
+	ws        float64 // the bare websocket server's µs per frame (floor -ws)
+	wsSink    float64 // its reader's µs per frame
 }
 
 // readFloor reads results/floor-1.txt and the other floor-N.txt.
 func readFloor(dir string) floor {
 	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN()}
+	ws := keyValues(filepath.Join(dir, "floor-ws.txt"))
+	f.ws, f.wsSink = orNaN(ws, "floor_writer_us_per_frame"), orNaN(ws, "floor_sink_us_per_frame")
 	one := keyValues(filepath.Join(dir, "floor-1.txt"))
 	f.one, f.sinkOne = orNaN(one, "floor_writer_us_per_write"), orNaN(one, "floor_sink_us_per_frame")
 	f.rate, f.conns, f.bytes, f.secs = orNaN(one, "floor_writes_per_sec"), orNaN(one, "conns"), orNaN(one, "frame_bytes"), orNaN(one, "window_secs")
@@ -81,14 +85,8 @@ func (f floor) batchedPerFrame() float64 {
 	return f.batchW / float64(f.batch)
 }
 
-func (f floor) beside() string {
-	if !f.ok() {
-		return ""
-	}
-	return fmt.Sprintf("write floor, same machine and run: a bare loopback write of one frame costs its writer %s µs (%s µs per frame at %d frames per write)", num(f.one), num(f.batchedPerFrame()), f.batch)
-}
-
-// gatewayWhy says what the floor leaves of the gateway's goal in run r.
+// gatewayWhy says what a bare write costs beside the gateway in run r,
+// and what joining frames into one write would cost its devices in delay.
 func (f floor) gatewayWhy(r runFig) string {
 	if !f.ok() || f.batch < 2 || !r.ok || r.win.secs <= 0 || r.rep.Users*r.rep.Devices <= 0 {
 		return ""
@@ -98,19 +96,8 @@ func (f floor) gatewayWhy(r runFig) string {
 	if k := r.framesPerWrite(); !math.IsNaN(k) {
 		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(k))
 	}
-	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (tools/bench/floor, below), against the goal's 2 µs for everything the gateway does per event; a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms%s",
+	return fmt.Sprintf("; a bare write alone costs %s µs per frame at one frame per write and %s at %d frames per write (tools/bench/floor, below); a device received %s event frames a second in this run, so joining %d of them into one write would hold each device's frames about %s ms%s",
 		num(f.one), num(f.batchedPerFrame()), f.batch, num(perDevice), f.batch, num(1000*float64(f.batch-1)/perDevice), shared)
-}
-
-// loadgenWhy says what the floor's reading side costs loadgen per message:
-// its devices read what the gateway wrote.
-func (f floor) loadgenWhy(r runFig) string {
-	reads := f.readsUS(r)
-	if math.IsNaN(reads) {
-		return ""
-	}
-	return fmt.Sprintf("; loadgen read %s frames per message (its events, read markers and the answer) in %s websocket messages, and the floor's bare reader spent %s µs per frame at one frame per read, %s at %d: priced by their %s frames per websocket message as the gateway's writes are, %s µs per message before any decoding",
-		num(r.framesPerMsg()), num(r.writesPerMsg()), num(f.sinkOne), num(f.sinkBatch), f.batch, num(r.framesPerWrite()), num(reads))
 }
 
 // writeFloor writes the floor's section, and what the gateway wrote in
@@ -128,7 +115,13 @@ func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 	if f.batch > 1 {
 		fmt.Fprintf(b, "| %d | %s | %s | %s |\n", f.batch, num(f.batchW), num(f.batchedPerFrame()), num(f.sinkBatch))
 	}
+	if !math.IsNaN(f.ws) {
+		fmt.Fprintf(b, "| 1, a bare websocket server (`floor -ws`) | %s | %s | %s |\n", num(f.ws), num(f.ws), num(f.wsSink))
+	}
 	b.WriteString("\n")
+	if !math.IsNaN(f.ws) {
+		b.WriteString("The websocket row is a bare server on the gateway's websocket library (github.com/coder/websocket): one goroutine per connection, fed by a channel, and one websocket message per frame, no protocol; its reader is the library's client, one goroutine per connection. It is the anchor of goal 7.\n\n")
+	}
 	var rows []string
 	for _, r := range runs {
 		least, priced := f.writesUS(r)

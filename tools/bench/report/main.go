@@ -190,8 +190,10 @@ func num(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:
 		return fmt.Sprintf("%.1f", v)
-	default:
+	case v >= 0.1 || v == 0:
 		return fmt.Sprintf("%.2f", v)
+	default: // (three significant digits: a small count per message)
+		return strconv.FormatFloat(v, 'g', 3, 64)
 	}
 }
 

@@ -5,8 +5,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -20,6 +18,8 @@ func render(dir string) (string, error) {
 	writeGoal(&b, res)
 	writeCPU(&b, res)
 	writeRuns(&b, res)
+	writePostgres(&b, res)
+	writeIdle(&b, res)
 	writeFloor(&b, res.floor, res.runs()...)
 	writeCeiling(&b, res)
 	writeProfiles(&b, res)
@@ -90,45 +90,6 @@ func writeIntro(b *strings.Builder, res results) {
 	fmt.Fprintf(b, "## Machine\n\n```\n%s```\n\n", res.machine)
 }
 
-// cpuWhy says where r's chatpipe CPU per message goes: each role's share,
-// largest first, and what the gateway's websocket writes alone cost at
-// the write floor fl.
-func cpuWhy(r runFig, fl floor) string {
-	if !r.ok {
-		return "no CPU window"
-	}
-	type part struct {
-		n string
-		v float64
-	}
-	var ps []part
-	for _, n := range chatpipeRoles {
-		ps = append(ps, part{n, r.roleUS(n)})
-	}
-	sort.Slice(ps, func(i, j int) bool { return ps[i].v > ps[j].v })
-	var s []string
-	for _, p := range ps {
-		s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
-	}
-	w := "µs per message by role: " + strings.Join(s, ", ") + "; see the profile tops"
-	if least, priced := fl.writesUS(r); !math.IsNaN(least) {
-		w += fmt.Sprintf("; per message the gateway wrote %s frames to devices (its events, read markers and the answer) in %s websocket messages: at the same-run write floor those writes alone cost at least %s µs, about %s µs priced by their %s frames per write (\"Write floor\")",
-			num(r.framesPerMsg()), num(r.writesPerMsg()), num(least), num(priced), num(r.framesPerWrite()))
-	}
-	return w
-}
-
-// machineCores is the "cores: N" line of machine.txt (0 without one).
-func machineCores(machine []byte) float64 {
-	nproc := 0.0
-	for _, line := range strings.Split(string(machine), "\n") {
-		if v, ok := strings.CutPrefix(line, "cores: "); ok {
-			nproc, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return nproc
-}
-
 // goalRow is one figure of the goal table, measured against its target.
 type goalRow struct {
 	figure   string
@@ -136,12 +97,13 @@ type goalRow struct {
 	unit     string
 	target   float64
 	atMost   bool   // the target is a ceiling (≤), else a floor (≥)
+	zeroOK   bool   // a measured 0 is a figure, not a missing one
 	beside   string // the same-run comparison, if any
 	why      string // where it falls short
 }
 
 func (g goalRow) met() (bool, bool) {
-	if math.IsNaN(g.measured) || g.measured <= 0 {
+	if math.IsNaN(g.measured) || g.measured < 0 || (g.measured == 0 && !g.zeroOK) {
 		return false, false
 	}
 	if g.atMost {
@@ -150,36 +112,11 @@ func (g goalRow) met() (bool, bool) {
 	return g.measured >= g.target, true
 }
 
-// goalRows are the figures the goal sets, each measured in its run.
-func goalRows(res results) []goalRow {
-	lat, mid, sat, one, fl := res.lat, res.mid, res.sat, res.one, res.floor
-	nproc, ceilRate := machineCores(res.machine), res.ceilRate
-	satAll := sat.cores()
-	need := sat.chatpipeUS() * 25000 / 1e6
-	return []goalRow{
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at %.0f msg/s (run r3000, profiled)", mid.rep.Rate), measured: mid.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(mid, fl)},
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, peak mix at saturation (offered %.0f msg/s)", sat.rep.Rate), measured: sat.chatpipeUS(), unit: "µs", target: 40, atMost: true, why: cpuWhy(sat, fl)},
-		{figure: "chatpipe CPU per accepted message, peak mix at 1,000 msg/s", measured: lat.chatpipeUS(), unit: "µs", target: 80, atMost: true, why: cpuWhy(lat, fl)},
-		{figure: fmt.Sprintf("chatpipe CPU per accepted message, 1:1 conversations, one device (`--devices 1 --groups 0`, %.0f msg/s offered)", one.rep.Rate), measured: one.chatpipeUS(), unit: "µs", target: 20, atMost: true, why: cpuWhy(one, fl)},
-		{figure: fmt.Sprintf("gateway CPU per delivered event, peak mix at %.0f msg/s (%d events)", mid.rep.Rate, mid.delivered), measured: mid.gatewayPerDelivery(), unit: "µs", target: 2, atMost: true,
-			beside: fl.beside(), why: fmt.Sprintf("the gateway's whole CPU, accepting included, is %s µs per accepted message; see its profile top", num(mid.roleUS("gateway"))) + fl.gatewayWhy(mid)},
-		{figure: fmt.Sprintf("loadgen CPU per message, peak mix at %.0f msg/s", mid.rep.Rate), measured: mid.roleUS("loadgen"), unit: "µs", target: 15, atMost: true,
-			why: fmt.Sprintf("at saturation %s µs, at 1,000 msg/s %s µs; see its profile top", num(sat.roleUS("loadgen")), num(lat.roleUS("loadgen"))) + fl.loadgenWhy(mid)},
-		{figure: fmt.Sprintf("end-to-end `accepted`/s at saturation, peak mix, everything sharing the %.0f cores", nproc), measured: sat.rep.AcceptedPerSec, unit: "msg/s", target: 25000,
-			beside: fmt.Sprintf("bare-pipeline ceiling, same run: %s msg/s (÷ ceiling %s)", num(ceilRate), ratio(sat.rep.AcceptedPerSec, ceilRate)),
-			why:    fmt.Sprintf("every process of the stack together kept %s of %.0f cores busy (the rest went to other work on the machine, or to waiting); at %s µs of chatpipe CPU per message, 25,000 msg/s needs %s cores for chatpipe alone", num(satAll), nproc, num(sat.chatpipeUS()), num(need))},
-		{figure: "`accepted` latency p99 at 1,000 msg/s", measured: lat.rep.AcceptedLat.P99MS, unit: "ms", target: 10, atMost: true,
-			why: fmt.Sprintf("p50 %.1f ms; every process together kept %s of %.0f cores busy, chatpipe %s", lat.rep.AcceptedLat.P50MS, num(lat.cores()), nproc, num(lat.cores(chatpipeRoles...)))},
-		{figure: "delivery latency p99 at 1,000 msg/s (send due → `event` at a member's device)", measured: lat.rep.DeliveryLat.P99MS, unit: "ms", target: 50, atMost: true,
-			why: fmt.Sprintf("p50 %.1f ms; see the gateway's and projection's profile tops", lat.rep.DeliveryLat.P50MS)},
-	}
-}
-
 // writeGoal writes the goal table: each figure beside its target, whether
 // it is met and, for those that are not, where they fall short.
 func writeGoal(b *strings.Builder, res results) {
 	rows := goalRows(res)
-	b.WriteString("## Goals: CPU per message, throughput and latency\n\n| figure | measured | target | measured ÷ target | met? | same run, beside |\n|---|---|---|---|---|---|\n")
+	b.WriteString("## Goals: the pipeline behind the gateway at the price of the bare parts\n\nEach goal is a ratio to an anchor measured in this run (the bare pipeline's ceiling, the write floor), except the real-time server's figures, which are constants of an earlier measurement on this kind of machine.\n\n| figure | measured | target | measured ÷ target | met? | beside |\n|---|---|---|---|---|---|\n")
 	var unmet []goalRow
 	for _, g := range rows {
 		op := "≥"
@@ -199,7 +136,7 @@ func writeGoal(b *strings.Builder, res results) {
 		if beside == "" {
 			beside = "—"
 		}
-		fmt.Fprintf(b, "| %s | %s %s | %s %g %s | %s | %s | %s |\n", g.figure, num(g.measured), g.unit, op, g.target, g.unit, ratio(g.measured, g.target), verdict, beside)
+		fmt.Fprintf(b, "| %s | %s %s | %s %s %s | %s | %s | %s |\n", g.figure, num(g.measured), g.unit, op, num(g.target), g.unit, ratio(g.measured, g.target), verdict, beside)
 	}
 	if len(unmet) > 0 {
 		b.WriteString("\nWhere a goal is not met:\n\n")
@@ -395,21 +332,18 @@ func writeSweep(b *strings.Builder, dir string) {
 }
 
 // writePause writes what the workers committed a second while the
-// pgpause run had Postgres paused (run.sh's pgpause-secs and the
-// pause/resume snapshots), if it ran.
+// pgpause run had Postgres paused, if it ran.
 func writePause(b *strings.Builder, dir string) {
-	raw, err := os.ReadFile(filepath.Join(dir, "pgpause-secs"))
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "pgpause-secs")); err != nil {
 		return
 	}
-	secs, err := strconv.ParseFloat(strings.TrimSpace(string(raw)), 64)
-	d, derr := workerDelta(filepath.Join(dir, "metrics", "pgpause"), "pause", "resume")
-	if err != nil || derr != nil || secs <= 0 {
+	perSec, secs, ok := readPause(dir)
+	if !ok {
 		b.WriteString("- Postgres paused: not measured (no pause window in the snapshots).\n")
 		return
 	}
-	fmt.Fprintf(b, "- Postgres paused (SIGSTOP) for %.0f s, 1,000 msg/s offered: %s events committed a second while it did not answer (a send to a conversation its writer has cached needs no Postgres).\n",
-		secs, num(d.events/secs))
+	fmt.Fprintf(b, "- Postgres paused (SIGSTOP) for %.0f s, %.0f msg/s offered: %s events committed a second while it did not answer (a send to a conversation its writer has cached needs no Postgres).\n",
+		secs, pauseOffered, num(perSec))
 }
 
 // writeChecks writes the result of `chatpipe check` of every run, with
