@@ -264,7 +264,10 @@ const (
 	// was written; and the projection applies a batch only once persist
 	// stored it. The batch's own changes then apply over it (they are
 	// idempotent), and the older partition's tail, applied later, changes
-	// nothing.
+	// nothing. The periods it writes are readmodel.LogPeriods's, the one
+	// definition of the rule, done here in SQL so that the fill stays in
+	// the batch's one round trip; TestGapFillMatchesLogPeriods holds the
+	// two together.
 	gapSQL = `WITH b AS (
 		  SELECT * FROM unnest($1::text[], $2::bigint[]) AS b(c, s)
 		), per AS (
