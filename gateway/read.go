@@ -18,6 +18,9 @@ var _ delivery.Sink = (*Gateway)(nil)
 // Local reports whether user has a device connected to this gateway.
 func (g *Gateway) Local(user string) bool { return g.users.local(user) }
 
+// Any reports whether any device is connected here (delivery.Sink).
+func (g *Gateway) Any() bool { return g.users.any() }
+
 // Deliver queues pushes to every device of user on this gateway without
 // blocking. A device whose send buffer is full takes the rest later from
 // the read model (backlog.go). A batching device gets up to batchFrames

@@ -15,8 +15,9 @@ type users struct {
 	burst   int
 	maxConn int
 
-	mu sync.Mutex
-	m  map[string]*userState
+	mu       sync.Mutex
+	m        map[string]*userState
+	attached int // devices attached, over every user
 }
 
 type userState struct {
@@ -70,13 +71,26 @@ func (u *users) attach(st *userState, s *session) {
 	if st.devices == nil {
 		st.devices = map[*session]struct{}{}
 	}
+	if _, ok := st.devices[s]; !ok {
+		u.attached++
+	}
 	st.devices[s] = struct{}{}
 }
 
 func (u *users) detach(st *userState, s *session) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	delete(st.devices, s)
+	if _, ok := st.devices[s]; ok {
+		u.attached--
+		delete(st.devices, s)
+	}
+}
+
+// any reports whether any device is attached.
+func (u *users) any() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.attached > 0
 }
 
 // local reports whether user has a device connected here.

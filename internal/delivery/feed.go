@@ -20,6 +20,10 @@ import (
 type Sink interface {
 	// Local reports whether the user has a device connected here.
 	Local(user string) bool
+	// Any reports whether any device is connected here. While none is,
+	// the feed follows the outbox without reading memberships or events:
+	// no user of a row it reads is Local.
+	Any() bool
 	// Deliver queues pushes (frames already encoded, in seq order per
 	// conversation) to every connected device of the user, without
 	// blocking. One call carries all of a batch's pushes for the user, so
@@ -284,6 +288,9 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	}
 	if len(ranges) == 0 {
 		return nil // read markers only
+	}
+	if !f.Sink.Any() {
+		return nil // nobody here to deliver to (as if no user were Local)
 	}
 	// Periods overlapping those ranges, kept only for users connected here.
 	c, fr, to := rangeArgs(ranges)

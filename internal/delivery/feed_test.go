@@ -12,7 +12,15 @@ type sink struct {
 }
 
 func (s *sink) Local(user string) bool { return s.devices[user] > 0 }
-func (s *sink) Lost(string)            {}
+func (s *sink) Any() bool {
+	for _, n := range s.devices {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+func (s *sink) Lost(string) {}
 func (s *sink) Deliver(user string, pushes []Push) int {
 	s.got[user] = append(s.got[user], pushes...)
 	return s.devices[user]
@@ -44,5 +52,23 @@ func TestFeedCountsFramesPerDevice(t *testing.T) {
 		if !p.Read || len(p.Frame) == 0 {
 			t.Errorf("u1 got %+v, want a read marker frame", p)
 		}
+	}
+}
+
+// A gateway with no device connected follows the outbox without asking
+// Postgres for the memberships or events of its rows: nobody here could
+// be delivered them. (The feed has no database here: a read would fail.)
+func TestFeedWithNoDevicesReadsNoEvents(t *testing.T) {
+	s := &sink{devices: map[string]int{}, got: map[string][]Push{}}
+	f := NewFeed(nil, s, nil)
+	batch := []outboxRow{
+		{id: 1, convs: []string{"c1", "c2"}, from: []int64{1, 4}, to: []int64{3, 4}},
+		{id: 2, convs: []string{"c1"}, from: []int64{4}, to: []int64{4}, readUsers: []string{"u1"}, readConvs: []string{"c1"}, readSeqs: []int64{4}},
+	}
+	if err := f.deliver(context.Background(), batch); err != nil {
+		t.Fatal(err)
+	}
+	if f.delivered.Load() != 0 || f.markers.Load() != 0 || len(s.got) != 0 {
+		t.Errorf("delivered %d events and %d markers (%v) with no device here", f.delivered.Load(), f.markers.Load(), s.got)
 	}
 }
