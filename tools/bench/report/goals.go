@@ -96,7 +96,7 @@ func goalRows(res results) []goalRow {
 			figure:   fmt.Sprintf("1. behind the gateway (w1 + w2 + persist + projection + broker + Postgres), CPU per accepted message, %s", rateName(r)),
 			measured: r.sumUS(behindRoles...), unit: "µs", target: 2 * bp.all, atMost: true,
 			beside: "2 × " + bp.String(),
-			why:    behindWhy(r)})
+			why:    behindWhy(res.dir, r)})
 	}
 	// 2. Postgres ≤ 2× the ceiling's Postgres; nothing while idle.
 	for _, r := range []runFig{lat, mid, sat} {
@@ -205,13 +205,22 @@ func share(r runFig, names ...string) string {
 	return strings.Join(s, ", ")
 }
 
-func behindWhy(r runFig) string {
+func behindWhy(dir string, r runFig) string {
 	if !r.ok {
 		return "no CPU window"
 	}
-	return fmt.Sprintf("µs per message: %s; context switches per message behind the gateway %s; see the profile tops and the Postgres section",
-		share(r, behindRoles...), num(r.switchesPer(behindRoles...)))
+	w := fmt.Sprintf("µs per message: %s; context switches per message behind the gateway %s", share(r, behindRoles...), num(r.switchesPer(behindRoles...)))
+	if d, err := workerDelta(filepath.Join(dir, "metrics", r.name), "send", "end"); err == nil && d.commits > 0 {
+		// Each Kafka transaction is at least three requests to the broker
+		// (add the partition, produce, end the transaction), whatever it
+		// carries; the bare parts carry 50 records in one.
+		w += fmt.Sprintf("; %s events per Kafka transaction (the ceiling: %.0f records)", num(d.eventsPerTxn()), orNaN(ceilKV(dir), "batch"))
+	}
+	return w + "; see the profile tops and the Postgres section"
 }
+
+// ceilKV is the ceiling's key values.
+func ceilKV(dir string) map[string]float64 { return keyValues(filepath.Join(dir, "ceiling.txt")) }
 
 func pgWhy(res results, r runFig) string {
 	trips := roleTrips(res.dir, r.name)
