@@ -27,8 +27,16 @@ type CoordinatorConfig struct {
 	// its first plan (default 1 s), so a cold start does not pile every
 	// shard on the first worker only to move half of them again.
 	Settle time.Duration
-	// Interval bounds the time between two plans (default 1 s).
+	// Interval bounds the time between two plans while something is left
+	// to retry: a move or hand-off that failed, or hand-off requests that
+	// could not be read (default 1 s).
 	Interval time.Duration
+	// IdleInterval bounds it otherwise (default 30 s). Every change of
+	// the view (a worker registering or leaving, an owner row, a hand-off
+	// request) wakes the coordinator at once, and a hand-off's pin is
+	// planned again when it expires, so this is only a safety net: an
+	// idle deployment's coordinator asks etcd nothing in between.
+	IdleInterval time.Duration
 	// TTL is the seconds the leader's etcd session lives without renewal
 	// (default DefaultTTL): how long a dead leader blocks a new one.
 	TTL int64
@@ -48,6 +56,9 @@ func RunCoordinator(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg C
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Second
+	}
+	if cfg.IdleInterval == 0 {
+		cfg.IdleInterval = 30 * time.Second
 	}
 	for ctx.Err() == nil {
 		err := lead(ctx, cli, w, cfg)
@@ -93,7 +104,7 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 	pins := map[int]time.Time{}
 	for {
 		changed := w.Changed()
-		handoffs(ctx, cli, w, cfg, pins)
+		retry := handoffs(ctx, cli, w, cfg, pins)
 		view := w.Snapshot()
 		view.Pinned = map[int]bool{}
 		for v, until := range pins {
@@ -103,7 +114,9 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 				delete(pins, v)
 			}
 		}
-		if rev := applyAll(ctx, cli, cfg.Prefix, ownership.Plan(view, cfg.VShards), cfg.Log); rev > 0 {
+		rev, failed := applyAll(ctx, cli, cfg.Prefix, ownership.Plan(view, cfg.VShards), cfg.Log)
+		retry = retry || failed
+		if rev > 0 {
 			// Plan again only on a view that has the rows just
 			// written: planned on one that lags, the moves already
 			// made would be tried again and fail their compare.
@@ -124,9 +137,24 @@ func lead(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordinator
 			case <-ctx.Done():
 			case <-time.After(100 * time.Millisecond):
 			}
-		case <-time.After(cfg.Interval):
+		case <-time.After(planWait(retry, pins, time.Now(), cfg.Interval, cfg.IdleInterval)):
 		}
 	}
+}
+
+// planWait is how long the coordinator waits for a change before it plans
+// again: interval while something is left to retry, else idle, or less if
+// a hand-off's pin expires sooner (then a little after it does, so the
+// plan sees it expired).
+func planWait(retry bool, pins map[int]time.Time, now time.Time, interval, idle time.Duration) time.Duration {
+	if retry {
+		return interval
+	}
+	wait := idle
+	for _, until := range pins {
+		wait = min(wait, max(until.Sub(now)+10*time.Millisecond, 10*time.Millisecond))
+	}
+	return wait
 }
 
 // HandoffPin is how long a vshard handed off by an operator is kept where
@@ -144,10 +172,14 @@ func RequestHandoff(ctx context.Context, cli *clientv3.Client, prefix string, v 
 }
 
 // handoffs carries out operators' hand-off requests (<prefix>handoff/<n>).
-func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig, pins map[int]time.Time) {
+// It reports whether one is left to retry (or they could not be read).
+func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg CoordinatorConfig, pins map[int]time.Time) (retry bool) {
 	resp, err := cli.Get(ctx, cfg.Prefix+"handoff/", clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) == 0 {
-		return
+	if err != nil {
+		return true
+	}
+	if len(resp.Kvs) == 0 {
+		return false
 	}
 	view := w.Snapshot()
 	for _, kv := range resp.Kvs {
@@ -170,6 +202,7 @@ func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordin
 			m := Move{VShard: n, From: row.Worker, To: req.To, Gen: to.Gen, Epoch: row.Epoch + 1, ModRevision: row.ModRevision}
 			if _, err := apply(ctx, cli, cfg.Prefix, m); err != nil {
 				cfg.Log.Warn("hand-off failed; retrying", "vshard", n, "to", req.To, "err", err)
+				retry = true
 				continue
 			}
 			cfg.Log.Info("handed off by request", "vshard", n, "from", m.From, "to", m.To, "epoch", m.Epoch)
@@ -177,6 +210,7 @@ func handoffs(ctx context.Context, cli *clientv3.Client, w *Watcher, cfg Coordin
 		}
 		_, _ = cli.Delete(ctx, string(kv.Key))
 	}
+	return retry
 }
 
 // ApplyParallel is how many of a plan's moves the coordinator writes at
@@ -190,17 +224,21 @@ const ApplyParallel = 64
 // took minutes before the last one had an owner. Concurrent writes share
 // etcd's raft entries and syncs. A move that fails is left to the next
 // plan, which sees the rows as they are then. It returns the highest etcd
-// revision written (0: none).
-func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []Move, log *slog.Logger) int64 {
+// revision written (0: none) and whether a move failed.
+func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []Move, log *slog.Logger) (int64, bool) {
 	var g errgroup.Group
 	g.SetLimit(ApplyParallel)
 	var mu sync.Mutex
 	var high int64
+	var failed bool
 	for _, m := range moves {
 		g.Go(func() error {
 			rev, err := apply(ctx, cli, prefix, m)
 			if err != nil {
 				log.Warn("shard move failed", "vshard", m.VShard, "to", m.To, "err", err)
+				mu.Lock()
+				failed = true
+				mu.Unlock()
 				return nil
 			}
 			log.Info("shard moved", "vshard", m.VShard, "from", m.From, "to", m.To, "epoch", m.Epoch)
@@ -211,7 +249,7 @@ func applyAll(ctx context.Context, cli *clientv3.Client, prefix string, moves []
 		})
 	}
 	_ = g.Wait() // every move logs its own error
-	return high
+	return high, failed
 }
 
 // apply writes one move if the row is still at the revision the plan saw,

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -127,4 +129,95 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// etcdRanges is how many ranges the test's embedded etcd has served
+// (etcd_mvcc_range_total, in the default registry).
+func etcdRanges(t *testing.T) float64 {
+	t.Helper()
+	fams, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "etcd_mvcc_range_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("etcd_mvcc_range_total not found")
+	return 0
+}
+
+// TestIdleCoordinatorAsksNothing: once every vshard has its owner, the
+// coordinator reads nothing from etcd while nothing changes (it read the
+// hand-off requests every Interval before), and a hand-off request still
+// wakes it at once: the watch of the view sees the request.
+func TestIdleCoordinatorAsksNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts etcd")
+	}
+	const vshards = 16
+	quiet := slog.New(slog.DiscardHandler)
+	_, cli := testEtcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, id := range []string{"wa", "wb"} {
+		reg, err := lease.Register(ctx, cli, lease.DefaultPrefix, id, lease.WorkerInfo{}, 10, nil, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close(context.Background())
+	}
+	w, err := lease.Watch(ctx, cli, lease.DefaultPrefix, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = lease.RunCoordinator(ctx, cli, w, lease.CoordinatorConfig{
+			Prefix: lease.DefaultPrefix, VShards: vshards, Candidate: "c", Settle: 10 * time.Millisecond,
+			Interval: 50 * time.Millisecond, Log: quiet})
+	}()
+	defer func() { cancel(); <-done }()
+
+	owned := func() map[int]string {
+		v := w.Snapshot()
+		out := map[int]string{}
+		for s := 0; s < vshards; s++ {
+			if row, _, ok := v.Live(s); ok {
+				out[s] = row.Worker
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(owned()) < vshards {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s %d of %d vshards have an owner", len(owned()), vshards)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // (the last plan's reads)
+	before := etcdRanges(t)
+	time.Sleep(2 * time.Second)
+	if n := etcdRanges(t) - before; n > 0 {
+		t.Errorf("the idle coordinator read etcd %v times in 2 s, want 0", n)
+	}
+
+	to := "wa"
+	if owned()[3] == "wa" {
+		to = "wb"
+	}
+	asked := time.Now()
+	if err := lease.RequestHandoff(ctx, cli, lease.DefaultPrefix, 3, to); err != nil {
+		t.Fatal(err)
+	}
+	for owned()[3] != to {
+		if time.Since(asked) > 5*time.Second {
+			t.Fatalf("vshard 3 not handed off to %s within 5 s of the request", to)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("handed off %v after the request", time.Since(asked).Round(time.Millisecond))
 }
