@@ -48,7 +48,7 @@
 # Usage: tools/bench/run.sh [OUT.md]   (BENCH_DIR keeps the raw results)
 # Knobs (environment), with defaults:
 #   BENCH_LAT_SECS=30 BENCH_MID_RATE=3000 BENCH_MID_SECS=30
-#   BENCH_SAT_RATE=9000 BENCH_SAT_SECS=20 BENCH_ONE_RATE=3000 BENCH_ONE_SECS=30
+#   BENCH_SAT_RATE=10000 BENCH_SAT_SECS=20 BENCH_ONE_RATE=3000 BENCH_ONE_SECS=30
 #   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_PAUSE_SECS=30 BENCH_TAKEOVER_SECS=20
 #   BENCH_IDLE_SECS=30
 #   BENCH_PROF_SECS=20 (profile length, inside r3000's send phase)
@@ -73,7 +73,7 @@ MID_SECS=${BENCH_MID_SECS:-30}
 # Offered above capacity, so accepted/s is the capacity; short enough that
 # the backlog stays under loadgen's 10 s re-send timeout (the report says
 # whether the run saturated).
-SAT_RATE=${BENCH_SAT_RATE:-9000}
+SAT_RATE=${BENCH_SAT_RATE:-10000}
 SAT_SECS=${BENCH_SAT_SECS:-20}
 ONE_RATE=${BENCH_ONE_RATE:-3000}
 ONE_SECS=${BENCH_ONE_SECS:-30}
