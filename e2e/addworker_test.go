@@ -3,6 +3,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // TestAddWorkerUnderLoad adds a third worker while clients send: shards move
@@ -14,17 +16,17 @@ func TestAddWorkerUnderLoad(t *testing.T) {
 	twoWorkers(t, dev)
 	var wc *proc
 	underLoad(t, dev, func() {
-		wc = dev.startWorker(t, "wc")
-		waitFor(t, 120*time.Second, "wc to get a third", func() bool {
-			return ownedBy(etcdView(t, dev.ep), dev.ep.all(), "wc") >= dev.ep.all()/3
+		wc = dev.StartWorker(t, "wc")
+		stacktest.WaitFor(t, 120*time.Second, "wc to get a third", func() bool {
+			return stacktest.OwnedBy(stacktest.EtcdView(t, dev.EP), dev.EP.All(), "wc") >= dev.EP.All()/3
 		})
 	})
-	wc.stop()
-	if _, ok := etcdView(t, dev.ep).Workers["wc"]; ok {
+	wc.Stop()
+	if _, ok := stacktest.EtcdView(t, dev.EP).Workers["wc"]; ok {
 		t.Error("wc exited gracefully but its lease is still alive: it did not hand its shards off")
 	}
-	waitFor(t, 30*time.Second, "wc's vshards to move", func() bool {
-		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.all(), "wa")+ownedBy(v, dev.ep.all(), "wb") == dev.ep.all()
+	stacktest.WaitFor(t, 30*time.Second, "wc's vshards to move", func() bool {
+		v := stacktest.EtcdView(t, dev.EP)
+		return stacktest.OwnedBy(v, dev.EP.All(), "wa")+stacktest.OwnedBy(v, dev.EP.All(), "wb") == dev.EP.All()
 	})
 }

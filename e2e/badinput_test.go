@@ -25,9 +25,9 @@ func TestBadInput(t *testing.T) {
 
 	// 401 at the upgrade: no token, garbage, wrong secret, expired.
 	wrong, _ := auth.Mint([]byte("not-the-secret"), "eve", time.Hour, time.Now())
-	expired, _ := auth.Mint(dev.secret, "eve", time.Minute, time.Now().Add(-time.Hour))
+	expired, _ := auth.Mint(dev.Secret, "eve", time.Minute, time.Now().Add(-time.Hour))
 	for name, tok := range map[string]string{"none": "", "garbage": "x.y.z", "wrong secret": wrong, "expired": expired} {
-		_, resp, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+tok, nil)
+		_, resp, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+tok, nil)
 		if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 			code := 0
 			if resp != nil {
@@ -37,8 +37,8 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	// The header form works too.
-	h := http.Header{"Authorization": {"Bearer " + dev.token(t, "alice")}}
-	c, _, err := websocket.Dial(ctx, dev.ep.WebSocket, &websocket.DialOptions{HTTPHeader: h})
+	h := http.Header{"Authorization": {"Bearer " + dev.Token(t, "alice")}}
+	c, _, err := websocket.Dial(ctx, dev.EP.WebSocket, &websocket.DialOptions{HTTPHeader: h})
 	if err != nil {
 		t.Fatalf("bearer header: %v", err)
 	}
@@ -97,7 +97,7 @@ func TestBadInput(t *testing.T) {
 	if websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
 		t.Errorf("oversized frame: %v, want close 1009", err)
 	}
-	rows := readLog(t, dev.ep)
+	rows := readLog(t, dev.EP)
 	if len(rows) != 2 || rows[0].Sender != "alice" || rows[1].Sender != "alice" {
 		t.Errorf("log holds %+v, want alice's create and send only", rows)
 	}

@@ -19,12 +19,12 @@ import (
 // per message.
 func TestBatchSubprotocol(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "bt", "members": []string{"bob"}})
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "bt", "members": []string{"bob"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dial := func(sub []string) *websocket.Conn {
-		c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "bob"), &websocket.DialOptions{Subprotocols: sub})
+		c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "bob"), &websocket.DialOptions{Subprotocols: sub})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestBatchSubprotocol(t *testing.T) {
 	go read(batched, true, n, bc)
 	go read(plain, false, n, pc)
 	for i := 0; i < n; i++ {
-		if _, err := alice.do(map[string]any{"op": "send", "conversation_id": "bt", "client_message_id": fmt.Sprint("b", i), "body": "x"}); err != nil {
+		if _, err := alice.Do(map[string]any{"op": "send", "conversation_id": "bt", "client_message_id": fmt.Sprint("b", i), "body": "x"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -19,7 +19,7 @@ func TestBrowserChatAndOps(t *testing.T) {
 	shots := artifactsDir(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev)
-	base := dev.ep.HTTP
+	base := dev.EP.HTTP
 	b := startBrowser(t, exe, shots)
 
 	// Two users, each in a tab that mints a dev token and connects.
@@ -121,14 +121,14 @@ func TestBrowserChatAndOps(t *testing.T) {
 	// grid shows the hashed vshards; the dedicated ones, in their own
 	// table, are shared out with them).
 	ops := b.tab("ops", base+"/ops")
-	vs := dev.ep.VShards
+	vs := dev.EP.VShards
 	before := waitJS(ops, 30*time.Second, "the grid to show both workers", cellsJS,
 		func(c cells) bool {
-			return c.N == vs && c.Owner["wa"] >= vs/2-dev.ep.Dedicated && c.Owner["wb"] >= vs/2-dev.ep.Dedicated && c.Owner["wa"]+c.Owner["wb"] == vs && c.Live == vs
+			return c.N == vs && c.Owner["wa"] >= vs/2-dev.EP.Dedicated && c.Owner["wb"] >= vs/2-dev.EP.Dedicated && c.Owner["wa"]+c.Owner["wb"] == vs && c.Live == vs
 		})
 	ops.screenshot("6-ops-two-workers")
 
-	wa.kill9()
+	wa.Kill9()
 	waitJS(ops, 30*time.Second, "wa to show as down", `(document.querySelector('#workers tr[data-worker="wa"]') || {dataset: {}}).dataset.state`,
 		func(s string) bool { return s == "unreachable" || s == "gone" })
 	ops.screenshot("7-ops-worker-down")

@@ -19,6 +19,7 @@ import (
 
 	chatclient "github.com/chatpipe/chatpipe/client"
 	"github.com/chatpipe/chatpipe/internal/auth"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // tcpProxy sits between a client and the gateway so a test can break the
@@ -187,7 +188,7 @@ func (l *frameLog) check(t *testing.T) {
 // dialClient connects user through the package client at ws.
 func dialClient(t *testing.T, dev *devProc, ws, user string, log *frameLog, opts chatclient.Options) *chatclient.Client {
 	t.Helper()
-	ts := func(context.Context) (string, error) { return auth.Mint(dev.secret, user, time.Hour, time.Now()) }
+	ts := func(context.Context) (string, error) { return auth.Mint(dev.Secret, user, time.Hour, time.Now()) }
 	if log != nil {
 		opts.OnFrame = log.add
 	}
@@ -229,7 +230,7 @@ func createVisible(t *testing.T, ctx context.Context, c *chatclient.Client, conv
 	if _, err := c.Create(ctx, conv, members...); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, conv+" in history", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, conv+" in history", func() bool {
 		evs, err := c.History(ctx, conv, 0, 1)
 		return err == nil && len(evs) == 1
 	})
@@ -243,9 +244,9 @@ func TestClientSendSurvivesDisconnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log frameLog
-	px, wsURL := newProxy(t, dev.ep.WebSocket)
+	px, wsURL := newProxy(t, dev.EP.WebSocket)
 	alice := dialClient(t, dev, wsURL, "alice", &log, chatclient.Options{})
-	bob := dialClient(t, dev, dev.ep.WebSocket, "bob", &log, chatclient.Options{Batch: true})
+	bob := dialClient(t, dev, dev.EP.WebSocket, "bob", &log, chatclient.Options{Batch: true})
 	createVisible(t, ctx, alice, "cl-1", "bob")
 
 	px.set(true, false) // answers to alice are lost from here on
@@ -264,7 +265,7 @@ func TestClientSendSurvivesDisconnect(t *testing.T) {
 	}()
 	// bob sees the message: it was committed, and alice has not heard.
 	var seq int64
-	waitFor(t, 30*time.Second, "bob to get the message", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "bob to get the message", func() bool {
 		for _, e := range bob.Messages("cl-1") {
 			if e.Body == "through a cut" {
 				seq = e.Seq
@@ -298,7 +299,7 @@ func TestClientSendSurvivesDisconnect(t *testing.T) {
 	if err := alice.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "alice's view to hold the message", func() bool { return len(alice.Messages("cl-1")) == 2 })
+	stacktest.WaitFor(t, 30*time.Second, "alice's view to hold the message", func() bool { return len(alice.Messages("cl-1")) == 2 })
 	list, err := alice.ListConversations(ctx, 10)
 	if err != nil || len(list) != 1 || list[0].ConversationID != "cl-1" || list[0].LastSeq != 2 {
 		t.Fatalf("conversations: %+v, %v", list, err)
@@ -314,8 +315,8 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log frameLog
-	px, wsURL := newProxy(t, dev.ep.WebSocket)
-	alice := dialClient(t, dev, dev.ep.WebSocket, "alice", &log, chatclient.Options{})
+	px, wsURL := newProxy(t, dev.EP.WebSocket)
+	alice := dialClient(t, dev, dev.EP.WebSocket, "alice", &log, chatclient.Options{})
 
 	var mu sync.Mutex
 	delivered := map[int64]int{}
@@ -345,7 +346,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "bob to get the pushes", func() bool { return len(bob.Messages("cl-2")) == 1+online })
+	stacktest.WaitFor(t, 30*time.Second, "bob to get the pushes", func() bool { return len(bob.Messages("cl-2")) == 1+online })
 	if cur := bob.Cursors()["cl-2"]; cur != 0 {
 		t.Fatalf("bob's cursor moved to %d on pushes alone", cur)
 	}
@@ -366,7 +367,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 	// sooner, his sync stops at the projected seq, the rest reach him as
 	// pushes, which do not move the cursor, and he holds every event with
 	// his cursor short of the end until his next sync.
-	waitForOr(t, 60*time.Second, "the read model to hold every send to cl-2", func() bool {
+	stacktest.WaitForOr(t, 60*time.Second, "the read model to hold every send to cl-2", func() bool {
 		h, err := alice.HistoryAll(ctx, "cl-2", 200)
 		return err == nil && int64(len(h)) == want
 	}, func() string {
@@ -374,7 +375,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 		return fmt.Sprintf("alice's history has %d of %d events (%v)", len(h), want, err)
 	})
 	px.set(false, false)
-	waitForOr(t, 60*time.Second, "bob to converge", func() bool {
+	stacktest.WaitForOr(t, 60*time.Second, "bob to converge", func() bool {
 		return bob.Cursors()["cl-2"] == want && len(bob.Messages("cl-2")) == int(want)
 	}, func() string {
 		blog.mu.Lock()
@@ -385,7 +386,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 		}
 		blog.mu.Unlock()
 		return fmt.Sprintf("bob: cursor %d, %d of %d events, %d connections; his last frames of %d:\n%s\ndev log:\n%s",
-			bob.Cursors()["cl-2"], len(bob.Messages("cl-2")), want, bob.Connects(), n, strings.Join(last, "\n"), tail(filepath.Join(dev.dir, "dev.log")))
+			bob.Cursors()["cl-2"], len(bob.Messages("cl-2")), want, bob.Connects(), n, strings.Join(last, "\n"), stacktest.Tail(filepath.Join(dev.Dir, "dev.log")))
 	})
 	view := bob.Messages("cl-2")
 	for i, e := range view {
@@ -437,7 +438,7 @@ func TestClientSurvivesWorkerKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var log frameLog
-	alice := dialClient(t, dev, dev.ep.WebSocket, "alice", &log, chatclient.Options{})
+	alice := dialClient(t, dev, dev.EP.WebSocket, "alice", &log, chatclient.Options{})
 	const convs, perConv = 8, 30
 	for i := range convs {
 		createVisible(t, ctx, alice, fmt.Sprintf("wk-%d", i), "bob")
@@ -461,11 +462,11 @@ func TestClientSurvivesWorkerKill(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 60*time.Second, "sends to flow", func() bool { mu.Lock(); defer mu.Unlock(); return sent > convs*perConv/4 })
+	stacktest.WaitFor(t, 60*time.Second, "sends to flow", func() bool { mu.Lock(); defer mu.Unlock(); return sent > convs*perConv/4 })
 	mu.Lock()
 	t.Logf("killing wa after %d of %d sends", sent, convs*perConv)
 	mu.Unlock()
-	wa.kill9()
+	wa.Kill9()
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -475,7 +476,7 @@ func TestClientSurvivesWorkerKill(t *testing.T) {
 		conv := fmt.Sprintf("wk-%d", i)
 		var bodies map[string]int
 		var seqs []int64
-		waitFor(t, 60*time.Second, conv+" in history", func() bool {
+		stacktest.WaitFor(t, 60*time.Second, conv+" in history", func() bool {
 			bodies, seqs = messageBodies(t, ctx, alice, conv)
 			return len(seqs) >= 1+perConv
 		})
@@ -499,7 +500,7 @@ func runCLI(t *testing.T, dev *devProc, user, script string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "client", "--user", user, "--endpoints", filepath.Join(dev.dir, "endpoints.json"))
+	cmd := exec.CommandContext(ctx, binary, "client", "--user", user, "--endpoints", filepath.Join(dev.Dir, "endpoints.json"))
 	cmd.Stdin = strings.NewReader(script)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -554,13 +555,13 @@ func TestClientCommandLine(t *testing.T) {
 func TestClientReadMarker(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--projection=false")
-	startProc(t, dev.dir, "projection", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
-		"projection", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--log-level", "warn")
+	stacktest.StartProc(t, dev.Dir, "projection", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
+		"projection", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--log-level", "warn")
 	out := runCLI(t, dev, "alice", "create rm-1 bob carol\nsend rm-1 one\nsend rm-1 two\nquit\n")
 	if !strings.Contains(out, "accepted send to rm-1 seq 3") {
 		t.Fatalf("alice's sends were not accepted:\n%s", out)
 	}
-	waitFor(t, 30*time.Second, "the read model to list rm-1 at seq 3 for bob and carol", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "the read model to list rm-1 at seq 3 for bob and carol", func() bool {
 		return strings.Contains(runCLI(t, dev, "bob", "convs\n"), "rm-1 last_seq 3 at ") &&
 			strings.Contains(runCLI(t, dev, "carol", "convs\n"), "rm-1 last_seq 3 at ")
 	})

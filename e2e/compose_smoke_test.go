@@ -25,9 +25,18 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/chatpipe/chatpipe/deploy"
 	"github.com/chatpipe/chatpipe/internal/auth"
 	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/internal/promtext"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
+)
+
+// The kit's files the compose smoke test reads (deploy).
+var (
+	composeFilePath = filepath.Join("../deploy", deploy.ComposeFile)
+	promConfigPath  = filepath.Join("../deploy", deploy.PrometheusFile)
+	dashboardPath   = filepath.Join("../deploy", deploy.DashboardFile)
 )
 
 // TestComposeSmoke runs the compose file's own stack as local processes:
@@ -131,7 +140,7 @@ func TestComposeSmoke(t *testing.T) {
 	for _, name := range etcds {
 		// The healthcheck's etcdctl may not be installed; etcd's /health
 		// on its advertised client URL says the same.
-		u, ok := flagValue(c.Services[name].Command, "advertise-client-urls")
+		u, ok := deploy.FlagValue(c.Services[name].Command, "advertise-client-urls")
 		if !ok {
 			t.Fatalf("%s has no --advertise-client-urls", name)
 		}
@@ -164,12 +173,12 @@ func TestComposeSmoke(t *testing.T) {
 	}
 
 	// Ready: every role's /readyz, every vshard owned by the workers.
-	vshards, ok := flagValue(initSvc.Command, "vshards")
+	vshards, ok := deploy.FlagValue(initSvc.Command, "vshards")
 	if !ok {
 		t.Fatal("init has no --vshards")
 	}
 	want, _ := strconv.Atoi(vshards)
-	if d, ok := flagValue(initSvc.Command, "dedicated"); ok {
+	if d, ok := deploy.FlagValue(initSvc.Command, "dedicated"); ok {
 		n, _ := strconv.Atoi(d)
 		want += n // the dedicated vshards have owner rows too
 	}
@@ -178,7 +187,7 @@ func TestComposeSmoke(t *testing.T) {
 	wantIDs := map[string]string{} // a worker's /metrics → the id it must have
 	for _, name := range chatpipes {
 		svc := c.Services[name]
-		admin, ok := flagValue(svc.Command, "admin")
+		admin, ok := deploy.FlagValue(svc.Command, "admin")
 		if !ok {
 			t.Fatalf("%s has no --admin address", name)
 		}
@@ -192,14 +201,14 @@ func TestComposeSmoke(t *testing.T) {
 				// Its HOSTNAME, listen IP and port (the instance's own
 				// address replaces the wildcard here; in Docker the id is
 				// <container>-7070).
-				if l, ok := flagValue(svc.Command, "listen"); ok {
+				if l, ok := deploy.FlagValue(svc.Command, "listen"); ok {
 					host, port, _ := net.SplitHostPort(s.rewrite(inst, l))
 					wantIDs[u] = inst + "-" + host + "-" + port
 				}
 			}
 		}
 		if svc.Command[0] == "gateway" {
-			h, ok := flagValue(svc.Command, "http")
+			h, ok := deploy.FlagValue(svc.Command, "http")
 			if !ok {
 				t.Fatal("gateway has no --http")
 			}
@@ -210,10 +219,10 @@ func TestComposeSmoke(t *testing.T) {
 		t.Fatalf("no gateway (%q) or no worker (%v) in the compose file", gatewayWS, workerMetrics)
 	}
 	var owned float64
-	waitFor(t, 4*time.Minute, fmt.Sprintf("the workers to own all %d vshards", want), func() bool {
+	stacktest.WaitFor(t, 4*time.Minute, fmt.Sprintf("the workers to own all %d vshards", want), func() bool {
 		owned = 0
 		for _, u := range workerMetrics {
-			owned += metric(t, u, "chatpipe_worker_owned_shards")
+			owned += stacktest.Metric(t, u, "chatpipe_worker_owned_shards")
 		}
 		return int(owned) == want
 	})
@@ -293,7 +302,7 @@ func (s *smokeStack) checkPrometheus(bin, vshards string) {
 		t.Fatal("compose file has no prometheus service")
 	}
 	var cfg map[string]any
-	readYAML(t, promConfigPath, &cfg)
+	deploy.ReadYAML(t, promConfigPath, &cfg)
 	cfg["global"] = map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"}
 	var rules []any
 	for _, r := range cfg["rule_files"].([]any) {
@@ -454,9 +463,9 @@ func (s *smokeStack) checkPrometheus(bin, vshards string) {
 	}
 
 	// Every dashboard query, with Grafana's variables filled in.
-	d := readDashboard(t)
-	var walk func([]dashPanel)
-	walk = func(ps []dashPanel) {
+	d := deploy.ReadDashboard(t, dashboardPath)
+	var walk func([]deploy.DashPanel)
+	walk = func(ps []deploy.DashPanel) {
 		for _, pn := range ps {
 			walk(pn.Panels)
 			for _, tg := range pn.Targets {
@@ -730,13 +739,13 @@ func (s *smokeStack) waitHealthy(inst string, probe func() error) {
 		for _, p := range s.procs {
 			select {
 			case <-p.done:
-				s.t.Fatalf("%s exited (%v) while waiting for %s; its log:\n%s", p.name, p.cmd.ProcessState, inst, tail(p.log))
+				s.t.Fatalf("%s exited (%v) while waiting for %s; its log:\n%s", p.name, p.cmd.ProcessState, inst, stacktest.Tail(p.log))
 			default:
 			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	s.t.Fatalf("%s not healthy after 3 minutes: %v; log:\n%s", inst, err, tail(filepath.Join(s.root, inst+".log")))
+	s.t.Fatalf("%s not healthy after 3 minutes: %v; log:\n%s", inst, err, stacktest.Tail(filepath.Join(s.root, inst+".log")))
 }
 
 func httpOK(url string) error {
@@ -865,16 +874,16 @@ func (s *smokeStack) startKafka() {
 		t.Fatalf("compose file has no topic service running kafka-topics.sh: %+v", svc)
 	}
 	args := svc.Command[1:]
-	if _, ok := flagValue(args, "create"); !ok && !contains(args, "--create") {
+	if _, ok := deploy.FlagValue(args, "create"); !ok && !contains(args, "--create") {
 		t.Fatalf("topic service does not --create: %q", args)
 	}
-	bootstrap, _ := flagValue(args, "bootstrap-server")
+	bootstrap, _ := deploy.FlagValue(args, "bootstrap-server")
 	if s.rewrite("topic", bootstrap) != s.kafka {
 		t.Fatalf("topic service's --bootstrap-server %q is not a Kafka service of the file", bootstrap)
 	}
-	topic, ok1 := flagValue(args, "topic")
-	partitions, ok2 := flagValue(args, "partitions")
-	rf, ok3 := flagValue(args, "replication-factor")
+	topic, ok1 := deploy.FlagValue(args, "topic")
+	partitions, ok2 := deploy.FlagValue(args, "partitions")
+	rf, ok3 := deploy.FlagValue(args, "replication-factor")
 	if !ok1 || !ok2 || !ok3 {
 		t.Fatalf("topic service lacks --topic, --partitions or --replication-factor: %q", args)
 	}
@@ -930,7 +939,7 @@ func contains(list []string, v string) bool {
 // worker's /metrics.
 func workerLabel(t *testing.T, metricsURL string) string {
 	t.Helper()
-	for _, m := range scrape(t, metricsURL)["chatpipe_worker_owned_shards"].GetMetric() {
+	for _, m := range stacktest.Scrape(t, metricsURL)["chatpipe_worker_owned_shards"].GetMetric() {
 		if w := promtext.Label(m, "worker"); w != "" {
 			return w
 		}

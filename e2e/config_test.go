@@ -147,19 +147,19 @@ func TestConfigPrecedence(t *testing.T) {
 	t.Setenv("CHATPIPE_CONFIG", conf)
 	t.Setenv("CHATPIPE_MAX_BODY_BYTES", "200")
 	dev := startDev(t, t.TempDir())
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "cf", "members": []string{"bob"}})
-	if r, err := alice.sendRetrying("cf", "m1", strings.Repeat("a", 150)); err != nil || r.Op != protocol.OpAccepted {
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "cf", "members": []string{"bob"}})
+	if r, err := alice.SendRetrying("cf", "m1", strings.Repeat("a", 150)); err != nil || r.Op != protocol.OpAccepted {
 		t.Errorf("150-byte body under CHATPIPE_MAX_BODY_BYTES=200 (file: 100): %+v %v", r, err)
 	}
-	if r, err := alice.sendRetrying("cf", "m2", strings.Repeat("a", 250)); err != nil || r.Code != "too_large" {
+	if r, err := alice.SendRetrying("cf", "m2", strings.Repeat("a", 250)); err != nil || r.Code != "too_large" {
 		t.Errorf("250-byte body over CHATPIPE_MAX_BODY_BYTES=200: %+v %v, want too_large", r, err)
 	}
 
 	// check-config --role takes the role's settings, file included, and
 	// checks the deployment with them; the file's dev-only key is a note.
 	out, err := runWithEnv(t, nil, "admin", "check-config", "--min-replication", "1",
-		"--role", "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"))
+		"--role", "worker", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"))
 	for _, want := range []string{"✓ chatpipe worker", "workers is not read by chatpipe worker", "✓ etcd, Kafka and Postgres agree"} {
 		if err != nil || !strings.Contains(out, want) {
 			t.Errorf("check-config --role worker on a running stack: %v, want %q in:\n%s", err, want, out)

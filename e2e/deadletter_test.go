@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -34,22 +35,22 @@ type sinkStack struct {
 func startSinkStack(t *testing.T) *sinkStack {
 	t.Helper()
 	dev := startDev(t, t.TempDir(), "--persist=false")
-	s := &sinkStack{dev: dev, admin: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	startProc(t, dev.dir, "persist", nil, "persist", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+	s := &sinkStack{dev: dev, admin: fmt.Sprintf("127.0.0.1:%d", stacktest.FreePort(t))}
+	stacktest.StartProc(t, dev.Dir, "persist", nil, "persist", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
 		"--log-level", "warn", "--admin", s.admin)
-	s.alice = dev.dial(t, "alice")
-	s.alice.must(map[string]any{"op": "create", "conversation_id": "c", "members": []string{"bob"}})
-	s.alice.must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "before", "body": "before"})
+	s.alice = dev.Dial(t, "alice")
+	s.alice.Must(map[string]any{"op": "create", "conversation_id": "c", "members": []string{"bob"}})
+	s.alice.Must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "before", "body": "before"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var err error
-	if s.db, err = pgx.Connect(ctx, dev.ep.Postgres); err != nil {
+	if s.db, err = pgx.Connect(ctx, dev.EP.Postgres); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.db.Close(context.Background()) })
-	waitFor(t, 30*time.Second, "the first message in Postgres", func() bool { return s.stored(t, "before") })
-	s.v = logrecord.VShard("c", dev.ep.VShards)
-	s.part = logrecord.Partition(s.v, dev.ep.Partitions)
+	stacktest.WaitFor(t, 30*time.Second, "the first message in Postgres", func() bool { return s.stored(t, "before") })
+	s.v = logrecord.VShard("c", dev.EP.VShards)
+	s.part = logrecord.Partition(s.v, dev.EP.Partitions)
 	return s
 }
 
@@ -70,8 +71,8 @@ func (s *sinkStack) inject(t *testing.T, key string, value []byte) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.dev.ep.Kafka...), kgo.TransactionalID("e2e-injector-"+key),
-		kgo.DefaultProduceTopic(s.dev.ep.Topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.dev.EP.Kafka...), kgo.TransactionalID("e2e-injector-"+key),
+		kgo.DefaultProduceTopic(s.dev.EP.Topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,15 +124,15 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 	off := s.inject(t, "poison", value)
 
 	start := time.Now()
-	s.alice.must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})
-	waitFor(t, 15*time.Second, "the message after the poison record in Postgres", func() bool { return s.stored(t, "after") })
+	s.alice.Must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})
+	stacktest.WaitFor(t, 15*time.Second, "the message after the poison record in Postgres", func() bool { return s.stored(t, "after") })
 	t.Logf("message after the poison record stored %v after its send", time.Since(start).Round(time.Millisecond))
 
 	ctx := context.Background()
 	var state string
 	var got []byte
 	if err := s.db.QueryRow(ctx, `SELECT coalesce(sqlstate, ''), record_value FROM dead_letters
-		WHERE consumer = 'persist' AND topic = $1 AND log_partition = $2 AND log_offset = $3`, s.dev.ep.Topic, s.part, off).Scan(&state, &got); err != nil {
+		WHERE consumer = 'persist' AND topic = $1 AND log_partition = $2 AND log_offset = $3`, s.dev.EP.Topic, s.part, off).Scan(&state, &got); err != nil {
 		t.Fatalf("persist's dead letter at %d/%d: %v", s.part, off, err)
 	}
 	if state != "22021" || !bytes.Equal(got, value) {
@@ -141,10 +142,10 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("dead_letters holds %d rows (%v), want 1 (the projection stores no bodies)", n, err)
 	}
-	waitFor(t, 15*time.Second, "the projection past the poison record", func() bool {
+	stacktest.WaitFor(t, 15*time.Second, "the projection past the poison record", func() bool {
 		var next int64
 		err := s.db.QueryRow(ctx, `SELECT next_offset FROM consumer_offsets WHERE consumer = 'projection' AND topic = $1 AND log_partition = $2`,
-			s.dev.ep.Topic, s.part).Scan(&next)
+			s.dev.EP.Topic, s.part).Scan(&next)
 		return err == nil && next > off
 	})
 
@@ -152,10 +153,10 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "degraded") || !strings.Contains(body, "1 dead letters") {
 		t.Errorf("persist /readyz = %d %q, want 200 degraded with 1 dead letter", code, body)
 	}
-	if v := metric(t, "http://"+s.admin+"/metrics", "chatpipe_persist_dead_letters_total"); v != 1 {
+	if v := stacktest.Metric(t, "http://"+s.admin+"/metrics", "chatpipe_persist_dead_letters_total"); v != 1 {
 		t.Errorf("chatpipe_persist_dead_letters_total = %v, want 1", v)
 	}
-	out, err := exec.Command(binary, "admin", "dead-letters", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--consumer", "persist", "--value-width", "1000").CombinedOutput()
+	out, err := exec.Command(binary, "admin", "dead-letters", "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"), "--consumer", "persist", "--value-width", "1000").CombinedOutput()
 	if err != nil {
 		t.Fatalf("admin dead-letters: %v\n%s", err, out)
 	}
@@ -177,12 +178,12 @@ func TestNewerVersionHaltsPersist(t *testing.T) {
 	parallel(t)
 	s := startSinkStack(t)
 	s.inject(t, "newer", []byte(`{"v":99,"kind":"message","conversation_id":"c","seq":3,"body":{"parts":["x"]}}`))
-	s.alice.must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})
-	waitFor(t, 30*time.Second, "persist to report itself stopped", func() bool {
+	s.alice.Must(map[string]any{"op": "send", "conversation_id": "c", "client_message_id": "after", "body": "after"})
+	stacktest.WaitFor(t, 30*time.Second, "persist to report itself stopped", func() bool {
 		code, body := s.readyz(t)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "upgrade")
 	})
-	if v := metric(t, "http://"+s.admin+"/metrics", "chatpipe_persist_halted"); v != 1 {
+	if v := stacktest.Metric(t, "http://"+s.admin+"/metrics", "chatpipe_persist_halted"); v != 1 {
 		t.Errorf("chatpipe_persist_halted = %v, want 1", v)
 	}
 	time.Sleep(2 * time.Second)

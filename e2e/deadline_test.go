@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -18,26 +19,26 @@ import (
 func TestExpiredQueuedCommandIsNotApplied(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--call-timeout", "2s")
-	dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=5s", "CHATPIPE_TXN_TIMEOUT=60s")
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
+	dev.StartWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=5s", "CHATPIPE_TXN_TIMEOUT=60s")
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
 
-	u1 := dev.dial(t, "u1")
+	u1 := dev.Dial(t, "u1")
 	// The create's answer comes too late as well (unavailable), but it
 	// was decided at once: wait until it is in the read model.
-	if _, err := u1.do(map[string]any{"op": "create", "conversation_id": "dl1", "members": []string{"u2"}}); err != nil {
+	if _, err := u1.Do(map[string]any{"op": "create", "conversation_id": "dl1", "members": []string{"u2"}}); err != nil {
 		t.Fatal(err)
 	}
-	readDB(t, dev.ep, 1)
+	readDB(t, dev.EP, 1)
 
 	// A send occupies the writer for 5 s; the kick queues behind it.
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		u1.do(map[string]any{"op": "send", "conversation_id": "dl1", "client_message_id": "m1", "body": "hi"})
+		u1.Do(map[string]any{"op": "send", "conversation_id": "dl1", "client_message_id": "m1", "body": "hi"})
 	}()
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
-	kick, err := u1.do(map[string]any{"op": "kick", "conversation_id": "dl1", "user_id": "u2"})
+	kick, err := u1.Do(map[string]any{"op": "kick", "conversation_id": "dl1", "user_id": "u2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestExpiredQueuedCommandIsNotApplied(t *testing.T) {
 	time.Sleep(15 * time.Second)
 
 	var kicks, sends, creates int
-	for _, r := range readLog(t, dev.ep) {
+	for _, r := range readLog(t, dev.EP) {
 		if r.Conv != "dl1" {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -281,9 +282,9 @@ func deliveryConverges(t *testing.T, dev *devProc) {
 	close(stop)
 	bg.Wait()
 
-	logRows := readLog(t, dev.ep)
-	dbRows := readDB(t, dev.ep, len(logRows))
-	waitProjected(t, dev.ep, len(logRows))
+	logRows := readLog(t, dev.EP)
+	dbRows := readDB(t, dev.EP, len(logRows))
+	waitProjected(t, dev.EP, len(logRows))
 	if len(dbRows) != len(logRows) {
 		t.Fatalf("Postgres holds %d events, the log %d", len(dbRows), len(logRows))
 	}
@@ -414,9 +415,9 @@ func TestSecuredDeliveryConverges(t *testing.T) {
 	s.startWorker("w1")
 	s.startRole(clustersec.RolePersist)
 	s.startRole(clustersec.RoleProjection)
-	waitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := etcdView(t, s.dev.ep).Workers["w1"]; return ok })
-	for role, url := range map[string]string{"gateway": s.dev.ep.Admin + "/metrics", "worker": adminURL(t, s.dev.ep, "w1")} {
-		left := time.Duration(metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))
+	stacktest.WaitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := stacktest.EtcdView(t, s.dev.EP).Workers["w1"]; return ok })
+	for role, url := range map[string]string{"gateway": s.dev.EP.Admin + "/metrics", "worker": stacktest.AdminURL(t, s.dev.EP, "w1")} {
+		left := time.Duration(stacktest.Metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))
 		if left < 23*time.Hour || left > 24*time.Hour {
 			t.Errorf("the %s's chatpipe_link_cert_expiry_seconds says %v left, want just under 24h", role, left)
 		}

@@ -79,9 +79,9 @@ func (d *device) connectOnce() error {
 	defer cancel()
 	url := d.url
 	if url == "" {
-		url = d.dev.ep.WebSocket
+		url = d.dev.EP.WebSocket
 	}
-	c, err := chatclient.DialConn(ctx, url, chatclient.ConnOptions{Token: d.dev.token(d.t, d.user), ReadLimit: 1 << 20, OnFrame: d.pushed})
+	c, err := chatclient.DialConn(ctx, url, chatclient.ConnOptions{Token: d.dev.Token(d.t, d.user), ReadLimit: 1 << 20, OnFrame: d.pushed})
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", d.name, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -154,8 +155,8 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 	}
 	t.Cleanup(k.Close) // after the dev process stops
 	dev := startDev(t, dir, "--kafka", k.Addr())
-	metrics := dev.ep.Admin + "/metrics"
-	owner := dev.dial(t, "eu0")
+	metrics := dev.EP.Admin + "/metrics"
+	owner := dev.Dial(t, "eu0")
 
 	var accepted []acceptedMsg
 	phases := []struct {
@@ -167,15 +168,15 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 	}
 	for i, ph := range phases {
 		conv := fmt.Sprintf("ec%d", i)
-		owner.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"eu1"}})
-		v := logrecord.VShard(conv, dev.ep.VShards)
+		owner.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"eu1"}})
+		v := logrecord.VShard(conv, dev.EP.VShards)
 		ctl := &endTxnControl{c: k.Cluster(), addr: k.Addr(), txnID: logrecord.TransactionalID(v), fault: ph.fault}
 		ctl.install(t)
-		unknown0 := metric(t, metrics, "chatpipe_worker_unknown_commits_total")
+		unknown0 := stacktest.Metric(t, metrics, "chatpipe_worker_unknown_commits_total")
 
 		cmid := fmt.Sprintf("held-%d", i)
 		sent := time.Now()
-		first, err := owner.do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": ph.name})
+		first, err := owner.Do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": ph.name})
 		if err != nil {
 			t.Fatalf("%s: first attempt: %v", ph.name, err)
 		}
@@ -183,13 +184,13 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 		if first.Op == protocol.OpAccepted || first.Code != protocol.CodeUnavailable {
 			t.Errorf("%s: the first attempt, whose commit had no answer, was answered %s %s; want unavailable (outcome unknown)", ph.name, first.Op, first.Code)
 		}
-		r, err := owner.sendRetrying(conv, cmid, ph.name)
+		r, err := owner.SendRetrying(conv, cmid, ph.name)
 		if err != nil || r.Op != protocol.OpAccepted {
 			t.Fatalf("%s: retry: %+v %v", ph.name, r, err)
 		}
 		accepted = append(accepted, acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: "eu0", Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
 		// one more message after it: the conversation goes on
-		next, err := owner.sendRetrying(conv, cmid+"-next", "after")
+		next, err := owner.SendRetrying(conv, cmid+"-next", "after")
 		if err != nil || next.Op != protocol.OpAccepted {
 			t.Fatalf("%s: next send: %+v %v", ph.name, next, err)
 		}
@@ -205,7 +206,7 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 		if ph.fault == commitReplyLost && !applied {
 			t.Errorf("%s: the held-back commit was not applied", ph.name)
 		}
-		unknown := metric(t, metrics, "chatpipe_worker_unknown_commits_total") - unknown0
+		unknown := stacktest.Metric(t, metrics, "chatpipe_worker_unknown_commits_total") - unknown0
 		t.Logf("%s: %d EndTxn requests unanswered, %v unknown commits; retry accepted seq %d", ph.name, swallowed, unknown, r.Seq)
 		if ph.fault != commitLie && unknown < 1 {
 			t.Errorf("%s: the writer counted no unknown commit", ph.name)
@@ -213,8 +214,8 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 	}
 
 	// Exactly one event per client_message_id, in the log and Postgres.
-	logRows := readLog(t, dev.ep)
-	for name, rows := range map[string][]row{"log": logRows, "postgres": readDB(t, dev.ep, len(logRows))} {
+	logRows := readLog(t, dev.EP)
+	for name, rows := range map[string][]row{"log": logRows, "postgres": readDB(t, dev.EP, len(logRows))} {
 		for _, a := range accepted {
 			var n int
 			for _, r := range rows {
@@ -227,5 +228,5 @@ func TestEndTxnUnknownOutcome(t *testing.T) {
 			}
 		}
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

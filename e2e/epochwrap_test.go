@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -92,26 +93,26 @@ func TestProducerEpochRotation(t *testing.T) {
 	t.Cleanup(k.Close)
 	dev := startDev(t, dir, "--kafka", k.Addr(), "--workers", "0", "--rate-conv", "-1", "--rate-user", "-1")
 	const conv = "wrap"
-	txnID := logrecord.TransactionalID(logrecord.VShard(conv, dev.ep.VShards))
+	txnID := logrecord.TransactionalID(logrecord.VShard(conv, dev.EP.VShards))
 	const margin = 12 // transactions left before the rotation
 	start := time.Now()
 	n := ageTxnID(t, k.Addr(), txnID, math.MaxInt16-1-margin)
 	before := describeTxn(t, k.Addr(), txnID)
 	t.Logf("%s aged by %d transactions in %v: producer %d epoch %d", txnID, n, time.Since(start).Round(time.Millisecond), before.ProducerID, before.ProducerEpoch)
 
-	mark := filepath.Join(dev.dir, "wa-in-commit")
-	hold := filepath.Join(dev.dir, "wa-hold-commit")
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=1ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_FAULT_COMMIT_HOLD="+hold, shortLease)
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
-	waMetrics := adminURL(t, dev.ep, "wa")
-	owner := dev.dial(t, "wu0")
-	owner.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"wu1"}})
+	mark := filepath.Join(dev.Dir, "wa-in-commit")
+	hold := filepath.Join(dev.Dir, "wa-hold-commit")
+	wa := dev.StartWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=1ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_FAULT_COMMIT_HOLD="+hold, shortLease)
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
+	waMetrics := stacktest.AdminURL(t, dev.EP, "wa")
+	owner := dev.Dial(t, "wu0")
+	owner.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"wu1"}})
 
 	var mu sync.Mutex
 	var accepted []acceptedMsg
 	send := func(cmid string) {
 		sent := time.Now()
-		r, err := owner.sendRetrying(conv, cmid, "wrap")
+		r, err := owner.SendRetrying(conv, cmid, "wrap")
 		if err != nil || r.Op != protocol.OpAccepted {
 			t.Errorf("send %s: %+v %v", cmid, r, err)
 			return
@@ -156,34 +157,34 @@ func TestProducerEpochRotation(t *testing.T) {
 			send(fmt.Sprintf("paused-%d", i))
 		}
 	}()
-	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
-	wa.signal(syscall.SIGSTOP)
-	dev.startWorker(t, "wb")
+	stacktest.WaitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
+	wa.Signal(syscall.SIGSTOP)
+	dev.StartWorker(t, "wb")
 	// The owner rows move before wb's takeover marker initialises each
 	// transactional.id: only once wb accepts for every vshard has it
 	// fenced wa's producer. Woken before that, wa may still commit its
 	// open transaction first, legitimately, and the test sees no refusal.
-	waitFor(t, 120*time.Second, "wb to take over and accept on every vshard", func() bool {
-		view := etcdView(t, dev.ep)
-		if ownedBy(view, dev.ep.all(), "wb") != dev.ep.all() || view.Workers["wb"].Admin == "" {
+	stacktest.WaitFor(t, 120*time.Second, "wb to take over and accept on every vshard", func() bool {
+		view := stacktest.EtcdView(t, dev.EP)
+		if stacktest.OwnedBy(view, dev.EP.All(), "wb") != dev.EP.All() || view.Workers["wb"].Admin == "" {
 			return false
 		}
-		return metric(t, adminURLIn(t, view, "wb"), "chatpipe_worker_owned_shards") == float64(dev.ep.all())
+		return stacktest.Metric(t, stacktest.AdminURLIn(t, view, "wb"), "chatpipe_worker_owned_shards") == float64(dev.EP.All())
 	})
-	wa.signal(syscall.SIGCONT)
+	wa.Signal(syscall.SIGCONT)
 	if err := os.Remove(hold); err != nil {
 		t.Fatal(err)
 	}
 	refused := func() float64 {
-		return metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")
+		return stacktest.Metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + stacktest.Metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")
 	}
-	waitFor(t, 60*time.Second, "wa's held commit on "+txnID+" to be refused after waking", func() bool { return refused() > 0 })
+	stacktest.WaitFor(t, 60*time.Second, "wa's held commit on "+txnID+" to be refused after waking", func() bool { return refused() > 0 })
 	mu.Lock()
 	n0 := len(accepted)
 	mu.Unlock()
-	waitFor(t, 60*time.Second, "sends to "+conv+" to go on after the pause", func() bool { mu.Lock(); defer mu.Unlock(); return len(accepted) > n0+20 })
+	stacktest.WaitFor(t, 60*time.Second, "sends to "+conv+" to go on after the pause", func() bool { mu.Lock(); defer mu.Unlock(); return len(accepted) > n0+20 })
 	halt()
 	wg.Wait()
 	t.Logf("%d sends accepted; wa had %v writes or commits refused after waking; now producer %d", len(accepted), refused(), describeTxn(t, k.Addr(), txnID).ProducerID)
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
@@ -37,12 +38,12 @@ func (m *etcdMember) start(t *testing.T, dir string) {
 	if m.starts > 1 {
 		logName = fmt.Sprintf("%s-start%d", m.name, m.starts)
 	}
-	m.proc = startProc(t, dir, logName, nil, m.args...)
+	m.proc = stacktest.StartProc(t, dir, logName, nil, m.args...)
 }
 
 func (m *etcdMember) running() bool {
 	select {
-	case <-m.proc.done:
+	case <-m.proc.Done():
 		return false
 	default:
 		return true
@@ -57,8 +58,8 @@ func startEtcdCluster(t *testing.T, dir string, n int) []*etcdMember {
 	var ms []*etcdMember
 	var cluster []string
 	for i := 1; i <= n; i++ {
-		m := &etcdMember{name: fmt.Sprintf("etcd%d", i), clientPort: freePort(t)}
-		peer := freePort(t)
+		m := &etcdMember{name: fmt.Sprintf("etcd%d", i), clientPort: stacktest.FreePort(t)}
+		peer := stacktest.FreePort(t)
 		cluster = append(cluster, fmt.Sprintf("%s=http://127.0.0.1:%d", m.name, peer))
 		m.args = []string{"etcd", "--data-dir", filepath.Join(dir, m.name), "--name", m.name,
 			"--client-port", strconv.Itoa(m.clientPort), "--peer-port", strconv.Itoa(peer), "--log-level", "warn"}
@@ -69,10 +70,10 @@ func startEtcdCluster(t *testing.T, dir string, n int) []*etcdMember {
 		m.start(t, dir)
 	}
 	start := time.Now()
-	waitFor(t, 120*time.Second, "the etcd cluster to answer through every member", func() bool {
+	stacktest.WaitFor(t, 120*time.Second, "the etcd cluster to answer through every member", func() bool {
 		for _, m := range ms {
 			if !m.running() {
-				t.Fatalf("%s exited; log:\n%s", m.name, tail(m.proc.log))
+				t.Fatalf("%s exited; log:\n%s", m.name, stacktest.Tail(m.proc.Log))
 			}
 			if !etcdAnswers(m.endpoint()) {
 				return false
@@ -171,41 +172,41 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	}
 	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","))
 	wa, wb := twoWorkersEnv(t, dev, []string{shortLease}, []string{shortLease})
-	vshards := dev.ep.all()
+	vshards := dev.EP.All()
 	workers := map[string]*proc{"wa": wa, "wb": wb}
-	metricsURL := map[string]string{"wa": adminURL(t, dev.ep, "wa"), "wb": adminURL(t, dev.ep, "wb")}
+	metricsURL := map[string]string{"wa": stacktest.AdminURL(t, dev.EP, "wa"), "wb": stacktest.AdminURL(t, dev.EP, "wb")}
 	sumMetric := func(name string) float64 {
-		return metric(t, metricsURL["wa"], name) + metric(t, metricsURL["wb"], name)
+		return stacktest.Metric(t, metricsURL["wa"], name) + stacktest.Metric(t, metricsURL["wb"], name)
 	}
 	workersAlive := func(when string) {
 		t.Helper()
 		for id, w := range workers {
 			select {
-			case <-w.done:
-				t.Fatalf("worker %s exited %s; log:\n%s", id, when, tail(w.log))
+			case <-w.Done():
+				t.Fatalf("worker %s exited %s; log:\n%s", id, when, stacktest.Tail(w.Log))
 			default:
 			}
 		}
 	}
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
-	before := etcdView(t, dev.ep)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
+	before := stacktest.EtcdView(t, dev.EP)
 	convsOn := map[string]int{}
 	for c := 0; c < 20; c++ {
-		convsOn[before.Shards[logrecord.VShard(fmt.Sprintf("lc%d", c), dev.ep.VShards)].Worker]++
+		convsOn[before.Shards[logrecord.VShard(fmt.Sprintf("lc%d", c), dev.EP.VShards)].Worker]++
 	}
-	t.Logf("before: wa owns %d, wb owns %d vshards; the 20 load conversations are on %v", ownedBy(before, vshards, "wa"), ownedBy(before, vshards, "wb"), convsOn)
+	t.Logf("before: wa owns %d, wb owns %d vshards; the 20 load conversations are on %v", stacktest.OwnedBy(before, vshards, "wa"), stacktest.OwnedBy(before, vshards, "wb"), convsOn)
 
 	// (1) Lose one member of three: the other two are a quorum.
 	i1, wasLeader := pickToStop(members)
 	stopped := time.Now()
-	members[i1].proc.stop()
+	members[i1].proc.Stop()
 	t.Logf("(1) stopped %s (the leader: %v) with SIGTERM in %v", members[i1].name, wasLeader, time.Since(stopped).Round(time.Millisecond))
-	n := load.count()
-	load.waitAbove(t, 120*time.Second, "load to go on with one etcd member down", n+300)
+	n := load.Count()
+	load.WaitAbove(t, 120*time.Second, "load to go on with one etcd member down", n+300)
 	t.Logf("(1) 300 more sends accepted %v after the member stopped", time.Since(stopped).Round(time.Millisecond))
-	lastRead := etcdView(t, dev.ep)
+	lastRead := stacktest.EtcdView(t, dev.EP)
 	if ch := ownerChanges(before, lastRead, vshards); len(ch) > 0 {
 		t.Errorf("(1) owner rows changed after losing one etcd member of three:\n%s", strings.Join(ch, "\n"))
 	}
@@ -221,7 +222,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	takeoversBefore := sumMetric("chatpipe_worker_takeovers_total")
 	i2, wasLeader := pickToStop(members)
 	survivor := slices.IndexFunc(members, func(m *etcdMember) bool { return m != members[i1] && m != members[i2] })
-	members[i2].proc.stop()
+	members[i2].proc.Stop()
 	outageStart := time.Now()
 	t.Logf("(2) stopped %s (the leader: %v); %s is alone", members[i2].name, wasLeader, members[survivor].name)
 
@@ -245,14 +246,14 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	// local deadlines come within the margin they refuse every request
 	// (nothing written). Every renewal before the outage was sent before
 	// it, so from outageStart + TTL on no worker may accept.
-	n = load.count()
+	n = load.Count()
 	refusedBefore := sumMetric("chatpipe_worker_lease_refused_total")
 	pastTTL := outageStart.Add(shortTTL)
 	minOwned := float64(vshards)
 	// (Each load user sends to its conversations in turn and waits for
 	// each answer, so the users soon all wait on one worker: only that one
 	// need have refused anything.)
-	waitFor(t, 120*time.Second, "the workers to refuse requests for their overdue leases without a quorum", func() bool {
+	stacktest.WaitFor(t, 120*time.Second, "the workers to refuse requests for their overdue leases without a quorum", func() bool {
 		workersAlive("while etcd had no quorum")
 		if owned := sumMetric("chatpipe_worker_owned_shards"); owned < minOwned {
 			minOwned = owned
@@ -262,16 +263,16 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	outage := time.Since(outageStart)
 	takeoversDuring := sumMetric("chatpipe_worker_takeovers_total") - takeoversBefore
 	lastAccepted := outageStart
-	for _, a := range load.snapshot() {
+	for _, a := range load.Snapshot() {
 		if a.AcceptedAt.After(lastAccepted) {
 			lastAccepted = a.AcceptedAt
 		}
 	}
 	t.Logf("(2) without quorum for %v: %d sends accepted, the last %v after the quorum was lost; %v requests refused for overdue leases; the workers kept writers for at least %v of %d vshards throughout; %v takeovers",
-		outage.Round(time.Millisecond), load.count()-n, lastAccepted.Sub(outageStart).Round(time.Millisecond),
+		outage.Round(time.Millisecond), load.Count()-n, lastAccepted.Sub(outageStart).Round(time.Millisecond),
 		sumMetric("chatpipe_worker_lease_refused_total")-refusedBefore, minOwned, vshards, takeoversDuring)
 	late := 0
-	for _, a := range load.snapshot() {
+	for _, a := range load.Snapshot() {
 		if !a.AcceptedAt.Before(pastTTL) {
 			late++
 		}
@@ -286,7 +287,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		t.Errorf("(2) %v takeovers while etcd had no quorum: nobody can have been made owner", takeoversDuring)
 	}
 	for id, w := range workers {
-		t.Logf("(2) %s logged %d renewal failures", id, countLines(w.log, "lease renewal failing"))
+		t.Logf("(2) %s logged %d renewal failures", id, countLines(w.Log, "lease renewal failing"))
 	}
 
 	// (3) Bring both back on the same data dirs and ports.
@@ -295,11 +296,11 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	members[i2].start(t, dir)
 	// Stop the stack before the members just restarted (cleanups run last
 	// registered first), so it never shuts down without a quorum.
-	t.Cleanup(func() { wb.stop(); wa.stop(); dev.stop() })
-	waitFor(t, 120*time.Second, "etcd to answer through every member again", func() bool {
+	t.Cleanup(func() { wb.Stop(); wa.Stop(); dev.Stop() })
+	stacktest.WaitFor(t, 120*time.Second, "etcd to answer through every member again", func() bool {
 		for _, m := range members {
 			if !m.running() {
-				t.Fatalf("%s exited; log:\n%s", m.name, tail(m.proc.log))
+				t.Fatalf("%s exited; log:\n%s", m.name, stacktest.Tail(m.proc.Log))
 			}
 			if !etcdAnswers(m.endpoint()) {
 				return false
@@ -317,19 +318,19 @@ func TestEtcdQuorumLoss(t *testing.T) {
 			t.Logf("(3) the write tried without quorum committed after all: %v (a timed-out etcd write has an unknown outcome)", len(resp.Kvs) > 0)
 		}
 	}
-	n = load.count()
-	load.waitAbove(t, 120*time.Second, "load to go on after the quorum is back", n+300)
+	n = load.Count()
+	load.WaitAbove(t, 120*time.Second, "load to go on after the quorum is back", n+300)
 	var after lease.View
-	waitFor(t, 120*time.Second, "every vshard to have exactly one live owner, accepting", func() bool {
+	stacktest.WaitFor(t, 120*time.Second, "every vshard to have exactly one live owner, accepting", func() bool {
 		workersAlive("after the quorum came back")
-		after = etcdView(t, dev.ep)
-		a, b := ownedBy(after, vshards, "wa"), ownedBy(after, vshards, "wb")
+		after = stacktest.EtcdView(t, dev.EP)
+		a, b := stacktest.OwnedBy(after, vshards, "wa"), stacktest.OwnedBy(after, vshards, "wb")
 		return a+b == vshards && a-b <= 1 && b-a <= 1 &&
-			metric(t, metricsURL["wa"], "chatpipe_worker_owned_shards") == float64(a) &&
-			metric(t, metricsURL["wb"], "chatpipe_worker_owned_shards") == float64(b)
+			stacktest.Metric(t, metricsURL["wa"], "chatpipe_worker_owned_shards") == float64(a) &&
+			stacktest.Metric(t, metricsURL["wb"], "chatpipe_worker_owned_shards") == float64(b)
 	})
 	t.Logf("(3) settled %v after the restart: wa owns %d, wb owns %d vshards", time.Since(recovery).Round(time.Millisecond),
-		ownedBy(after, vshards, "wa"), ownedBy(after, vshards, "wb"))
+		stacktest.OwnedBy(after, vshards, "wa"), stacktest.OwnedBy(after, vshards, "wb"))
 
 	// An owner row may change only by the normal takeover order, and only
 	// because a worker's lease really expired once etcd was back (a
@@ -349,7 +350,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 	}
 	for id, w := range workers {
 		t.Logf("(3) %s: %d renewal failures, %d lost leases logged in all", id,
-			countLines(w.log, "lease renewal failing"), countLines(w.log, "worker lease is gone"))
+			countLines(w.Log, "lease renewal failing"), countLines(w.Log, "worker lease is gone"))
 	}
 	switch {
 	case len(lost) == 0 && len(changes) > 0:
@@ -360,7 +361,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		t.Logf("(3) no lease expired and no owner row changed")
 	}
 
-	accepted := load.finish()
+	accepted := load.Finish()
 	t.Logf("%d sends accepted in all", len(accepted))
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -55,22 +56,22 @@ func TestEtcdLeaderStall(t *testing.T) {
 	// as a dev stack's.
 	dev := startDev(t, dir, "--workers", "0", "--etcd", strings.Join(eps, ","),
 		"--lease-ttl", strconv.Itoa(int(shortTTL/time.Second)), "--vshards", "64")
-	vshards := dev.ep.all()
-	epPath := filepath.Join(dev.dir, "endpoints.json")
+	vshards := dev.EP.All()
+	epPath := filepath.Join(dev.Dir, "endpoints.json")
 	workers := map[string]*proc{}
 	for _, id := range []string{"wa", "wb"} {
-		workers[id] = startProc(t, dev.dir, id, []string{shortLease}, "worker", "--endpoints", epPath, "--etcd", leader.endpoint(), "--id", id, "--log-level", "warn")
+		workers[id] = stacktest.StartProc(t, dev.Dir, id, []string{shortLease}, "worker", "--endpoints", epPath, "--etcd", leader.endpoint(), "--id", id, "--log-level", "warn")
 	}
-	waitFor(t, 120*time.Second, "wa and wb to share the vshards", func() bool {
-		v := etcdView(t, dev.ep)
-		a, b := ownedBy(v, vshards, "wa"), ownedBy(v, vshards, "wb")
+	stacktest.WaitFor(t, 120*time.Second, "wa and wb to share the vshards", func() bool {
+		v := stacktest.EtcdView(t, dev.EP)
+		a, b := stacktest.OwnedBy(v, vshards, "wa"), stacktest.OwnedBy(v, vshards, "wb")
 		return a+b == vshards && a > 0 && b > 0
 	})
 	waitReady(t, dev, "wa")
 	waitReady(t, dev, "wb")
-	metricsURL := map[string]string{"wa": adminURL(t, dev.ep, "wa"), "wb": adminURL(t, dev.ep, "wb")}
+	metricsURL := map[string]string{"wa": stacktest.AdminURL(t, dev.EP, "wa"), "wb": stacktest.AdminURL(t, dev.EP, "wb")}
 	sumMetric := func(name string) float64 {
-		return metric(t, metricsURL["wa"], name) + metric(t, metricsURL["wb"], name)
+		return stacktest.Metric(t, metricsURL["wa"], name) + stacktest.Metric(t, metricsURL["wb"], name)
 	}
 
 	// Watch the owner rows through the members that keep running.
@@ -114,14 +115,14 @@ func TestEtcdLeaderStall(t *testing.T) {
 		}
 	}()
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 100)
-	before := etcdView(t, dev.ep)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 100)
+	before := stacktest.EtcdView(t, dev.EP)
 
-	leader.proc.signal(syscall.SIGSTOP)
+	leader.proc.Signal(syscall.SIGSTOP)
 	stalled := time.Now()
-	t.Logf("SIGSTOP to %s, the etcd leader; wa owns %d, wb owns %d vshards", leader.name, ownedBy(before, vshards, "wa"), ownedBy(before, vshards, "wb"))
-	waitFor(t, 60*time.Second, "the new etcd leader to expire both workers' leases", func() bool {
+	t.Logf("SIGSTOP to %s, the etcd leader; wa owns %d, wb owns %d vshards", leader.name, stacktest.OwnedBy(before, vshards, "wa"), stacktest.OwnedBy(before, vshards, "wb"))
+	stacktest.WaitFor(t, 60*time.Second, "the new etcd leader to expire both workers' leases", func() bool {
 		qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer qcancel()
 		r, err := cli.Get(qctx, lease.DefaultPrefix+"workers/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -129,7 +130,7 @@ func TestEtcdLeaderStall(t *testing.T) {
 	})
 	expired := time.Now()
 	refused := sumMetric("chatpipe_worker_lease_refused_total")
-	leader.proc.signal(syscall.SIGCONT)
+	leader.proc.Signal(syscall.SIGCONT)
 	resumed := time.Now()
 	t.Logf("both leases expired %v after the stall; SIGCONT; the workers had refused %v requests for their overdue leases",
 		expired.Sub(stalled).Round(time.Millisecond), refused)
@@ -138,18 +139,18 @@ func TestEtcdLeaderStall(t *testing.T) {
 	}
 
 	var after lease.View
-	waitFor(t, stormBound, fmt.Sprintf("every vshard to have one live owner, accepting, within %v of SIGCONT", stormBound), func() bool {
+	stacktest.WaitFor(t, stormBound, fmt.Sprintf("every vshard to have one live owner, accepting, within %v of SIGCONT", stormBound), func() bool {
 		for id, w := range workers {
 			select {
-			case <-w.done:
-				t.Fatalf("worker %s exited; log:\n%s", id, tail(w.log))
+			case <-w.Done():
+				t.Fatalf("worker %s exited; log:\n%s", id, stacktest.Tail(w.Log))
 			default:
 			}
 		}
-		after = etcdView(t, dev.ep)
-		a, b := ownedBy(after, vshards, "wa"), ownedBy(after, vshards, "wb")
-		return a+b == vshards && metric(t, metricsURL["wa"], "chatpipe_worker_owned_shards") == float64(a) &&
-			metric(t, metricsURL["wb"], "chatpipe_worker_owned_shards") == float64(b)
+		after = stacktest.EtcdView(t, dev.EP)
+		a, b := stacktest.OwnedBy(after, vshards, "wa"), stacktest.OwnedBy(after, vshards, "wb")
+		return a+b == vshards && stacktest.Metric(t, metricsURL["wa"], "chatpipe_worker_owned_shards") == float64(a) &&
+			stacktest.Metric(t, metricsURL["wb"], "chatpipe_worker_owned_shards") == float64(b)
 	})
 	settled := time.Since(resumed)
 	for id := range workers {
@@ -157,9 +158,9 @@ func TestEtcdLeaderStall(t *testing.T) {
 			t.Errorf("%s kept gen %d: its lease should have expired during the stall", id, after.Workers[id].Gen)
 		}
 	}
-	n := load.count()
-	load.waitAbove(t, 60*time.Second, "load to go on after the storm", n+100)
-	accepted := load.finish()
+	n := load.Count()
+	load.WaitAbove(t, 60*time.Second, "load to go on after the storm", n+100)
+	accepted := load.Finish()
 	cancel()
 	<-watchDone
 
@@ -189,10 +190,10 @@ func TestEtcdLeaderStall(t *testing.T) {
 		most = max(most, m)
 	}
 	t.Logf("after SIGCONT every vshard had one live owner, accepting, within %v (bound %v): %d owner-row changes over %d vshards, at most %d per vshard; wa owns %d, wb owns %d",
-		settled.Round(time.Millisecond), stormBound, len(changes), len(moves), most, ownedBy(after, vshards, "wa"), ownedBy(after, vshards, "wb"))
+		settled.Round(time.Millisecond), stormBound, len(changes), len(moves), most, stacktest.OwnedBy(after, vshards, "wa"), stacktest.OwnedBy(after, vshards, "wb"))
 	if len(moves) != vshards {
 		t.Errorf("%d of %d vshards changed owner after the resume: every one belonged to an expired lease", len(moves), vshards)
 	}
 	t.Logf("%d sends accepted in all", len(accepted))
-	checkWorld(t, dev.ep, accepted) // I2 among it: no vshard's log goes back to an older epoch
+	checkWorld(t, dev.EP, accepted) // I2 among it: no vshard's log goes back to an older epoch
 }

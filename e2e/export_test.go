@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // TestExportKilledMidChunkResumes kills `chatpipe export` while a chunk is
@@ -17,19 +19,19 @@ import (
 func TestExportKilledMidChunkResumes(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1")
-	alice := dev.dial(t, "alice")
+	alice := dev.Dial(t, "alice")
 	for c := 0; c < 3; c++ {
 		conv := fmt.Sprintf("x%d", c)
-		alice.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"bob"}})
+		alice.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"bob"}})
 		for i := 0; i < 25; i++ {
-			if r, err := alice.sendRetrying(conv, fmt.Sprintf("m%d", i), "x"); err != nil || r.Op != "accepted" {
+			if r, err := alice.SendRetrying(conv, fmt.Sprintf("m%d", i), "x"); err != nil || r.Op != "accepted" {
 				t.Fatalf("send: %+v %v", r, err)
 			}
 		}
 	}
-	readEvents(t, dev.ep.Postgres, 78)
+	readEvents(t, dev.EP.Postgres, 78)
 	day := time.Now().UTC().Format("2006-01-02")
-	ep := filepath.Join(dev.dir, "endpoints.json")
+	ep := filepath.Join(dev.Dir, "endpoints.json")
 	export := func(out string, env ...string) *exec.Cmd {
 		cmd := exec.Command(binary, "export", "--endpoints", ep, "--day", day, "--out", out, "--chunk-size", "10", "--run", "nightly")
 		cmd.Env = append(os.Environ(), env...)
@@ -46,7 +48,7 @@ func TestExportKilledMidChunkResumes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the export to stall inside chunk 3", func() bool { _, err := os.Stat(mark); return err == nil })
+	stacktest.WaitFor(t, 60*time.Second, "the export to stall inside chunk 3", func() bool { _, err := os.Stat(mark); return err == nil })
 	cmd.Process.Kill()
 	cmd.Wait()
 	dayDir := filepath.Join(resumed, day)

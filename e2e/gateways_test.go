@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -18,10 +19,10 @@ func TestTwoGateways(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
 	gateway := func(name string, args ...string) int {
-		port := freePort(t)
-		startProc(t, dev.dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-			"--data-dir", dev.dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--log-level", "warn"}, args...)...)
-		waitFor(t, 60*time.Second, name+" to listen", func() bool { return dialable(port) })
+		port := stacktest.FreePort(t)
+		stacktest.StartProc(t, dev.Dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
+			"--data-dir", dev.Dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--log-level", "warn"}, args...)...)
+		stacktest.WaitFor(t, 60*time.Second, name+" to listen", func() bool { return stacktest.Dialable(port) })
 		return port
 	}
 	port := gateway("gateway2")
@@ -85,7 +86,7 @@ func TestTwoGateways(t *testing.T) {
 		last = f.Seq
 	}
 	for _, d := range []*device{alice1, alice2, bob} {
-		waitFor(t, 30*time.Second, d.name+" to hold every event", func() bool { return len(d.seqs("two-gw")) == int(last) })
+		stacktest.WaitFor(t, 30*time.Second, d.name+" to hold every event", func() bool { return len(d.seqs("two-gw")) == int(last) })
 	}
 	if alice1.conns != 1 {
 		t.Errorf("alice.gw1 reconnected: its events were not all pushed live")

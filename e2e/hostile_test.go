@@ -27,10 +27,10 @@ func TestRejectedCodes(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--rate-user", "5", "--rate-user-burst", "5", "--rate-conv", "1", "--rate-conv-burst", "3",
 		"--max-conns-per-user", "3", "--jwt-leeway", "0")
 	// unauthorized: the token expires while the connection is open
-	tok, _ := auth.Mint(dev.secret, "shortlived", 1500*time.Millisecond, time.Now())
+	tok, _ := auth.Mint(dev.Secret, "shortlived", 1500*time.Millisecond, time.Now())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+tok, nil)
+	c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+tok, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +41,10 @@ func TestRejectedCodes(t *testing.T) {
 		t.Errorf("command after the token expired: %v %v", m, err)
 	}
 
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "rl", "members": []string{"bob", "carol"}})
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "rl", "members": []string{"bob", "carol"}})
 	// not_found: kick of a non-member
-	if r, _ := alice.do(map[string]any{"op": "kick", "conversation_id": "rl", "user_id": "zed"}); r == nil || r.Code != protocol.CodeNotFound {
+	if r, _ := alice.Do(map[string]any{"op": "kick", "conversation_id": "rl", "user_id": "zed"}); r == nil || r.Code != protocol.CodeNotFound {
 		t.Errorf("kick of a non-member: %+v", r)
 	}
 	time.Sleep(time.Second) // refill alice's bucket
@@ -54,13 +54,13 @@ func TestRejectedCodes(t *testing.T) {
 	for _, u := range []string{"alice", "bob", "carol"} {
 		cl := alice
 		if u != "alice" {
-			cl = dev.dial(t, u)
+			cl = dev.Dial(t, u)
 		}
 		for i := 0; i < 2; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r, err := cl.do(map[string]any{"op": "send", "conversation_id": "rl", "client_message_id": fmt.Sprintf("%s-%d", u, i), "body": "x"})
+				r, err := cl.Do(map[string]any{"op": "send", "conversation_id": "rl", "client_message_id": fmt.Sprintf("%s-%d", u, i), "body": "x"})
 				switch {
 				case err != nil:
 					t.Error(err)
@@ -79,13 +79,13 @@ func TestRejectedCodes(t *testing.T) {
 		t.Errorf("conversation limit 1/s burst 3: %d accepted, %d rate_limited", ok.Load(), limited.Load())
 	}
 	// per user: a burst of 10 commands against a bucket of 5
-	dave := dev.dial(t, "dave")
+	dave := dev.Dial(t, "dave")
 	limited.Store(0)
 	for i := 0; i < 10; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r, err := dave.do(map[string]any{"op": "create", "conversation_id": fmt.Sprintf("d%d", i), "members": []string{}}); err == nil && r.Code == protocol.CodeRateLimited {
+			if r, err := dave.Do(map[string]any{"op": "create", "conversation_id": fmt.Sprintf("d%d", i), "members": []string{}}); err == nil && r.Code == protocol.CodeRateLimited {
 				limited.Add(1)
 			}
 		}()
@@ -96,15 +96,15 @@ func TestRejectedCodes(t *testing.T) {
 	}
 	// 429: a fourth connection of one user
 	for i := 0; i < 2; i++ {
-		dev.dial(t, "dave")
+		dev.Dial(t, "dave")
 	}
-	_, resp, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "dave"), nil)
+	_, resp, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "dave"), nil)
 	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Errorf("fourth connection of a user: %v %v, want 429", resp, err)
 	}
 	// nothing rejected was written: rl holds its create, exactly the accepted messages; dave's admitted creates only
 	msgs, daves := 0, 0
-	for _, r := range readLog(t, dev.ep) {
+	for _, r := range readLog(t, dev.EP) {
 		switch {
 		case r.Conv == "late" || r.Sender == "shortlived":
 			t.Errorf("a command of an expired token was written: %+v", r)
@@ -124,8 +124,8 @@ func TestRejectedCodes(t *testing.T) {
 func TestUnavailableWithoutWorkers(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	cl := dev.dial(t, "alice")
-	r, err := cl.do(map[string]any{"op": "create", "conversation_id": "c", "members": []string{}})
+	cl := dev.Dial(t, "alice")
+	r, err := cl.Do(map[string]any{"op": "create", "conversation_id": "c", "members": []string{}})
 	if err != nil || r.Code != protocol.CodeUnavailable || r.RetryAfterMS <= 0 {
 		t.Fatalf("no workers: %+v %v", r, err)
 	}
@@ -140,10 +140,10 @@ func TestUnavailableWithoutWorkers(t *testing.T) {
 func TestHostileClients(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
-	good := dev.dial(t, "good")
-	good.must(map[string]any{"op": "create", "conversation_id": "gc", "members": []string{}})
-	flooder := dev.dial(t, "flood")
-	flooder.must(map[string]any{"op": "create", "conversation_id": "fc", "members": []string{}})
+	good := dev.Dial(t, "good")
+	good.Must(map[string]any{"op": "create", "conversation_id": "gc", "members": []string{}})
+	flooder := dev.Dial(t, "flood")
+	flooder.Must(map[string]any{"op": "create", "conversation_id": "fc", "members": []string{}})
 
 	var mu sync.Mutex
 	var accepted []acceptedMsg
@@ -156,7 +156,7 @@ func TestHostileClients(t *testing.T) {
 			seq++
 			cmid := fmt.Sprintf("g%d", seq)
 			sent := time.Now()
-			r, err := good.sendRetrying("gc", cmid, "steady")
+			r, err := good.SendRetrying("gc", cmid, "steady")
 			if err != nil || r.Op != protocol.OpAccepted {
 				t.Errorf("good send %s: %+v %v", cmid, r, err)
 				continue
@@ -181,7 +181,7 @@ func TestHostileClients(t *testing.T) {
 	}
 	// 1,000 malformed frames on one connection
 	attackers(1, func(int) {
-		c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "mal"), nil)
+		c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "mal"), nil)
 		if err != nil {
 			t.Error(err)
 			return
@@ -204,7 +204,7 @@ func TestHostileClients(t *testing.T) {
 	})
 	// oversized frames: each closes its connection with 1009
 	attackers(20, func(int) {
-		c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "big"), nil)
+		c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "big"), nil)
 		if err != nil {
 			return // over the per-user connection limit: refused, as it should be
 		}
@@ -220,7 +220,7 @@ func TestHostileClients(t *testing.T) {
 		for i := 0; i < 500; i++ {
 			cmid := fmt.Sprintf("f%d-%d", g, i)
 			sent := time.Now()
-			r, err := flooder.do(map[string]any{"op": "send", "conversation_id": "fc", "client_message_id": cmid, "body": "flood"})
+			r, err := flooder.Do(map[string]any{"op": "send", "conversation_id": "fc", "client_message_id": cmid, "body": "flood"})
 			if err != nil {
 				return
 			}
@@ -238,7 +238,7 @@ func TestHostileClients(t *testing.T) {
 	var refused atomic.Int64
 	attackers(4, func(int) {
 		for i := 0; i < 125; i++ {
-			_, resp, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token=forged."+fmt.Sprint(i), nil)
+			_, resp, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token=forged."+fmt.Sprint(i), nil)
 			if err != nil && resp != nil && resp.StatusCode == http.StatusUnauthorized {
 				refused.Add(1)
 			}
@@ -247,9 +247,9 @@ func TestHostileClients(t *testing.T) {
 	// 2,000 connect/disconnect cycles
 	var cycles atomic.Int64
 	attackers(4, func(g int) {
-		tok := dev.token(t, fmt.Sprintf("cycler%d", g))
+		tok := dev.Token(t, fmt.Sprintf("cycler%d", g))
 		for i := 0; i < 500; i++ {
-			c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+tok, nil)
+			c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+tok, nil)
 			if err != nil {
 				continue
 			}
@@ -272,7 +272,7 @@ func TestHostileClients(t *testing.T) {
 	}
 	// Only what clients were told was accepted is in the log.
 	all := append(accepted, flooded...)
-	rows := readLog(t, dev.ep)
+	rows := readLog(t, dev.EP)
 	told := map[string]bool{}
 	for _, a := range all {
 		told[a.Conv+"/"+a.ClientMessageID] = true
@@ -282,5 +282,5 @@ func TestHostileClients(t *testing.T) {
 			t.Errorf("stored but never accepted: %+v", r)
 		}
 	}
-	checkWorld(t, dev.ep, all)
+	checkWorld(t, dev.EP, all)
 }

@@ -32,16 +32,16 @@ func TestAdminHot(t *testing.T) {
 	parallel(t)
 	dir := t.TempDir()
 	dev := startDev(t, dir)
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	cl := dev.dial(t, "hot-user")
-	cl.must(map[string]any{"op": "create", "conversation_id": "hot-conv", "members": []string{}})
-	cl.must(map[string]any{"op": "create", "conversation_id": "cold-conv", "members": []string{}})
+	cl := dev.Dial(t, "hot-user")
+	cl.Must(map[string]any{"op": "create", "conversation_id": "hot-conv", "members": []string{}})
+	cl.Must(map[string]any{"op": "create", "conversation_id": "cold-conv", "members": []string{}})
 	for i := 0; i < 40; i++ {
-		cl.must(map[string]any{"op": "send", "conversation_id": "hot-conv", "client_message_id": fmt.Sprintf("h%d", i), "body": "x"})
+		cl.Must(map[string]any{"op": "send", "conversation_id": "hot-conv", "client_message_id": fmt.Sprintf("h%d", i), "body": "x"})
 	}
-	cl.must(map[string]any{"op": "send", "conversation_id": "cold-conv", "client_message_id": "c0", "body": "x"})
+	cl.Must(map[string]any{"op": "send", "conversation_id": "cold-conv", "client_message_id": "c0", "body": "x"})
 
 	hot := func() hotOut {
 		t.Helper()
@@ -59,7 +59,7 @@ func TestAdminHot(t *testing.T) {
 	if len(h.Conversations) < 2 || h.Conversations[0].Conversation != "hot-conv" || h.Conversations[0].PerSecond <= 0 || h.Conversations[0].Isolated {
 		t.Fatalf("admin hot: %+v, want hot-conv first, not isolated", h)
 	}
-	resp, err := http.Get(dev.ep.Admin + "/debug/hot?n=1")
+	resp, err := http.Get(dev.EP.Admin + "/debug/hot?n=1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,15 +71,15 @@ func TestAdminHot(t *testing.T) {
 	}
 
 	// Route it to the first dedicated vshard, as `admin isolate` does.
-	cli := etcdClient(t, dev.ep)
+	cli := etcdClient(t, dev.EP)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	to := dev.ep.VShards
+	to := dev.EP.VShards
 	if ok, err := lease.SetOverride(ctx, cli, lease.DefaultPrefix, "hot-conv", to, 0, time.Now()); err != nil || !ok {
 		t.Fatalf("set override: %v %v", ok, err)
 	}
 	for i := 0; i < 20; i++ {
-		cl.must(map[string]any{"op": "send", "conversation_id": "hot-conv", "client_message_id": fmt.Sprintf("i%d", i), "body": "x"})
+		cl.Must(map[string]any{"op": "send", "conversation_id": "hot-conv", "client_message_id": fmt.Sprintf("i%d", i), "body": "x"})
 	}
 	h = hot()
 	var before, after bool

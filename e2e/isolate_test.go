@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -30,22 +31,22 @@ import (
 // changes after both moves.
 func TestIsolateUnderLoad(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	l := startLoad(t, dev, 4, 6) // lu0 owns lc0…lc5, lu1…lu3 are members
+	l := stacktest.StartLoad(t, dev.Dev, 4, 6) // lu0 owns lc0…lc5, lu1…lu3 are members
 	const hot = "lc0"
-	home := logrecord.VShard(hot, dev.ep.VShards)
+	home := logrecord.VShard(hot, dev.EP.VShards)
 
 	// The kicked member and a watcher who stays a member throughout.
-	owner := dev.dial(t, "lu0")
+	owner := dev.Dial(t, "lu0")
 	watcher := newDevice(t, dev, "lu1", "lu1-watch")
 	if err := watcher.connect(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(watcher.disconnect)
-	kx := dev.dial(t, "ikx")
-	owner.must(map[string]any{"op": "join", "conversation_id": hot, "user_id": "ikx"})
+	kx := dev.Dial(t, "ikx")
+	owner.Must(map[string]any{"op": "join", "conversation_id": hot, "user_id": "ikx"})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var halted sync.Once
@@ -58,15 +59,15 @@ func TestIsolateUnderLoad(t *testing.T) {
 	// Two conversations of the same hashed vshard, written all along.
 	var neighbours []string
 	for i := 0; len(neighbours) < 2; i++ {
-		if c := fmt.Sprintf("in-%d", i); logrecord.VShard(c, dev.ep.VShards) == home {
+		if c := fmt.Sprintf("in-%d", i); logrecord.VShard(c, dev.EP.VShards) == home {
 			neighbours = append(neighbours, c)
 		}
 	}
 	var nbAccepted []acceptedMsg
 	for _, c := range neighbours {
-		owner.must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"lu2"}})
+		owner.Must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"lu2"}})
 	}
-	nb := dev.dial(t, "lu2")
+	nb := dev.Dial(t, "lu2")
 	wg.Add(1)
 	go func() { // lu2 sends to the neighbours without pause
 		defer wg.Done()
@@ -77,7 +78,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 			default:
 			}
 			conv, cmid, sent := neighbours[i%len(neighbours)], fmt.Sprintf("in-lu2-%d", i), time.Now()
-			r, err := nb.sendRetrying(conv, cmid, "next door")
+			r, err := nb.SendRetrying(conv, cmid, "next door")
 			if err != nil || r.Op != protocol.OpAccepted {
 				t.Errorf("lu2's send %s to %s: %+v %v", cmid, conv, r, err)
 				return
@@ -97,7 +98,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 			default:
 			}
 			cmid := fmt.Sprintf("ikx-%d", i)
-			r, err := kx.sendRetrying(hot, cmid, "racing")
+			r, err := kx.SendRetrying(hot, cmid, "racing")
 			switch {
 			case err != nil:
 				t.Errorf("ikx send %s: %v", cmid, err)
@@ -123,7 +124,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 			for _, op := range []string{"kick", "join"} {
 				key := fmt.Sprintf("ik-%s-%d", op, i)
 				for {
-					r, err := owner.do(map[string]any{"op": op, "conversation_id": hot, "user_id": "ikx", "client_message_id": key})
+					r, err := owner.Do(map[string]any{"op": op, "conversation_id": hot, "user_id": "ikx", "client_message_id": key})
 					if err != nil {
 						t.Errorf("%s ikx: %v", op, err)
 						return
@@ -147,20 +148,18 @@ func TestIsolateUnderLoad(t *testing.T) {
 
 	retryEarlier := func(phase string) {
 		t.Helper()
-		l.mu.Lock()
 		var earlier []acceptedMsg
-		for _, a := range l.accepted {
+		for _, a := range l.Snapshot() {
 			if a.Conv == hot && len(earlier) < 20 {
 				earlier = append(earlier, a)
 			}
 		}
-		l.mu.Unlock()
-		cl := dev.dial(t, "lu2")
+		cl := dev.Dial(t, "lu2")
 		for _, a := range earlier {
 			if a.Sender != "lu2" {
 				continue
 			}
-			r, err := cl.sendRetrying(hot, a.ClientMessageID, "load")
+			r, err := cl.SendRetrying(hot, a.ClientMessageID, "load")
 			if err != nil || r.Op != protocol.OpAccepted || r.Seq != a.Seq || r.MessageID != a.MessageID {
 				t.Errorf("%s: retry of %s (accepted seq %d %s) answered %+v %v", phase, a.ClientMessageID, a.Seq, a.MessageID, r, err)
 			}
@@ -180,15 +179,15 @@ func TestIsolateUnderLoad(t *testing.T) {
 	wg.Wait()
 	// Moved there and back, the conversation takes writes at once: a
 	// send, and a kick that ends what the kicked member may send.
-	if r, err := owner.sendRetrying(hot, "after-the-moves", "still here"); err != nil || r.Op != protocol.OpAccepted {
+	if r, err := owner.SendRetrying(hot, "after-the-moves", "still here"); err != nil || r.Op != protocol.OpAccepted {
 		t.Errorf("a send to %s after both moves answered %+v, %v; want accepted", hot, r, err)
 	}
-	owner.must(map[string]any{"op": "kick", "conversation_id": hot, "user_id": "ikx", "client_message_id": "ik-last-kick"})
-	if r, err := kx.sendRetrying(hot, "ikx-after-the-moves", "still in?"); err != nil || r.Code != protocol.CodeForbidden {
+	owner.Must(map[string]any{"op": "kick", "conversation_id": hot, "user_id": "ikx", "client_message_id": "ik-last-kick"})
+	if r, err := kx.SendRetrying(hot, "ikx-after-the-moves", "still in?"); err != nil || r.Code != protocol.CodeForbidden {
 		t.Errorf("ikx's send to %s after the last kick answered %+v, %v; want forbidden", hot, r, err)
 	}
-	accepted := append(l.finish(), nbAccepted...)
-	checkWorld(t, dev.ep, accepted)
+	accepted := append(l.Finish(), nbAccepted...)
+	checkWorld(t, dev.EP, accepted)
 	// The neighbours went on while the conversation was away.
 	var during int
 	for _, a := range nbAccepted {
@@ -203,7 +202,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 	// The log: two moved records, to a dedicated vshard and back; the
 	// events between them written by the dedicated vshard, the others by
 	// the hashed one; seqs of the conversation gap-free.
-	logRows := readLog(t, dev.ep)
+	logRows := readLog(t, dev.EP)
 	var moves []int64
 	var mine []row
 	for _, r := range logRows {
@@ -213,7 +212,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 	}
 	sort.Slice(mine, func(i, j int) bool { return mine[i].Seq < mine[j].Seq })
 	vs := map[int64]int{}
-	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
+	eachLogEvent(t, dev.EP, func(_ *kgo.Record, e *logrecord.Event) {
 		switch {
 		case e.ConversationID == hot:
 			vs[e.Seq] = e.VShard
@@ -233,7 +232,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 		t.Fatalf("%s has moved records at seqs %v of %d, want 2 (isolated, released) with events after each", hot, moves, len(mine))
 	}
 	dedicated := vs[moves[0]+1]
-	if dedicated < dev.ep.VShards || dedicated >= dev.ep.VShards+dev.ep.Dedicated {
+	if dedicated < dev.EP.VShards || dedicated >= dev.EP.VShards+dev.EP.Dedicated {
 		t.Errorf("after the first move %s was written by vshard %d, not a dedicated one", hot, dedicated)
 	}
 	for _, r := range mine {
@@ -265,13 +264,13 @@ func TestIsolateUnderLoad(t *testing.T) {
 	mu.Unlock()
 
 	// The watcher's device converges on the log, moved records included.
-	waitProjected(t, dev.ep, len(logRows))
+	waitProjected(t, dev.EP, len(logRows))
 
 	// The read model agrees with the log across both moves: the
 	// projection applied the conversation's events of three partitions in
 	// seq order, so every membership period — the kicked member's above
 	// all — is the log's.
-	if got, want := projectedPeriods(t, dev.ep)[hot], periods(mine)[hot]; fmt.Sprint(got) != fmt.Sprint(want) {
+	if got, want := projectedPeriods(t, dev.EP)[hot], periods(mine)[hot]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("%s's membership periods in Postgres differ from the log's:\n got %v\nwant %v", hot, got, want)
 	}
 	// The kicked member reads the events of their periods and no other.
@@ -297,7 +296,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 	}
 
 	last := mine[len(mine)-1].Seq
-	waitFor(t, 60*time.Second, "the watcher's device to hold the whole conversation", func() bool {
+	stacktest.WaitFor(t, 60*time.Second, "the watcher's device to hold the whole conversation", func() bool {
 		s := watcher.seqs(hot)
 		return len(s) > 0 && s[len(s)-1] == last
 	})
@@ -339,7 +338,7 @@ func TestIsolateUnderLoad(t *testing.T) {
 // dev's stack and fails the test if it fails.
 func adminCmd(t *testing.T, dev *devProc, args ...string) {
 	t.Helper()
-	out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
+	out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.Dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
 	t.Logf("admin %v: %s", args, out)
 	if err != nil {
 		t.Fatalf("admin %v: %v", args, err)

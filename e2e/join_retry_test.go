@@ -7,6 +7,7 @@ import (
 	"time"
 
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -24,21 +25,21 @@ import (
 func TestRetriedJoinAfterRemovalAddsNobody(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
-	owner := dev.dial(t, "jr-owner")
-	member := dev.dial(t, "jr-member")
+	owner := dev.Dial(t, "jr-owner")
+	member := dev.Dial(t, "jr-member")
 	created := map[string]int64{}
 	for _, conv := range []string{"jr-left", "jr-kicked"} {
-		created[conv] = owner.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"jr-member"}}).Seq
+		created[conv] = owner.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"jr-member"}}).Seq
 	}
-	metrics := dev.ep.Admin + "/metrics"
+	metrics := dev.EP.Admin + "/metrics"
 	joinsAnswered := func() float64 {
-		return metricLabeled(t, metrics, "chatpipe_gateway_commands_total", `op="join"`, `result="accepted"`)
+		return stacktest.MetricLabeled(t, metrics, "chatpipe_gateway_commands_total", `op="join"`, `result="accepted"`)
 	}
 
 	// The Go client's join, answered while its answer is swallowed; the
 	// member leaves while the client cannot reconnect; then it does, and
 	// sends the join again with the same client_message_id.
-	proxy, ws := newProxy(t, dev.ep.WebSocket)
+	proxy, ws := newProxy(t, dev.EP.WebSocket)
 	const joinKey = "jr-join-of-a-member"
 	gc := dialClient(t, dev, ws, "jr-owner", nil, chatclient.Options{NewID: func() string { return joinKey },
 		RequestTimeout: time.Minute, MaxBackoff: 200 * time.Millisecond})
@@ -55,10 +56,10 @@ func TestRetriedJoinAfterRemovalAddsNobody(t *testing.T) {
 		r, err := gc.Join(ctx, "jr-left", "jr-member")
 		joined <- result{r, err}
 	}()
-	waitFor(t, 30*time.Second, "the gateway to answer the client's join of jr-member to jr-left", func() bool { return joinsAnswered() > before })
+	stacktest.WaitFor(t, 30*time.Second, "the gateway to answer the client's join of jr-member to jr-left", func() bool { return joinsAnswered() > before })
 	proxy.set(true, true)
 	proxy.cut()
-	left := member.must(map[string]any{"op": "leave", "conversation_id": "jr-left", "client_message_id": "jr-leave"}).Seq
+	left := member.Must(map[string]any{"op": "leave", "conversation_id": "jr-left", "client_message_id": "jr-leave"}).Seq
 	proxy.set(false, false)
 	var res result
 	select {
@@ -76,32 +77,32 @@ func TestRetriedJoinAfterRemovalAddsNobody(t *testing.T) {
 
 	// The same join frame again on a plain connection, after a kick.
 	join := map[string]any{"op": "join", "conversation_id": "jr-kicked", "user_id": "jr-member", "client_message_id": "jr-join-k"}
-	if r := owner.must(join); r.Seq != created["jr-kicked"] {
+	if r := owner.Must(join); r.Seq != created["jr-kicked"] {
 		t.Errorf("join of jr-member, a member of jr-kicked since seq %d, answered seq %d", created["jr-kicked"], r.Seq)
 	}
-	kicked := owner.must(map[string]any{"op": "kick", "conversation_id": "jr-kicked", "user_id": "jr-member", "client_message_id": "jr-kick"}).Seq
+	kicked := owner.Must(map[string]any{"op": "kick", "conversation_id": "jr-kicked", "user_id": "jr-member", "client_message_id": "jr-kick"}).Seq
 	join = map[string]any{"op": "join", "conversation_id": "jr-kicked", "user_id": "jr-member", "client_message_id": "jr-join-k"}
-	if r := owner.must(join); r.Seq != created["jr-kicked"] {
+	if r := owner.Must(join); r.Seq != created["jr-kicked"] {
 		t.Errorf("the retried join of jr-member to jr-kicked (after the kick at seq %d) answered seq %d, want %d", kicked, r.Seq, created["jr-kicked"])
 	}
 
 	// The world: no join after the removal, periods that end at it, and a
 	// send that is refused.
 	removed := map[string]int64{"jr-left": left, "jr-kicked": kicked}
-	rows := readLog(t, dev.ep)
+	rows := readLog(t, dev.EP)
 	for _, r := range rows {
 		if at, ok := removed[r.Conv]; ok && r.Seq > at && r.Kind != logrecord.KindMoved {
 			t.Errorf("%s: %s of %s at seq %d, after the removal at seq %d", r.Conv, r.Kind, r.UserID, r.Seq, at)
 		}
 	}
-	waitProjected(t, dev.ep, len(rows))
-	got := projectedPeriods(t, dev.ep)
+	waitProjected(t, dev.EP, len(rows))
+	got := projectedPeriods(t, dev.EP)
 	for conv, at := range removed {
 		want := [][2]int64{{created[conv], at}}
 		if p := got[conv]["jr-member"]; fmt.Sprint(p) != fmt.Sprint(want) {
 			t.Errorf("jr-member's membership periods of %s in Postgres are %v, want %v", conv, p, want)
 		}
-		r, err := member.sendRetrying(conv, "jr-after-"+conv, "am I in?")
+		r, err := member.SendRetrying(conv, "jr-after-"+conv, "am I in?")
 		if err != nil || r.Code != protocol.CodeForbidden {
 			t.Errorf("jr-member's send to %s after their removal answered %+v %v, want forbidden", conv, r, err)
 		}

@@ -17,7 +17,7 @@ import (
 // test unless the upgrade succeeds.
 func (p *devProc) dialToken(t *testing.T, user, tok string) *client {
 	t.Helper()
-	cl, err := p.dialWith(t, user, tok)
+	cl, err := p.DialWith(t, user, tok)
 	if err != nil {
 		t.Fatalf("dial as %s: %v", user, err)
 	}
@@ -29,7 +29,7 @@ func (p *devProc) dialToken(t *testing.T, user, tok string) *client {
 func (p *devProc) upgrade(tok string) (*websocket.Conn, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, p.ep.WebSocket, &websocket.DialOptions{
+	c, resp, err := websocket.Dial(ctx, p.EP.WebSocket, &websocket.DialOptions{
 		HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}}})
 	status := 0
 	if resp != nil {
@@ -71,13 +71,13 @@ func TestJWKSTokens(t *testing.T) {
 
 	// A JWKS-signed token opens a connection that writes.
 	alice := dev.dialToken(t, "alice", signed(t, rs, "alice", time.Hour))
-	alice.must(map[string]any{"op": "create", "conversation_id": "jw1", "members": []string{"bob"}, "client_message_id": "k-create"})
-	if r, err := alice.sendRetrying("jw1", "m-1", "signed by the identity provider"); err != nil || r.Op != protocol.OpAccepted {
+	alice.Must(map[string]any{"op": "create", "conversation_id": "jw1", "members": []string{"bob"}, "client_message_id": "k-create"})
+	if r, err := alice.SendRetrying("jw1", "m-1", "signed by the identity provider"); err != nil || r.Op != protocol.OpAccepted {
 		t.Fatalf("send with a JWKS token: %+v %v", r, err)
 	}
 	// The dev secret's HS256 tokens work beside the JWK Set.
-	bobHS := dev.dial(t, "bob")
-	if r, err := bobHS.sendRetrying("jw1", "m-2", "signed with the shared secret"); err != nil || r.Op != protocol.OpAccepted {
+	bobHS := dev.Dial(t, "bob")
+	if r, err := bobHS.SendRetrying("jw1", "m-2", "signed with the shared secret"); err != nil || r.Op != protocol.OpAccepted {
 		t.Fatalf("send with an HS256 token: %+v %v", r, err)
 	}
 
@@ -88,7 +88,7 @@ func TestJWKSTokens(t *testing.T) {
 	refreshed := dev.dialToken(t, "alice", short)
 	plain := dev.dialToken(t, "alice", short)
 	time.Sleep(time.Until(start.Add(time.Second)))
-	r, err := refreshed.do(map[string]any{"op": "refresh", "token": signed(t, ed, "alice", time.Hour)})
+	r, err := refreshed.Do(map[string]any{"op": "refresh", "token": signed(t, ed, "alice", time.Hour)})
 	if err != nil || r.Op != protocol.OpAccepted || r.ExpiresAt == "" {
 		t.Fatalf("refresh: %+v %v", r, err)
 	}
@@ -96,28 +96,28 @@ func TestJWKSTokens(t *testing.T) {
 		t.Fatalf("refresh answered expires_at %q (%v), want the new token's exp, an hour away", r.ExpiresAt, err)
 	}
 	// Another user's token: forbidden, and the connection keeps its own.
-	r, err = plain.do(map[string]any{"op": "refresh", "token": signed(t, rs, "bob", time.Hour)})
+	r, err = plain.Do(map[string]any{"op": "refresh", "token": signed(t, rs, "bob", time.Hour)})
 	if err != nil || r.Code != protocol.CodeForbidden {
 		t.Fatalf("refresh with bob's token on alice's connection: %+v %v, want forbidden", r, err)
 	}
-	r, err = plain.do(map[string]any{"op": "refresh", "token": "not-a-token"})
+	r, err = plain.Do(map[string]any{"op": "refresh", "token": "not-a-token"})
 	if err != nil || r.Code != protocol.CodeUnauthorized {
 		t.Fatalf("refresh with a bad token: %+v %v, want unauthorized", r, err)
 	}
 	time.Sleep(time.Until(start.Add(5 * time.Second)))
-	if r, err := refreshed.sendRetrying("jw1", "m-3", "still here at 5 s"); err != nil || r.Op != protocol.OpAccepted {
+	if r, err := refreshed.SendRetrying("jw1", "m-3", "still here at 5 s"); err != nil || r.Op != protocol.OpAccepted {
 		t.Fatalf("send at 5 s after a refresh: %+v %v, want accepted", r, err)
 	}
-	r, err = plain.do(map[string]any{"op": "send", "conversation_id": "jw1", "client_message_id": "m-4", "body": "expired"})
+	r, err = plain.Do(map[string]any{"op": "send", "conversation_id": "jw1", "client_message_id": "m-4", "body": "expired"})
 	if err != nil || r.Code != protocol.CodeUnauthorized {
 		t.Fatalf("send at 5 s without a refresh: %+v %v, want unauthorized", r, err)
 	}
 	// A refresh brings the expired connection back.
-	r, err = plain.do(map[string]any{"op": "refresh", "token": signed(t, rs, "alice", time.Hour)})
+	r, err = plain.Do(map[string]any{"op": "refresh", "token": signed(t, rs, "alice", time.Hour)})
 	if err != nil || r.Op != protocol.OpAccepted {
 		t.Fatalf("refresh after the expiry: %+v %v", r, err)
 	}
-	if r, err := plain.sendRetrying("jw1", "m-4", "back"); err != nil || r.Op != protocol.OpAccepted {
+	if r, err := plain.SendRetrying("jw1", "m-4", "back"); err != nil || r.Op != protocol.OpAccepted {
 		t.Fatalf("send after a late refresh: %+v %v", r, err)
 	}
 
@@ -128,7 +128,7 @@ func TestJWKSTokens(t *testing.T) {
 	src := func(context.Context) (string, error) {
 		return rs.Sign(authtest.Claims{Subject: "bob", TTL: 3 * time.Second})
 	}
-	gc, err := chatclient.Dial(ctx, dev.ep.WebSocket, src, chatclient.Options{RefreshBefore: 2 * time.Second})
+	gc, err := chatclient.Dial(ctx, dev.EP.WebSocket, src, chatclient.Options{RefreshBefore: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestJWKSTokens(t *testing.T) {
 	// on the rotated-out keys are refused at the upgrade.
 	jwks.SetKeys(es)
 	carol := dev.dialToken(t, "carol", signed(t, es, "carol", time.Hour))
-	carol.must(map[string]any{"op": "create", "conversation_id": "jw2", "client_message_id": "k-jw2"})
+	carol.Must(map[string]any{"op": "create", "conversation_id": "jw2", "client_message_id": "k-jw2"})
 	for _, k := range []*authtest.Key{rs, ed} {
 		if c, status, err := dev.upgrade(signed(t, k, "alice", time.Hour)); err == nil || status != http.StatusUnauthorized {
 			if c != nil {
@@ -159,7 +159,7 @@ func TestJWKSTokens(t *testing.T) {
 		}
 	}
 	// A refresh with a rotated-out key's token is unauthorized too.
-	r, err = carol.do(map[string]any{"op": "refresh", "token": signed(t, rs, "carol", time.Hour)})
+	r, err = carol.Do(map[string]any{"op": "refresh", "token": signed(t, rs, "carol", time.Hour)})
 	if err != nil || r.Code != protocol.CodeUnauthorized {
 		t.Fatalf("refresh with a rotated-out key: %+v %v, want unauthorized", r, err)
 	}

@@ -30,12 +30,12 @@ func TestKcatExample(t *testing.T) {
 		t.Skip("kcat is not installed (apt-get install kcat)")
 	}
 	dev := startDev(t, t.TempDir())
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "k1", "members": []string{"bob"}})
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "k1", "members": []string{"bob"}})
 	var accepted []acceptedMsg
 	for i := 0; i < 20; i++ {
 		cmid := fmt.Sprintf("m%d", i)
-		r, err := alice.sendRetrying("k1", cmid, "hello")
+		r, err := alice.SendRetrying("k1", cmid, "hello")
 		if err != nil || r.Op != protocol.OpAccepted {
 			t.Fatalf("send: %+v %v", r, err)
 		}
@@ -43,8 +43,8 @@ func TestKcatExample(t *testing.T) {
 	}
 
 	// An aborted transaction in the same partition, as a fenced writer leaves.
-	part := logrecord.Partition(logrecord.VShard("k1", dev.ep.VShards), dev.ep.Partitions)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(dev.ep.Kafka...), kgo.TransactionalID("kcat-test-aborted"),
+	part := logrecord.Partition(logrecord.VShard("k1", dev.EP.VShards), dev.EP.Partitions)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(dev.EP.Kafka...), kgo.TransactionalID("kcat-test-aborted"),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestKcatExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	val := `{"v":1,"kind":"message","conversation_id":"k1","seq":2,"message_id":"ABORTED","client_message_id":"zombie","sender":"alice","body":"never","created_at":"2026-11-29T00:00:00Z","vshard":0,"epoch":0}`
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: dev.ep.Topic, Partition: part, Key: []byte("k1"), Value: []byte(val)}).FirstErr(); err != nil {
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: dev.EP.Topic, Partition: part, Key: []byte("k1"), Value: []byte(val)}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
@@ -64,7 +64,7 @@ func TestKcatExample(t *testing.T) {
 	}
 
 	run := func(isolation string) (events map[string]string, aborted bool) {
-		out, err := exec.Command(kcat, "-b", dev.ep.Kafka[0], "-C", "-t", dev.ep.Topic, "-e", "-q",
+		out, err := exec.Command(kcat, "-b", dev.EP.Kafka[0], "-C", "-t", dev.EP.Topic, "-e", "-q",
 			"-X", "isolation.level="+isolation, "-f", "%p\t%o\t%k\t%h\t%s\n").Output()
 		if err != nil {
 			t.Fatalf("kcat: %v", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
@@ -71,8 +72,8 @@ func readLogEpochs(t *testing.T, ep endpoints) *logEpochs {
 // waitReady waits for a worker's /readyz to answer 200.
 func waitReady(t *testing.T, dev *devProc, id string) {
 	t.Helper()
-	url := strings.TrimSuffix(adminURL(t, dev.ep, id), "/metrics") + "/readyz"
-	waitFor(t, 120*time.Second, id+" to be ready", func() bool {
+	url := strings.TrimSuffix(stacktest.AdminURL(t, dev.EP, id), "/metrics") + "/readyz"
+	stacktest.WaitFor(t, 120*time.Second, id+" to be ready", func() bool {
 		resp, err := http.Get(url)
 		if err != nil {
 			return false
@@ -96,34 +97,34 @@ func waitReady(t *testing.T, dev *devProc, id string) {
 // the world check finds nothing lost or doubled.
 func TestStarvedKeepAlive(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	etcdHost := strings.TrimPrefix(strings.TrimPrefix(dev.ep.Etcd[0], "http://"), "https://")
+	etcdHost := strings.TrimPrefix(strings.TrimPrefix(dev.EP.Etcd[0], "http://"), "https://")
 	link := startNetProxy(t, "wa-etcd", etcdHost)
-	wa := startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
+	wa := stacktest.StartProc(t, dev.Dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
 		"--etcd", "http://"+link.addr(), "--id", "wa", "--log-level", "warn")
-	vshards := dev.ep.all()
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, vshards, "wa", vshards)
-	dev.startWorker(t, "wb")
-	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, vshards, "wb", vshards/2)
+	vshards := dev.EP.All()
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, vshards, "wa", vshards)
+	dev.StartWorker(t, "wb")
+	stacktest.WaitOwned(t, 120*time.Second, "wb to get its half", dev.EP, vshards, "wb", vshards/2)
 	waitReady(t, dev, "wa")
 	waitReady(t, dev, "wb")
-	waMetrics, wbMetrics := adminURL(t, dev.ep, "wa"), adminURL(t, dev.ep, "wb")
+	waMetrics, wbMetrics := stacktest.AdminURL(t, dev.EP, "wa"), stacktest.AdminURL(t, dev.EP, "wb")
 
-	cli, err := quietEtcdClient(dev.ep.Etcd...)
+	cli, err := quietEtcdClient(dev.EP.Etcd...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Close()
 	ctx := context.Background()
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 
 	resp, err := cli.Get(ctx, lease.DefaultPrefix+"workers/wa")
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("read workers/wa: %v %v", resp, err)
 	}
 	leaseID := clientv3.LeaseID(resp.Kvs[0].Lease)
-	atHole := etcdView(t, dev.ep)
+	atHole := stacktest.EtcdView(t, dev.EP)
 	oldGen := atHole.Workers["wa"].Gen
 	oldEpoch := map[int]int64{}
 	for v := 0; v < vshards; v++ {
@@ -140,7 +141,7 @@ func TestStarvedKeepAlive(t *testing.T) {
 	// when each question was sent.
 	var expiresNoEarlier time.Time
 	var expired time.Time
-	waitFor(t, 60*time.Second, "wa's lease to expire", func() bool {
+	stacktest.WaitFor(t, 60*time.Second, "wa's lease to expire", func() bool {
 		sent := time.Now()
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		ttl, err := cli.TimeToLive(qctx, leaseID)
@@ -159,33 +160,33 @@ func TestStarvedKeepAlive(t *testing.T) {
 	})
 	t.Logf("wa's lease expired %v after the black hole (etcd's TTL said no earlier than %v)",
 		expired.Sub(hole).Round(time.Millisecond), expiresNoEarlier.Sub(hole).Round(time.Millisecond))
-	waitFor(t, 60*time.Second, "wb to take over every vshard, accepting", func() bool {
-		return ownedBy(etcdView(t, dev.ep), vshards, "wb") == vshards && metric(t, wbMetrics, "chatpipe_worker_owned_shards") == float64(vshards)
+	stacktest.WaitFor(t, 60*time.Second, "wb to take over every vshard, accepting", func() bool {
+		return stacktest.OwnedBy(stacktest.EtcdView(t, dev.EP), vshards, "wb") == vshards && stacktest.Metric(t, wbMetrics, "chatpipe_worker_owned_shards") == float64(vshards)
 	})
 	tookOver := time.Now()
-	refused := metric(t, waMetrics, "chatpipe_worker_lease_refused_total")
+	refused := stacktest.Metric(t, waMetrics, "chatpipe_worker_lease_refused_total")
 	t.Logf("wb accepts for every vshard %v after the black hole; wa refused %v requests for its overdue lease", tookOver.Sub(hole).Round(time.Millisecond), refused)
 	if refused == 0 {
 		t.Error("wa refused no request while its lease renewal was overdue: the gateway kept routing to it, so it should have")
 	}
 	select {
-	case <-wa.done:
-		t.Fatalf("wa exited; log:\n%s", tail(wa.log))
+	case <-wa.Done():
+		t.Fatalf("wa exited; log:\n%s", stacktest.Tail(wa.Log))
 	default:
 	}
 
 	link.heal()
 	healed := time.Now()
-	waitFor(t, 60*time.Second, "wa to register again with a new gen", func() bool {
-		w, ok := etcdView(t, dev.ep).Workers["wa"]
+	stacktest.WaitFor(t, 60*time.Second, "wa to register again with a new gen", func() bool {
+		w, ok := stacktest.EtcdView(t, dev.EP).Workers["wa"]
 		return ok && w.Gen > oldGen
 	})
 	t.Logf("wa registered again %v after the heal", time.Since(healed).Round(time.Millisecond))
-	n := load.count()
-	load.waitAbove(t, 60*time.Second, "load to go on after the heal", n+300)
-	accepted := load.finish()
+	n := load.Count()
+	load.WaitAbove(t, 60*time.Second, "load to go on after the heal", n+300)
+	accepted := load.Finish()
 
-	le := readLogEpochs(t, dev.ep)
+	le := readLogEpochs(t, dev.EP)
 	var lastOld time.Time
 	lastOldOf := map[int]time.Time{}
 	oldAccepted := 0
@@ -226,5 +227,5 @@ func TestStarvedKeepAlive(t *testing.T) {
 		}
 	}
 	t.Logf("%d sends accepted in all", len(accepted))
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -19,7 +20,7 @@ import (
 // nothing from while they were out (the watcher writes now and then while
 // they are).
 func TestKickVersusSend(t *testing.T) {
-	cycles := envInt(t, "CHATPIPE_E2E_KICK_CYCLES", 2000)
+	cycles := stacktest.EnvInt(t, "CHATPIPE_E2E_KICK_CYCLES", 2000)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
 	connect := func(user string) *device {
 		d := newDevice(t, dev, user, user)
@@ -90,9 +91,9 @@ func TestKickVersusSend(t *testing.T) {
 		t.Errorf("the race had one outcome only (%d accepted, %d forbidden)", len(accepted), forbidden)
 	}
 
-	logRows := readLog(t, dev.ep)
-	dbRows := readDB(t, dev.ep, len(logRows))
-	waitProjected(t, dev.ep, len(logRows))
+	logRows := readLog(t, dev.EP)
+	dbRows := readDB(t, dev.EP, len(logRows))
+	waitProjected(t, dev.EP, len(logRows))
 	var last int64
 	for name, rows := range map[string][]row{"log": logRows, "postgres": dbRows} {
 		var mine []row
@@ -128,7 +129,7 @@ func TestKickVersusSend(t *testing.T) {
 
 	// Devices: the watcher receives the whole conversation, which is the
 	// log's; the member's device holds nothing from outside its periods.
-	waitFor(t, 60*time.Second, "the watcher to receive the whole conversation", func() bool {
+	stacktest.WaitFor(t, 60*time.Second, "the watcher to receive the whole conversation", func() bool {
 		s := watcher.seqs(g)
 		return len(s) > 0 && s[len(s)-1] == last
 	})

@@ -5,6 +5,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // TestKilledWriterBetweenProduceAndCommit kills a worker with kill -9 while
@@ -13,8 +15,8 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", shortLease)
 	underLoad(t, dev, func() {
-		wa.kill9()
-		waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
+		wa.Kill9()
+		stacktest.WaitOwned(t, 120*time.Second, "wb to take over every vshard", dev.EP, dev.EP.All(), "wb", dev.EP.All())
 	})
 }
 
@@ -29,34 +31,34 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 func TestKilledOnlyWorker(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	wa := dev.startWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s", shortLease)
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
-	wa.kill9()
+	wa := dev.StartWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s", shortLease)
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
+	wa.Kill9()
 	time.Sleep(time.Second) // answers already on their way may still arrive
-	before := load.count()
+	before := load.Count()
 	time.Sleep(3 * time.Second) // no worker at all
-	if n := load.count(); n != before {
+	if n := load.Count(); n != before {
 		t.Errorf("%d sends accepted while no worker was alive", n-before)
 	}
 	back := time.Now()
-	dev.startWorker(t, "wb")
-	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
-	n := load.count()
-	load.waitAbove(t, 120*time.Second, "load to go on after the worker returned", n+300)
+	dev.StartWorker(t, "wb")
+	stacktest.WaitOwned(t, 120*time.Second, "wb to take over every vshard", dev.EP, dev.EP.All(), "wb", dev.EP.All())
+	n := load.Count()
+	load.WaitAbove(t, 120*time.Second, "load to go on after the worker returned", n+300)
 	resumed := time.Since(back)
-	accepted := load.finish()
+	accepted := load.Finish()
 	// The bound: the lease of the killed worker runs out (4 s), wb takes
 	// over (its markers fence and abort what is still open), and the
 	// consumers read on; with the load it sent meanwhile, well under 60 s.
-	logRows := readLog(t, dev.ep)
-	readDB(t, dev.ep, len(logRows))
-	waitProjected(t, dev.ep, len(logRows))
+	logRows := readLog(t, dev.EP)
+	readDB(t, dev.EP, len(logRows))
+	waitProjected(t, dev.EP, len(logRows))
 	caughtUp := time.Since(back)
 	t.Logf("%d sends accepted; after the worker returned: sends accepted again within %v, persist and the projection caught up with the log within %v", len(accepted), resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
 	if caughtUp > 60*time.Second {
 		t.Errorf("persist and the projection caught up %v after a worker returned, want within 60 s", caughtUp)
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

@@ -15,7 +15,7 @@ import (
 func TestLeaseTTLFlag(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--lease-ttl", "3")
-	cli := etcdClient(t, dev.ep)
+	cli := etcdClient(t, dev.EP)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	granted := func(key string, prefix bool) int64 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -104,20 +105,20 @@ func (f *freezer) addr() string { return f.ln.Addr().String() }
 // replaced, so commands are answered well within the call timeout.
 func TestLinkFaults(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--wire-ping", "500ms", "--wire-read-timeout", "3s", "--call-timeout", "15s")
-	listen := freePort(t)
+	listen := stacktest.FreePort(t)
 	proxy := startFreezer(t, "127.0.0.1:"+strconv.Itoa(listen))
-	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", dev.dir+"/endpoints.json", "--id", "wa", "--log-level", "warn",
+	stacktest.StartProc(t, dev.Dir, "wa", nil, "worker", "--endpoints", dev.Dir+"/endpoints.json", "--id", "wa", "--log-level", "warn",
 		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", proxy.addr(), "--wire-queue", "256", "--wire-write-timeout", "2s")
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
 
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "lk", "members": []string{}})
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "lk", "members": []string{}})
 	seq := 0
 	send := func() time.Duration {
 		t.Helper()
 		seq++
 		start := time.Now()
-		r, err := alice.sendRetrying("lk", fmt.Sprint("m", seq), "x")
+		r, err := alice.SendRetrying("lk", fmt.Sprint("m", seq), "x")
 		if err != nil || r.Op != protocol.OpAccepted {
 			t.Fatalf("send %d: %+v %v", seq, r, err)
 		}

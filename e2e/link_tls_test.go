@@ -19,6 +19,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/internal/clustersec"
 	"github.com/chatpipe/chatpipe/internal/link"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -50,14 +51,14 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 		}
 	}
 	s := startSecured(t)
-	port := strconv.Itoa(freePort(t))
+	port := strconv.Itoa(stacktest.FreePort(t))
 	addr := "127.0.0.1:" + port
 	w := s.startRole(clustersec.RoleWorker, "--listen", addr)
 	s.startRole(clustersec.RolePersist)
 
-	alice := s.dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "lt", "members": []string{"bob"}})
-	if r, err := alice.sendRetrying("lt", "m1", "through the gateway"); err != nil || r.Op != "accepted" {
+	alice := s.dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "lt", "members": []string{"bob"}})
+	if r, err := alice.SendRetrying("lt", "m1", "through the gateway"); err != nil || r.Op != "accepted" {
 		t.Fatalf("send through the gateway: %+v %v", r, err)
 	}
 
@@ -92,17 +93,17 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 	// A message sent after the forged ones, in the same conversation (the
 	// same vshard and partition), reaches Postgres and the log: by then
 	// anything forged would have too.
-	if r, err := alice.sendRetrying("lt", "m2", "after the forgeries"); err != nil || r.Op != "accepted" {
+	if r, err := alice.SendRetrying("lt", "m2", "after the forgeries"); err != nil || r.Op != "accepted" {
 		t.Fatalf("send after the forgeries: %+v %v", r, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, s.dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	waitFor(t, 20*time.Second, "m2 in Postgres", func() bool {
+	stacktest.WaitFor(t, 20*time.Second, "m2 in Postgres", func() bool {
 		var n int
 		err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE conversation_id = 'lt' AND client_message_id = 'm2'`).Scan(&n)
 		return err == nil && n == 1
@@ -134,9 +135,9 @@ func TestLinkTLSRefusesUnauthenticatedWriters(t *testing.T) {
 		})
 	}
 
-	b, _ := os.ReadFile(w.log)
+	b, _ := os.ReadFile(w.Log)
 	if n := strings.Count(string(b), "refused a link that did not authenticate as a gateway"); n < len(attempts) {
-		t.Fatalf("the worker logged %d refused links, want %d; log:\n%s", n, len(attempts), tail(w.log))
+		t.Fatalf("the worker logged %d refused links, want %d; log:\n%s", n, len(attempts), stacktest.Tail(w.Log))
 	}
 }
 

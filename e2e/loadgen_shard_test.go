@@ -25,11 +25,11 @@ func TestLoadgenShardsMerged(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
-	ep := filepath.Join(dev.dir, "endpoints.json")
+	ep := filepath.Join(dev.Dir, "endpoints.json")
 	res := make([]cmdResult, 2)
 	var wg sync.WaitGroup
-	target := [][]string{{"--endpoints", ep}, {"--ws", dev.ep.WebSocket, "--jwt-secret-file", filepath.Join(dev.dir, auth.SecretFile),
-		"--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", dev.ep.Postgres}}
+	target := [][]string{{"--endpoints", ep}, {"--ws", dev.EP.WebSocket, "--jwt-secret-file", filepath.Join(dev.Dir, auth.SecretFile),
+		"--kafka", strings.Join(dev.EP.Kafka, ","), "--database-url", dev.EP.Postgres}}
 	for k := 1; k <= 2; k++ {
 		wg.Add(1)
 		go func() {
@@ -97,7 +97,7 @@ func TestLoadgenShardsMerged(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestLoadgenShardsMerged(t *testing.T) {
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("delete %s/%d: %v (%d rows)", victim.Conv, victim.Seq, err, tag.RowsAffected())
 	}
-	gone := runChatpipe(t, "check", "--run", merged, "--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", dev.ep.Postgres)
+	gone := runChatpipe(t, "check", "--run", merged, "--kafka", strings.Join(dev.EP.Kafka, ","), "--database-url", dev.EP.Postgres)
 	if gone.err == nil || !strings.Contains(gone.out, "VIOLATION accepted-not-in-postgres") || !strings.Contains(gone.out, victim.MessageID) {
 		t.Fatalf("check of the merged run after deleting an accepted message: %v\n%s", gone.err, gone.out)
 	}

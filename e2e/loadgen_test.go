@@ -25,7 +25,7 @@ func TestLoadgenThenCheck(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
-	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--rate", "60", "--duration", "10s",
+	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--rate", "60", "--duration", "10s",
 		"--out", out, "--run", "e2e", "--progress=false", "--drain", "90s", "--reconnects", "2")
 	if lg.err != nil {
 		t.Fatalf("loadgen: %v\n%s", lg.err, lg.out)
@@ -53,7 +53,7 @@ func TestLoadgenThenCheck(t *testing.T) {
 	t.Logf("check:\n%s", ok.out)
 
 	// The same run name again appends nothing to the ledger.
-	again := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--rate", "10", "--duration", "1s",
+	again := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--rate", "10", "--duration", "1s",
 		"--out", out, "--run", "e2e", "--progress=false")
 	if again.err == nil {
 		t.Fatal("a second run with a finished run's name was accepted")
@@ -86,7 +86,7 @@ func TestLoadgenThenCheck(t *testing.T) {
 	// One accepted event removed from Postgres.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -26,25 +27,25 @@ import (
 func TestMoveFromBusyVShard(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--rate-user", "-1", "--rate-conv", "-1")
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	ep := filepath.Join(dev.dir, "endpoints.json")
-	startProc(t, dev.dir, "w1", []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms"},
+	ep := filepath.Join(dev.Dir, "endpoints.json")
+	stacktest.StartProc(t, dev.Dir, "w1", []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=100ms"},
 		"worker", "--endpoints", ep, "--id", "w1", "--log-level", "warn")
-	waitOwned(t, 120*time.Second, "w1 to own every vshard", dev.ep, dev.ep.all(), "w1", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "w1 to own every vshard", dev.EP, dev.EP.All(), "w1", dev.EP.All())
 
 	const hot = "mb-hot"
-	home := logrecord.VShard(hot, dev.ep.VShards)
+	home := logrecord.VShard(hot, dev.EP.VShards)
 	var convs []string
 	for i := 0; len(convs) < 4; i++ {
-		if c := fmt.Sprintf("mb-%d", i); logrecord.VShard(c, dev.ep.VShards) == home {
+		if c := fmt.Sprintf("mb-%d", i); logrecord.VShard(c, dev.EP.VShards) == home {
 			convs = append(convs, c)
 		}
 	}
-	owner := dev.dial(t, "mb-owner")
+	owner := dev.Dial(t, "mb-owner")
 	for _, c := range append([]string{hot}, convs...) {
-		owner.must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"mb-u"}})
+		owner.Must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"mb-u"}})
 	}
 
 	var mu sync.Mutex
@@ -57,7 +58,7 @@ func TestMoveFromBusyVShard(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	for s := range 2 {
-		cl := dev.dial(t, "mb-u")
+		cl := dev.Dial(t, "mb-u")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -70,9 +71,9 @@ func TestMoveFromBusyVShard(t *testing.T) {
 				case <-tick.C:
 				}
 				conv, cmid, sent := convs[n%len(convs)], fmt.Sprintf("mb-u-%d-%d", s, n), time.Now()
-				id := cl.c.NewID()
+				id := cl.Conn.NewID()
 				b, _ := json.Marshal(map[string]any{"op": "send", "id": id, "conversation_id": conv, "client_message_id": cmid, "body": "busy"})
-				err := cl.c.Go(ctx, id, b, func(f []byte) {
+				err := cl.Conn.Go(ctx, id, b, func(f []byte) {
 					var r protocol.Reply
 					if err := json.Unmarshal(f, &r); err != nil {
 						t.Errorf("answer to %s: %s", cmid, f)
@@ -94,13 +95,13 @@ func TestMoveFromBusyVShard(t *testing.T) {
 		}()
 	}
 	// The hot conversation takes sends throughout.
-	hotSender := dev.dial(t, "mb-owner")
+	hotSender := dev.Dial(t, "mb-owner")
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for n := 0; ctx.Err() == nil; n++ {
 			cmid, sent := fmt.Sprintf("mb-hot-%d", n), time.Now()
-			r, err := hotSender.sendRetrying(hot, cmid, "hot")
+			r, err := hotSender.SendRetrying(hot, cmid, "hot")
 			if err != nil || r.Op != protocol.OpAccepted {
 				if ctx.Err() == nil {
 					t.Errorf("send %s to %s: %+v %v", cmid, hot, r, err)
@@ -113,14 +114,14 @@ func TestMoveFromBusyVShard(t *testing.T) {
 		}
 	}()
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(accepted) }
-	waitFor(t, 30*time.Second, "sends to flow", func() bool { return count() > 100 })
+	stacktest.WaitFor(t, 30*time.Second, "sends to flow", func() bool { return count() > 100 })
 
 	adminCmd(t, dev, "isolate", "--wait", "20s", hot)
 	adminCmd(t, dev, "unisolate", "--wait", "20s", hot)
 	// Sends go on at home while the writers look at the move again.
 	n := count()
-	waitFor(t, 30*time.Second, "sends to flow after the moves", func() bool { return count() > n+300 })
-	if r, err := owner.sendRetrying(hot, "mb-after-the-moves", "home"); err != nil || r.Op != protocol.OpAccepted {
+	stacktest.WaitFor(t, 30*time.Second, "sends to flow after the moves", func() bool { return count() > n+300 })
+	if r, err := owner.SendRetrying(hot, "mb-after-the-moves", "home"); err != nil || r.Op != protocol.OpAccepted {
 		t.Errorf("a send to %s after both moves answered %+v, %v; want accepted", hot, r, err)
 	}
 	cancel()
@@ -130,14 +131,14 @@ func TestMoveFromBusyVShard(t *testing.T) {
 	if len(refused) > 0 {
 		t.Errorf("%d sends to %v were refused, e.g. %s", len(refused), convs, refused[0])
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 	// Answers to the paced sends still in flight arrive after cancel, on
 	// the connections' read goroutines: accepted is read under mu only.
 	nAccepted := len(accepted)
 	mu.Unlock()
 	var moves []string
 	var mine []*logrecord.Event
-	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
+	eachLogEvent(t, dev.EP, func(_ *kgo.Record, e *logrecord.Event) {
 		if e.ConversationID == hot && e.Kind == logrecord.KindMoved {
 			mine = append(mine, e)
 		}

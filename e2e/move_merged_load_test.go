@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -35,26 +36,26 @@ import (
 func TestMoveWithMergedLoads(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--rate-user", "-1", "--rate-conv", "-1")
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	ep := filepath.Join(dev.dir, "endpoints.json")
-	w := startProc(t, dev.dir, "w1", []string{"CHATPIPE_FAULT_LOADER_SLOW=150ms"},
+	ep := filepath.Join(dev.Dir, "endpoints.json")
+	w := stacktest.StartProc(t, dev.Dir, "w1", []string{"CHATPIPE_FAULT_LOADER_SLOW=150ms"},
 		"worker", "--endpoints", ep, "--id", "w1", "--log-level", "warn", "--cache-convs", "4")
-	waitOwned(t, 120*time.Second, "w1 to own every vshard", dev.ep, dev.ep.all(), "w1", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "w1 to own every vshard", dev.EP, dev.EP.All(), "w1", dev.EP.All())
 
 	const hot, cycles = "mm-hot", 3
-	home := logrecord.VShard(hot, dev.ep.VShards)
+	home := logrecord.VShard(hot, dev.EP.VShards)
 	var convs []string // the hot one's neighbours on its hashed vshard
 	for i := 0; len(convs) < 12; i++ {
-		if c := fmt.Sprintf("mm-%d", i); logrecord.VShard(c, dev.ep.VShards) == home {
+		if c := fmt.Sprintf("mm-%d", i); logrecord.VShard(c, dev.EP.VShards) == home {
 			convs = append(convs, c)
 		}
 	}
 	users := []string{"mm-u0", "mm-u1", "mm-u2", "mm-u3"}
-	owner := dev.dial(t, "mm-owner")
+	owner := dev.Dial(t, "mm-owner")
 	for _, c := range append([]string{hot}, convs...) {
-		owner.must(map[string]any{"op": "create", "conversation_id": c, "members": users})
+		owner.Must(map[string]any{"op": "create", "conversation_id": c, "members": users})
 	}
 	loaders := []string{}
 	for i := range 8 {
@@ -73,7 +74,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	stop := make(chan struct{})
 	var load sync.WaitGroup
 	for i, u := range loaders {
-		cl := dev.dial(t, u)
+		cl := dev.Dial(t, u)
 		load.Add(1)
 		go func() {
 			defer load.Done()
@@ -84,7 +85,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 				default:
 				}
 				conv, cmid, sent := convs[(n*len(loaders)+i)%len(convs)], fmt.Sprintf("%s-%d-n%d", u, i, n), time.Now()
-				r, err := cl.sendRetrying(conv, cmid, "load")
+				r, err := cl.SendRetrying(conv, cmid, "load")
 				if err != nil || r.Op != protocol.OpAccepted {
 					t.Errorf("%s's send %s to %s: %+v %v", u, cmid, conv, r, err)
 					return
@@ -96,10 +97,10 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	stopLoad := sync.OnceFunc(func() { close(stop); load.Wait() })
 	defer stopLoad()
 
-	cli := etcdClient(t, dev.ep)
+	cli := etcdClient(t, dev.EP)
 	hotClients := make([]*client, len(users))
 	for i, u := range users {
-		hotClients[i] = dev.dial(t, u)
+		hotClients[i] = dev.Dial(t, u)
 	}
 	// burst sends to the hot conversation from every member at once until
 	// done closes: new sends, and retries of each member's first send.
@@ -116,7 +117,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 						cmid = first
 					}
 					sent := time.Now()
-					r, err := hotClients[i].sendRetrying(hot, cmid, "hot")
+					r, err := hotClients[i].SendRetrying(hot, cmid, "hot")
 					if err != nil || r.Op != protocol.OpAccepted {
 						t.Errorf("%s: %s's send %s to %s: %+v %v", phase, u, cmid, hot, r, err)
 						return
@@ -133,10 +134,10 @@ func TestMoveWithMergedLoads(t *testing.T) {
 		wg.Wait()
 	}
 	for _, u := range hotClients { // the first sends that the bursts retry
-		if r, err := u.sendRetrying(hot, u.user+"-hot-first", "hot"); err != nil || r.Op != protocol.OpAccepted {
-			t.Fatalf("%s's first send to %s: %+v %v", u.user, hot, r, err)
+		if r, err := u.SendRetrying(hot, u.User+"-hot-first", "hot"); err != nil || r.Op != protocol.OpAccepted {
+			t.Fatalf("%s's first send to %s: %+v %v", u.User, hot, r, err)
 		} else {
-			record(hot, u.user, u.user+"-hot-first", r, time.Now())
+			record(hot, u.User, u.User+"-hot-first", r, time.Now())
 		}
 	}
 	// move runs admin args while a burst starts as soon as the route is
@@ -178,7 +179,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	for c := range cycles {
 		// Idle, the hot conversation leaves the hashed writer's cache.
 		time.Sleep(1500 * time.Millisecond)
-		if !move(fmt.Sprintf("isolate%d", c), "isolate", "--vshard", fmt.Sprint(dev.ep.VShards+c%dev.ep.Dedicated), hot) ||
+		if !move(fmt.Sprintf("isolate%d", c), "isolate", "--vshard", fmt.Sprint(dev.EP.VShards+c%dev.EP.Dedicated), hot) ||
 			!move(fmt.Sprintf("release%d", c), "unisolate", hot) {
 			break
 		}
@@ -186,19 +187,19 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	stopLoad()
 
 	select {
-	case <-w.done:
-		t.Fatalf("w1 exited during the test; its log:\n%s", tail(w.log))
+	case <-w.Done():
+		t.Fatalf("w1 exited during the test; its log:\n%s", stacktest.Tail(w.Log))
 	default:
 	}
-	merged := grepLines(w.log, "PLANTED FAULT: one round trip loads a conversation for several writers", "conversation="+hot)
-	t.Logf("round trips that loaded %s for several writers:\n%s", hot, grepLines(w.log, "conversation="+hot))
+	merged := grepLines(w.Log, "PLANTED FAULT: one round trip loads a conversation for several writers", "conversation="+hot)
+	t.Logf("round trips that loaded %s for several writers:\n%s", hot, grepLines(w.Log, "conversation="+hot))
 	if !strings.Contains(merged, "conversation="+hot) {
 		t.Errorf("no round trip loaded %s for two writers: the moves were not tested with merged loads", hot)
 	}
-	if bad := grepLines(w.log, "concurrent map", "DATA RACE", "panic:"); bad != "" {
-		t.Errorf("w1 crashed or raced:\n%s\n%s", bad, tailN(w.log, 200))
+	if bad := grepLines(w.Log, "concurrent map", "DATA RACE", "panic:"); bad != "" {
+		t.Errorf("w1 crashed or raced:\n%s\n%s", bad, stacktest.TailN(w.Log, 200))
 	}
-	if bad := grepLines(filepath.Join(dev.dir, "dev.log"), "BROKEN INVARIANT"); bad != "" {
+	if bad := grepLines(filepath.Join(dev.Dir, "dev.log"), "BROKEN INVARIANT"); bad != "" {
 		t.Errorf("persist found a seq or client_message_id taken twice:\n%s", bad)
 	}
 
@@ -218,12 +219,12 @@ func TestMoveWithMergedLoads(t *testing.T) {
 		first[k] = a
 		unique = append(unique, a)
 	}
-	checkWorld(t, dev.ep, unique)
+	checkWorld(t, dev.EP, unique)
 
 	// The hot conversation's seqs run 1…n, each event written by the
 	// vshard it was at: its hashed one, or the one of the last move.
 	var mine []*logrecord.Event
-	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
+	eachLogEvent(t, dev.EP, func(_ *kgo.Record, e *logrecord.Event) {
 		if e.ConversationID == hot && e.HasSeq() {
 			mine = append(mine, e)
 		}

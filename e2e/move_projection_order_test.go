@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/logsink"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -31,26 +32,26 @@ import (
 func TestMoveProjectsInSeqOrder(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--projection=false")
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	ep := filepath.Join(dev.dir, "endpoints.json")
-	hold := filepath.Join(dev.dir, "projection-hold")
+	ep := filepath.Join(dev.Dir, "endpoints.json")
+	hold := filepath.Join(dev.Dir, "projection-hold")
 	env := []string{"CHATPIPE_FAULT_PROJECTION_HOLD=" + hold}
-	startProc(t, dev.dir, "projection-a", env, "projection", "--endpoints", ep, "--log-level", "warn")
-	waitGroupMembers(t, dev.ep, 1)
-	startProc(t, dev.dir, "projection-b", env, "projection", "--endpoints", ep, "--log-level", "warn")
-	assigned := waitGroupMembers(t, dev.ep, 2)
+	stacktest.StartProc(t, dev.Dir, "projection-a", env, "projection", "--endpoints", ep, "--log-level", "warn")
+	waitGroupMembers(t, dev.EP, 1)
+	stacktest.StartProc(t, dev.Dir, "projection-b", env, "projection", "--endpoints", ep, "--log-level", "warn")
+	assigned := waitGroupMembers(t, dev.EP, 2)
 
 	// A conversation whose hashed partition one member has and whose
 	// dedicated vshard's partition the other has.
-	l := logrecord.Layout{VShards: dev.ep.VShards, Partitions: dev.ep.Partitions, Dedicated: dev.ep.Dedicated}
+	l := logrecord.Layout{VShards: dev.EP.VShards, Partitions: dev.EP.Partitions, Dedicated: dev.EP.Dedicated}
 	conv, to := "", -1
-	for d := dev.ep.VShards; d < dev.ep.all() && conv == ""; d++ {
+	for d := dev.EP.VShards; d < dev.EP.All() && conv == ""; d++ {
 		newPart := l.Partition(d)
 		for i := 0; i < 1000; i++ {
 			c := fmt.Sprintf("mpo-%d", i)
-			oldPart := l.Partition(logrecord.VShard(c, dev.ep.VShards))
+			oldPart := l.Partition(logrecord.VShard(c, dev.EP.VShards))
 			if assigned[oldPart] != assigned[newPart] {
 				conv, to = c, d
 				break
@@ -60,7 +61,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 	if conv == "" {
 		t.Fatalf("no conversation and dedicated vshard on partitions of two projection members (assignment %v)", assigned)
 	}
-	oldPart, newPart := l.Partition(logrecord.VShard(conv, dev.ep.VShards)), l.Partition(to)
+	oldPart, newPart := l.Partition(logrecord.VShard(conv, dev.EP.VShards)), l.Partition(to)
 	t.Logf("%s: partition %d (projection member %s) → vshard %d, partition %d (member %s)", conv, oldPart, assigned[oldPart], to, newPart, assigned[newPart])
 
 	owner := newDevice(t, dev, "mpo-owner", "owner")
@@ -80,7 +81,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 		return f.Seq
 	}
 	must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{}})
-	waitProjected(t, dev.ep, len(readLog(t, dev.ep)))
+	waitProjected(t, dev.EP, len(readLog(t, dev.EP)))
 
 	// From here the member that has the old partition applies nothing of it.
 	if err := os.WriteFile(hold, []byte(strconv.Itoa(int(oldPart))), 0o644); err != nil {
@@ -96,7 +97,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 
 	// The kick and the send after it are projected while the join's
 	// partition is not.
-	db, err := pgx.Connect(context.Background(), dev.ep.Postgres)
+	db, err := pgx.Connect(context.Background(), dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,20 +109,20 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 		}
 		return last
 	}
-	waitForOr(t, 30*time.Second, fmt.Sprintf("%s projected to seq %d (the send after the kick) from partition %d", conv, after, newPart),
-		func() bool { return projectedTo() >= after }, func() string { return storedOffsets(dev.ep) })
-	persisted, _, err := logsink.Offset(context.Background(), db, logsink.PersistConsumer, dev.ep.Topic, oldPart)
+	stacktest.WaitForOr(t, 30*time.Second, fmt.Sprintf("%s projected to seq %d (the send after the kick) from partition %d", conv, after, newPart),
+		func() bool { return projectedTo() >= after }, func() string { return storedOffsets(dev.EP) })
+	persisted, _, err := logsink.Offset(context.Background(), db, logsink.PersistConsumer, dev.EP.Topic, oldPart)
 	if err != nil {
 		t.Fatal(err)
 	}
-	projected, _, err := logsink.Offset(context.Background(), db, "projection", dev.ep.Topic, oldPart)
+	projected, _, err := logsink.Offset(context.Background(), db, "projection", dev.EP.Topic, oldPart)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if projected >= persisted {
 		t.Fatalf("partition %d is projected to offset %d, persist stored it to %d: the join at seq %d was not held back", oldPart, projected, persisted, joined)
 	}
-	if grepLines(filepath.Join(dev.dir, "projection-a.log"), "PLANTED FAULT")+grepLines(filepath.Join(dev.dir, "projection-b.log"), "PLANTED FAULT") == "" {
+	if grepLines(filepath.Join(dev.Dir, "projection-a.log"), "PLANTED FAULT")+grepLines(filepath.Join(dev.Dir, "projection-b.log"), "PLANTED FAULT") == "" {
 		t.Fatal("no projection member logged holding back a batch")
 	}
 
@@ -130,8 +131,8 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := must(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": "later", "body": "still not for the kicked"})
-	rows := readLog(t, dev.ep)
-	waitProjected(t, dev.ep, len(rows))
+	rows := readLog(t, dev.EP)
+	waitProjected(t, dev.EP, len(rows))
 	var mine []row
 	for _, r := range rows {
 		if r.Conv == conv {
@@ -139,7 +140,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 		}
 	}
 	want := periods(mine)[conv]
-	if got := projectedPeriods(t, dev.ep)[conv]; fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := projectedPeriods(t, dev.EP)[conv]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("%s's membership periods in Postgres differ from the log's:\n got %v\nwant %v", conv, got, want)
 	}
 	if fmt.Sprint(want["mpo-kicked"]) != fmt.Sprint([][2]int64{{joined, kick}}) {
@@ -148,7 +149,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 
 	// What the kicked member reads: pushed, synced and paged back, the
 	// events of its period (the kick included) and nothing after.
-	waitFor(t, 30*time.Second, fmt.Sprintf("the owner's device to receive %s/%d", conv, last), func() bool { return owner.get(conv, last) != nil })
+	stacktest.WaitFor(t, 30*time.Second, fmt.Sprintf("the owner's device to receive %s/%d", conv, last), func() bool { return owner.get(conv, last) != nil })
 	if err := kicked.syncAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func TestMoveProjectsInSeqOrder(t *testing.T) {
 // which member has each partition.
 func waitGroupMembers(t *testing.T, ep endpoints, n int) map[int32]string {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(ep.Kafka...)}, ep.kafkaOpts...)...)
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(ep.Kafka...)}, ep.KafkaOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func waitGroupMembers(t *testing.T, ep endpoints, n int) map[int32]string {
 	parts := ep.Partitions + ep.Dedicated
 	var got map[int32]string
 	var state string
-	waitForOr(t, 60*time.Second, fmt.Sprintf("%d projection members sharing the log's %d partitions", n, parts), func() bool {
+	stacktest.WaitForOr(t, 60*time.Second, fmt.Sprintf("%d projection members sharing the log's %d partitions", n, parts), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		gs, err := adm.DescribeGroups(ctx, "chatpipe-projection")

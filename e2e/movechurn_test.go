@@ -52,14 +52,14 @@ const moveWait = 20 * time.Second
 // a time as there are dedicated vshards, every 3 to 10 s (drawn from rng).
 func startMoveChurn(t *testing.T, dev *devProc, rng *rand.Rand, candidates []string) *moveChurn {
 	t.Helper()
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("the stack has no dedicated vshards to isolate conversations to")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: dev.ep.Etcd, DialTimeout: 5 * time.Second, TLS: dev.ep.etcdTLS})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: dev.EP.Etcd, DialTimeout: 5 * time.Second, TLS: dev.EP.EtcdTLS})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &moveChurn{t: t, ep: dev.ep, epPath: filepath.Join(dev.dir, "endpoints.json"), cli: cli, rng: rng, candidates: candidates,
+	m := &moveChurn{t: t, ep: dev.EP, epPath: filepath.Join(dev.Dir, "endpoints.json"), cli: cli, rng: rng, candidates: candidates,
 		stop: make(chan struct{}), done: make(chan struct{}),
 		routed: map[string]bool{}, failed: map[string]string{}, counts: map[string]int{}, used: map[string]bool{}}
 	t.Cleanup(func() {
@@ -185,7 +185,7 @@ func convWhere(ep endpoints, conv string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	parts := []string{fmt.Sprintf("hashed vshard %d", logrecord.VShard(conv, ep.VShards))}
-	if cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second, TLS: ep.etcdTLS}); err != nil {
+	if cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second, TLS: ep.EtcdTLS}); err != nil {
 		parts = append(parts, "override: "+err.Error())
 	} else {
 		o, rev, err := lease.OverrideRev(ctx, cli, lease.DefaultPrefix, conv)
@@ -257,12 +257,12 @@ func checkWritable(t *testing.T, dev *devProc, senders map[string]string, bound 
 					cl, err = dev.dialErr(t, user)
 				}
 				if err == nil {
-					r, err = cl.do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": "after the faults"})
+					r, err = cl.Do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": "after the faults"})
 				}
 				switch {
 				case err != nil:
 					if cl != nil {
-						cl.close()
+						cl.Close()
 					}
 					cl, last = nil, err.Error()
 				case r.Op == protocol.OpAccepted:
@@ -271,7 +271,7 @@ func checkWritable(t *testing.T, dev *devProc, senders map[string]string, bound 
 					mu.Unlock()
 					return
 				case r.Code != protocol.CodeUnavailable && r.Code != protocol.CodeRateLimited:
-					t.Errorf("%s is not writable: a send by %s was answered %s %q; %s", conv, user, r.Code, r.Message, convWhere(dev.ep, conv))
+					t.Errorf("%s is not writable: a send by %s was answered %s %q; %s", conv, user, r.Code, r.Message, convWhere(dev.EP, conv))
 					mu.Lock()
 					failed = append(failed, conv)
 					mu.Unlock()
@@ -281,7 +281,7 @@ func checkWritable(t *testing.T, dev *devProc, senders map[string]string, bound 
 				}
 				if time.Now().After(deadline) {
 					t.Errorf("%s is not writable: a send by %s was not accepted within %v of the faults healing (%d tries; the last answered %s); %s",
-						conv, user, bound, tries, last, convWhere(dev.ep, conv))
+						conv, user, bound, tries, last, convWhere(dev.EP, conv))
 					mu.Lock()
 					failed = append(failed, conv)
 					mu.Unlock()

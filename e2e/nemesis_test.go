@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/readmodel"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/internal/worldcheck"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
@@ -80,16 +81,16 @@ func TestNemesis(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d))
 
 	dir := t.TempDir()
-	port := freePort(t)
+	port := stacktest.FreePort(t)
 	kargs := []string{"kafka", "--data-dir", filepath.Join(dir, "broker"), "--port", strconv.Itoa(port), "--partitions", "10", "--log-level", "warn"} // dev's 8 hashed partitions and its 2 dedicated vshards' own
 	kn := 0
 	startBroker := func() *proc {
 		kn++
-		p := startProc(t, dir, fmt.Sprintf("kafka%d", kn), nil, kargs...)
+		p := stacktest.StartProc(t, dir, fmt.Sprintf("kafka%d", kn), nil, kargs...)
 		deadline := time.Now().Add(60 * time.Second)
-		for !dialable(port) {
+		for !stacktest.Dialable(port) {
 			if time.Now().After(deadline) {
-				t.Fatalf("the broker does not listen on %d after 60 s; its log:\n%s", port, tail(p.log))
+				t.Fatalf("the broker does not listen on %d after 60 s; its log:\n%s", port, stacktest.Tail(p.Log))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -98,10 +99,10 @@ func TestNemesis(t *testing.T) {
 	broker := startBroker()
 	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port), "--workers", "0", "--persist=false", "--projection=false",
 		"--vshards", "64") // dev's own: the faults land on as many writers as a dev stack has
-	ep := filepath.Join(dev.dir, "endpoints.json")
+	ep := filepath.Join(dev.Dir, "endpoints.json")
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("dev log:\n%s", tail(filepath.Join(dir, "dev.log")))
+			t.Logf("dev log:\n%s", stacktest.Tail(filepath.Join(dir, "dev.log")))
 		}
 	})
 	n := map[string]int{}
@@ -110,9 +111,9 @@ func TestNemesis(t *testing.T) {
 		name := fmt.Sprintf("%s-%d", role, n[role])
 		switch {
 		case strings.HasPrefix(role, "w"):
-			return startProc(t, dir, name, nil, "worker", "--endpoints", ep, "--id", role, "--log-level", "warn")
+			return stacktest.StartProc(t, dir, name, nil, "worker", "--endpoints", ep, "--id", role, "--log-level", "warn")
 		default:
-			return startProc(t, dir, name, nil, role, "--endpoints", ep, "--log-level", "warn")
+			return stacktest.StartProc(t, dir, name, nil, role, "--endpoints", ep, "--log-level", "warn")
 		}
 	}
 	procs := map[string]*proc{}
@@ -122,20 +123,20 @@ func TestNemesis(t *testing.T) {
 	t.Cleanup(func() { // (runs before the processes are stopped)
 		if t.Failed() {
 			for _, r := range []string{"persist", "projection"} {
-				t.Logf("%s's log:\n%s", procs[r].name, tail(procs[r].log))
+				t.Logf("%s's log:\n%s", procs[r].Name, stacktest.Tail(procs[r].Log))
 			}
 		}
 	})
-	waitFor(t, 120*time.Second, "the workers to own every vshard", func() bool {
-		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
+	stacktest.WaitFor(t, 120*time.Second, "the workers to own every vshard", func() bool {
+		v := stacktest.EtcdView(t, dev.EP)
+		return stacktest.OwnedBy(v, dev.EP.All(), "w1")+stacktest.OwnedBy(v, dev.EP.All(), "w2")+stacktest.OwnedBy(v, dev.EP.All(), "w3") == dev.EP.All()
 	})
 
 	// Clients reconnect, as real ones do: the gateway closes a device whose
 	// delivery fell behind or whose writes stall ("reconnect and sync").
 	const loadUsers, loadConvs = 10, 20
 	load, reconnects := startReconnectingLoad(t, dev, loadUsers, loadConvs)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	// Beside the load: members kicked (or leaving) and joined again over
 	// and over while they and others send (for the post-kick counts), the
 	// conversations they are in moved to dedicated vshards and back, and
@@ -164,7 +165,7 @@ func TestNemesis(t *testing.T) {
 		if at, ok := consumerStarted[role]; ok && time.Since(at) < consumerSettle {
 			return false
 		}
-		procs[role].kill9()
+		procs[role].Kill9()
 		procs[role] = start(role)
 		consumerStarted[role] = time.Now()
 		return true
@@ -179,7 +180,7 @@ func TestNemesis(t *testing.T) {
 	faults := []fault{
 		{"kill -9 a worker, start it again", func() bool {
 			w := workers[rng.IntN(len(workers))]
-			procs[w].kill9()
+			procs[w].Kill9()
 			delete(pausedAt, w)
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Millisecond)
 			procs[w] = start(w)
@@ -190,7 +191,7 @@ func TestNemesis(t *testing.T) {
 			if _, ok := pausedAt[w]; ok {
 				return false
 			}
-			procs[w].signal(syscall.SIGSTOP)
+			procs[w].Signal(syscall.SIGSTOP)
 			pausedAt[w] = time.Now()
 			return true
 		}},
@@ -198,7 +199,7 @@ func TestNemesis(t *testing.T) {
 			resumed := false
 			for w, at := range pausedAt {
 				if time.Since(at) >= pastLease {
-					procs[w].signal(syscall.SIGCONT)
+					procs[w].Signal(syscall.SIGCONT)
 					delete(pausedAt, w)
 					resumed = true
 				}
@@ -210,14 +211,14 @@ func TestNemesis(t *testing.T) {
 			if _, ok := pausedAt[w]; ok {
 				return false
 			}
-			procs[w].stop()
+			procs[w].Stop()
 			procs[w] = start(w)
 			return true
 		}},
 		{"kill -9 persist, start it again", func() bool { return killConsumer("persist") }},
 		{"kill -9 the projection, start it again", func() bool { return killConsumer("projection") }},
 		{"restart the broker gracefully", func() bool {
-			broker.stop()
+			broker.Stop()
 			broker = startBroker()
 			return true
 		}},
@@ -239,15 +240,15 @@ func TestNemesis(t *testing.T) {
 	// Heal: every worker running and unpaused; then the load must go on.
 	for w, at := range pausedAt {
 		time.Sleep(time.Until(at.Add(pastLease)))
-		procs[w].signal(syscall.SIGCONT)
+		procs[w].Signal(syscall.SIGCONT)
 	}
-	waitFor(t, 120*time.Second, "the workers to own every vshard again", func() bool {
-		v := etcdView(t, dev.ep)
-		return ownedBy(v, dev.ep.all(), "w1")+ownedBy(v, dev.ep.all(), "w2")+ownedBy(v, dev.ep.all(), "w3") == dev.ep.all()
+	stacktest.WaitFor(t, 120*time.Second, "the workers to own every vshard again", func() bool {
+		v := stacktest.EtcdView(t, dev.EP)
+		return stacktest.OwnedBy(v, dev.EP.All(), "w1")+stacktest.OwnedBy(v, dev.EP.All(), "w2")+stacktest.OwnedBy(v, dev.EP.All(), "w3") == dev.EP.All()
 	})
-	healed := load.count()
-	load.waitAbove(t, 120*time.Second, "load to go on after the faults", healed+300)
-	accepted := load.finish()
+	healed := load.Count()
+	load.WaitAbove(t, 120*time.Second, "load to go on after the faults", healed+300)
+	accepted := load.Finish()
 	moved, isolated := moves.finish()
 	churned, rejected := churn.finish()
 	observers.finish()
@@ -271,7 +272,7 @@ func TestNemesis(t *testing.T) {
 	written, unwritable := checkWritable(t, dev, senders, 2*time.Minute)
 
 	all := append(append(append([]acceptedMsg(nil), accepted...), churned...), written...)
-	rep := countViolationsOf(t, dev.ep, nemesisRun{dev: dev, accepted: all, rejected: rejected, devs: observers.devs, removed: churn.removed()})
+	rep := countViolationsOf(t, dev.EP, nemesisRun{dev: dev, accepted: all, rejected: rejected, devs: observers.devs, removed: churn.removed()})
 	rep.Seed, rep.Duration, rep.Faults, rep.Accepted = seed, dur.String(), counts, len(all)
 	rep.Reconnects, rep.KickCycles, rep.Moves = reconnects.Load(), churn.cycles.Load(), moved
 	rep.Zero.Unwritable = unwritable
@@ -290,7 +291,7 @@ func TestNemesis(t *testing.T) {
 	}
 	// The read model: membership periods (the kicked members' above all,
 	// across the moves) equal the log's, delivery rows cover every seq.
-	checkReadModel(t, dev.ep)
+	checkReadModel(t, dev.EP)
 }
 
 // faultAt is one injected fault and when it began.
@@ -745,7 +746,7 @@ func (k *memberChurn) command(d *device, conv string, req map[string]any) bool {
 	case errors.Is(err, errChurnStopped):
 		return false
 	case err != nil:
-		k.t.Errorf("%s %s by %s: %v; %s", req["op"], conv, d.user, err, convWhere(d.dev.ep, conv))
+		k.t.Errorf("%s %s by %s: %v; %s", req["op"], conv, d.user, err, convWhere(d.dev.EP, conv))
 		return false
 	case f.Op != protocol.OpAccepted:
 		k.t.Errorf("%s %s by %s (%s) answered %s %q", req["op"], conv, d.user, req["client_message_id"], f.Code, f.Message)
@@ -767,7 +768,7 @@ func (k *memberChurn) send(d *device, conv, cmid string) bool {
 	case errors.Is(err, errChurnStopped):
 		return false
 	case err != nil:
-		k.t.Errorf("send %s to %s by %s: %v; %s", cmid, conv, d.user, err, convWhere(d.dev.ep, conv))
+		k.t.Errorf("send %s to %s by %s: %v; %s", cmid, conv, d.user, err, convWhere(d.dev.EP, conv))
 		return false
 	case f.Op == protocol.OpAccepted:
 		k.mu.Lock()

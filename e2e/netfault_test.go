@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -37,10 +38,10 @@ const (
 // keep being accepted meanwhile.
 func withLatency(t *testing.T, load *loadGen, np *netProxy) {
 	t.Helper()
-	n := load.count()
+	n := load.Count()
 	np.latency(netLatencyMS, netJitterMS)
 	time.Sleep(netLatencyFor)
-	got := load.count() - n
+	got := load.Count() - n
 	np.heal()
 	t.Logf("%s: %d±%d ms latency each way for %v: %d sends accepted meanwhile", np.p.Name, netLatencyMS, netJitterMS, netLatencyFor, got)
 	if got == 0 {
@@ -56,19 +57,19 @@ func withLatency(t *testing.T, load *loadGen, np *netProxy) {
 func blackholeThenHeal(t *testing.T, dev *devProc, load *loadGen, np *netProxy, hole time.Duration, streams ...string) (began, healed time.Time) {
 	t.Helper()
 	what := np.p.Name + " black-holed (" + strings.Join(streams, "+") + ")"
-	n := load.count()
+	n := load.Count()
 	np.blackhole(streams...)
 	began = time.Now()
 	time.Sleep(hole)
-	during := load.count() - n
+	during := load.Count() - n
 	np.heal()
 	healed = time.Now()
-	n = load.count()
-	load.waitAbove(t, netRecoverBound, "a send accepted after the heal of "+what, n)
+	n = load.Count()
+	load.WaitAbove(t, netRecoverBound, "a send accepted after the heal of "+what, n)
 	first := time.Since(healed)
-	load.waitAbove(t, netRecoverBound, "300 sends accepted after the heal of "+what, n+300)
+	load.WaitAbove(t, netRecoverBound, "300 sends accepted after the heal of "+what, n+300)
 	resumed := time.Since(healed)
-	waitFor(t, netRecoverBound, "Postgres to hold what was accepted before the heal of "+what, func() bool { return dbMessages(t, dev.ep) >= n })
+	stacktest.WaitFor(t, netRecoverBound, "Postgres to hold what was accepted before the heal of "+what, func() bool { return dbMessages(t, dev.EP) >= n })
 	caughtUp := time.Since(healed)
 	t.Logf("%s for %v: %d sends accepted meanwhile; after the heal: first send accepted within %v, 300 more within %v, Postgres held everything accepted before the heal within %v",
 		what, hole, during, first.Round(time.Millisecond), resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
@@ -83,7 +84,7 @@ func logsOnFailure(t *testing.T, dir string, names ...string) {
 			return
 		}
 		for _, n := range names {
-			t.Logf("%s.log:\n%s", n, tail(filepath.Join(dir, n+".log")))
+			t.Logf("%s.log:\n%s", n, stacktest.Tail(filepath.Join(dir, n+".log")))
 		}
 	})
 }
@@ -110,13 +111,13 @@ func dbMessages(t *testing.T, ep endpoints) int {
 // The gateway pings each link every 500 ms and closes one on which nothing
 // was read for 3 s (--wire-read-timeout; 15 s by default).
 func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
-	listen := freePort(t)
+	listen := stacktest.FreePort(t)
 	np := startNetProxy(t, "gateway→worker", "127.0.0.1:"+strconv.Itoa(listen))
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--wire-ping", "500ms", "--wire-read-timeout", "3s", "--call-timeout", "10s")
-	startProc(t, dev.dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.dir, "endpoints.json"), "--id", "wa", "--log-level", "warn",
+	stacktest.StartProc(t, dev.Dir, "wa", nil, "worker", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--id", "wa", "--log-level", "warn",
 		"--listen", "127.0.0.1:"+strconv.Itoa(listen), "--advertise", np.addr())
-	logsOnFailure(t, dev.dir, "dev", "wa")
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
+	logsOnFailure(t, dev.Dir, "dev", "wa")
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
 	return dev, np
 }
 
@@ -125,13 +126,13 @@ func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
 func TestNetworkFaultsGatewayWorker(t *testing.T) {
 	parallel(t)
 	dev, np := gatewayWorkerLink(t)
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream", "downstream")
-	accepted := load.finish()
+	accepted := load.Finish()
 	t.Logf("%d sends accepted", len(accepted))
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 // TestNetworkFaultsGatewayWorkerHalfOpen: the gateway→worker link goes
@@ -142,11 +143,11 @@ func TestNetworkFaultsGatewayWorker(t *testing.T) {
 func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 	parallel(t)
 	dev, np := gatewayWorkerLink(t)
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	began, healed := blackholeThenHeal(t, dev, load, np, 6*time.Second, "downstream") // answers and pongs stop
 	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream")                    // requests and pings stop
-	accepted := load.finish()
+	accepted := load.Finish()
 	// Sends committed while the answers were stopped: their answers were
 	// dropped (the heal closes those connections), so the clients were told
 	// only on a retry.
@@ -155,7 +156,7 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 		byID[a.MessageID] = a
 	}
 	retried := 0
-	eachLogEvent(t, dev.ep, func(r *kgo.Record, e *logrecord.Event) {
+	eachLogEvent(t, dev.EP, func(r *kgo.Record, e *logrecord.Event) {
 		if a, ok := byID[e.MessageID]; ok && e.Kind == logrecord.KindMessage && r.Timestamp.After(began) && r.Timestamp.Before(healed) && a.AcceptedAt.After(healed) {
 			retried++
 		}
@@ -164,7 +165,7 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 	if retried == 0 {
 		t.Error("no send was committed while the answers were stopped: the half-open case lost no answer")
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 // advertisedListener is a broker's listener that tells clients to dial
@@ -186,7 +187,7 @@ func (l advertisedListener) Addr() net.Addr { return l.addr }
 func TestNetworkFaultsBroker(t *testing.T) {
 	parallel(t)
 	dir := t.TempDir()
-	port := freePort(t)
+	port := stacktest.FreePort(t)
 	np := startNetProxy(t, "roles→broker", "127.0.0.1:"+strconv.Itoa(port))
 	proxyAddr, err := net.ResolveTCPAddr("tcp", np.addr())
 	if err != nil {
@@ -212,13 +213,13 @@ func TestNetworkFaultsBroker(t *testing.T) {
 	}
 	dev := startDev(t, dir, "--kafka", np.addr())
 	logsOnFailure(t, dir, "dev")
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 12*time.Second, "upstream", "downstream")
-	accepted := load.finish()
+	accepted := load.Finish()
 	t.Logf("%d sends accepted", len(accepted))
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 // TestNetworkFaultsPersistPostgres: latency, then a black hole, on the link
@@ -231,17 +232,17 @@ func TestNetworkFaultsBroker(t *testing.T) {
 // gateway closes them ("reconnect and sync"): this load reconnects.
 func TestNetworkFaultsPersistPostgres(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--persist=false")
-	upstream := pgHostPort(t, dev.ep.Postgres)
+	upstream := pgHostPort(t, dev.EP.Postgres)
 	np := startNetProxy(t, "persist→postgres", upstream)
-	startProc(t, dev.dir, "persist", nil, "persist", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-		"--database-url", strings.Replace(dev.ep.Postgres, upstream, np.addr(), 1), "--log-level", "warn")
-	logsOnFailure(t, dev.dir, "dev", "persist")
+	stacktest.StartProc(t, dev.Dir, "persist", nil, "persist", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
+		"--database-url", strings.Replace(dev.EP.Postgres, upstream, np.addr(), 1), "--log-level", "warn")
+	logsOnFailure(t, dev.Dir, "dev", "persist")
 	load, reconnects := startReconnectingLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
-	waitFor(t, 60*time.Second, "persist to write", func() bool { return dbMessages(t, dev.ep) > 0 })
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
+	stacktest.WaitFor(t, 60*time.Second, "persist to write", func() bool { return dbMessages(t, dev.EP) > 0 })
 	withLatency(t, load, np)
 	blackholeThenHeal(t, dev, load, np, 10*time.Second, "upstream", "downstream")
-	accepted := load.finish()
+	accepted := load.Finish()
 	t.Logf("%d sends accepted; devices reconnected %d times (closed as slow readers when the backlog was delivered)", len(accepted), reconnects.Load())
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }

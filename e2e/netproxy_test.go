@@ -14,6 +14,7 @@ import (
 	"github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -103,13 +104,13 @@ func pgHostPort(t *testing.T, rawURL string) string {
 	return rest
 }
 
-// dialErr is devProc.dial returning an error instead of failing the test
+// dialErr is devProc.Dial returning an error instead of failing the test
 // (for load goroutines that reconnect).
 func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
-	return p.dialWith(t, user, p.token(t, user))
+	return p.DialWith(t, user, p.Token(t, user))
 }
 
-// startReconnectingLoad is startLoad for faults after which the gateway
+// startReconnectingLoad is stacktest.StartLoad for faults after which the gateway
 // closes devices on purpose (a stalled write, delivery fallen behind:
 // "reconnect and sync"): a user whose connection closes reconnects and
 // sends the same client_message_id again, as a client should, so an
@@ -117,22 +118,20 @@ func (p *devProc) dialErr(t *testing.T, user string) (*client, error) {
 // and the number of reconnects.
 func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadGen, *atomic.Int64) {
 	t.Helper()
-	l := newLoadGen(t)
+	l := stacktest.NewLoad(t)
 	reconnects := new(atomic.Int64)
-	createLoadConversations(t, dev, users, convs)
+	stacktest.CreateLoadConversations(t, dev.Dev, users, convs)
 	for u := 0; u < users; u++ {
 		user := fmt.Sprintf("lu%d", u)
-		cl := dev.dial(t, user)
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			for i := 0; !l.stopped(); i++ {
+		cl := dev.Dial(t, user)
+		l.Go(func() {
+			for i := 0; !l.Stopped(); i++ {
 				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
 				sent := time.Now()
 				var r *protocol.Reply
 				var err error
 				for start := time.Now(); ; {
-					if r, err = cl.sendRetrying(conv, cmid, "load"); err == nil || time.Since(start) > time.Minute || l.stopped() {
+					if r, err = cl.SendRetrying(conv, cmid, "load"); err == nil || time.Since(start) > time.Minute || l.Stopped() {
 						break
 					}
 					// the connection closed: reconnect and send again
@@ -143,17 +142,15 @@ func startReconnectingLoad(t *testing.T, dev *devProc, users, convs int) (*loadG
 					}
 				}
 				if err != nil || r.Op != protocol.OpAccepted {
-					if !l.stopped() {
+					if !l.Stopped() {
 						t.Errorf("load send %s: %+v %v", cmid, r, err)
 					}
 					return
 				}
-				l.mu.Lock()
-				l.accepted = append(l.accepted, acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
-				l.mu.Unlock()
+				l.Record(acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
 			}
-		}()
+		})
 	}
-	l.stopOnCleanup()
+	l.StopOnCleanup()
 	return l, reconnects
 }

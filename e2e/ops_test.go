@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -26,7 +27,7 @@ func TestInitAndConfig(t *testing.T) {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		return string(out), err
 	}
-	base := []string{"init", "--etcd", strings.Join(dev.ep.Etcd, ","), "--database-url", dev.ep.Postgres, "--kafka", strings.Join(dev.ep.Kafka, ",")}
+	base := []string{"init", "--etcd", strings.Join(dev.EP.Etcd, ","), "--database-url", dev.EP.Postgres, "--kafka", strings.Join(dev.EP.Kafka, ",")}
 	if out, err := run(append(base, "--vshards", "64", "--partitions", "8", "--dedicated", "2")...); err != nil {
 		t.Fatalf("init with the deployment's shape: %v\n%s", err, out)
 	}
@@ -40,8 +41,8 @@ func TestInitAndConfig(t *testing.T) {
 
 	// health and readiness on the gateway's address, metrics on the admin
 	// address
-	base0 := strings.TrimSuffix(strings.Replace(dev.ep.WebSocket, "ws://", "http://", 1), "/v1/ws")
-	metrics0 := dev.ep.Admin + "/metrics"
+	base0 := strings.TrimSuffix(strings.Replace(dev.EP.WebSocket, "ws://", "http://", 1), "/v1/ws")
+	metrics0 := dev.EP.Admin + "/metrics"
 	for _, path := range []string{"/healthz", "/readyz"} {
 		resp, err := http.Get(base0 + path)
 		if err != nil || resp.StatusCode != http.StatusOK {
@@ -51,8 +52,8 @@ func TestInitAndConfig(t *testing.T) {
 		}
 	}
 	// the profiler is on the admin address only, never on the public one
-	if resp, err := http.Get(dev.ep.Admin + "/debug/pprof/goroutine?debug=1"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Errorf("pprof on the admin address %q: %v %v", dev.ep.Admin, resp, err)
+	if resp, err := http.Get(dev.EP.Admin + "/debug/pprof/goroutine?debug=1"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("pprof on the admin address %q: %v %v", dev.EP.Admin, resp, err)
 	} else {
 		resp.Body.Close()
 	}
@@ -63,13 +64,13 @@ func TestInitAndConfig(t *testing.T) {
 		resp.Body.Close()
 	}
 	for _, m := range []string{"chatpipe_gateway_connections", "chatpipe_worker_owned_shards", "chatpipe_persist_inserted_total", "chatpipe_worker_lease_renewals_total"} {
-		metric(t, metrics0, m) // fails the test if unreadable
+		stacktest.Metric(t, metrics0, m) // fails the test if unreadable
 	}
 	// after some traffic: commit and command latency, persist batches and lag, answers by op, result and code
-	cl0 := dev.dial(t, "metrics")
-	cl0.must(map[string]any{"op": "create", "conversation_id": "mc", "members": []string{}})
-	cl0.do(map[string]any{"op": "send", "conversation_id": "nope", "client_message_id": "x", "body": "x"})
-	readEvents(t, dev.ep.Postgres, 1)
+	cl0 := dev.Dial(t, "metrics")
+	cl0.Must(map[string]any{"op": "create", "conversation_id": "mc", "members": []string{}})
+	cl0.Do(map[string]any{"op": "send", "conversation_id": "nope", "client_message_id": "x", "body": "x"})
+	readEvents(t, dev.EP.Postgres, 1)
 	time.Sleep(500 * time.Millisecond)
 	body := func() string {
 		resp, err := http.Get(metrics0)
@@ -88,15 +89,15 @@ func TestInitAndConfig(t *testing.T) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
-	if n := metric(t, metrics0, "chatpipe_worker_owned_shards"); n != float64(dev.ep.all()) {
-		t.Errorf("owned_shards sums to %v, want %d", n, dev.ep.all())
+	if n := stacktest.Metric(t, metrics0, "chatpipe_worker_owned_shards"); n != float64(dev.EP.All()) {
+		t.Errorf("owned_shards sums to %v, want %d", n, dev.EP.All())
 	}
-	if n := metric(t, metrics0, "chatpipe_gateway_unowned_vshards"); n != 0 {
+	if n := stacktest.Metric(t, metrics0, "chatpipe_gateway_unowned_vshards"); n != 0 {
 		t.Errorf("the gateway sees %v vshards without a live owner, want 0", n)
 	}
 
 	// admin shards: every vshard owned by a live worker of dev
-	ep := dev.dir + "/endpoints.json"
+	ep := dev.Dir + "/endpoints.json"
 	out, err = run("admin", "shards", "--endpoints", ep, "--json")
 	if err != nil {
 		t.Fatalf("admin shards: %v\n%s", err, out)
@@ -122,7 +123,7 @@ func TestInitAndConfig(t *testing.T) {
 		}
 		total += w.Shards
 	}
-	if len(table.Shards) != dev.ep.all() || total != dev.ep.all() || len(table.Workers) != 2 {
+	if len(table.Shards) != dev.EP.All() || total != dev.EP.All() || len(table.Workers) != 2 {
 		t.Errorf("admin shards: %d shards, %d owned by %d workers", len(table.Shards), total, len(table.Workers))
 	}
 	for i, s := range table.Shards {
@@ -135,7 +136,7 @@ func TestInitAndConfig(t *testing.T) {
 	}
 
 	// admin handoff: vshard 0 moves to the other worker with epoch+1
-	before := etcdView(t, dev.ep).Shards[0]
+	before := stacktest.EtcdView(t, dev.EP).Shards[0]
 	other := "w1"
 	if before.Worker == "w1" {
 		other = "w2"
@@ -143,19 +144,19 @@ func TestInitAndConfig(t *testing.T) {
 	if out, err := run("admin", "handoff", "--endpoints", ep, "--vshard", "0", "--to", other); err != nil {
 		t.Fatalf("admin handoff: %v\n%s", err, out)
 	}
-	after := etcdView(t, dev.ep).Shards[0]
+	after := stacktest.EtcdView(t, dev.EP).Shards[0]
 	if after.Worker != other || after.Epoch != before.Epoch+1 {
 		t.Errorf("handoff: %+v → %+v", before.Owner, after.Owner)
 	}
-	cl := dev.dial(t, "hand")
+	cl := dev.Dial(t, "hand")
 	for i := 0; i < 50; i++ { // a conversation on vshard 0 keeps working after the move
-		if conv := fmt.Sprintf("h%d", i); logrecord.VShard(conv, dev.ep.VShards) == 0 {
-			cl.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{}})
+		if conv := fmt.Sprintf("h%d", i); logrecord.VShard(conv, dev.EP.VShards) == 0 {
+			cl.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{}})
 			break
 		}
 	}
 	time.Sleep(2 * time.Second) // the balancer must not undo an operator's move
-	if now := etcdView(t, dev.ep).Shards[0]; now.Worker != other {
+	if now := stacktest.EtcdView(t, dev.EP).Shards[0]; now.Worker != other {
 		t.Errorf("vshard 0 moved back to %s after the hand-off", now.Worker)
 	}
 
@@ -169,7 +170,7 @@ func TestInitAndConfig(t *testing.T) {
 	}
 	// a log topic with the broker's usual 7-day retention is refused
 	week := devstack.TopicSpec{Partitions: 8 + 2, Configs: map[string]string{"retention.ms": "604800000"}}
-	if err := devstack.EnsureTopicSpec(context.Background(), dev.ep.Kafka, "chatpipe.week", week); err != nil {
+	if err := devstack.EnsureTopicSpec(context.Background(), dev.EP.Kafka, "chatpipe.week", week); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := run("admin", "check-config", "--endpoints", ep, "--topic", "chatpipe.week", "--min-replication", "1"); err == nil || !strings.Contains(out, "retention.ms=604800000") {
@@ -190,10 +191,10 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
 	gateway := func(name string, args ...string) (public, admin string) {
-		port, adminPort := freePort(t), freePort(t)
-		startProc(t, dev.dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-			"--data-dir", dev.dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--admin", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, args...)...)
-		waitFor(t, 60*time.Second, name+" to listen", func() bool { return dialable(port) && dialable(adminPort) })
+		port, adminPort := stacktest.FreePort(t), stacktest.FreePort(t)
+		stacktest.StartProc(t, dev.Dir, name, nil, append([]string{"gateway", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
+			"--data-dir", dev.Dir, "--http", "127.0.0.1:" + strconv.Itoa(port), "--admin", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, args...)...)
+		stacktest.WaitFor(t, 60*time.Second, name+" to listen", func() bool { return stacktest.Dialable(port) && stacktest.Dialable(adminPort) })
 		return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	}
 	public, admin := gateway("gateway-ops")
@@ -216,10 +217,10 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 		{onPublic, "/ops", http.StatusOK},
 		{onPublic, "/ops/state", http.StatusOK},
 		{onPublic, "/metrics", http.StatusOK},
-		{dev.ep.HTTP, "/ops/state", http.StatusOK},
-		{dev.ep.HTTP, "/metrics", http.StatusNotFound},
-		{dev.ep.Admin, "/ops/state", http.StatusOK},
-		{dev.ep.Admin, "/metrics", http.StatusOK},
+		{dev.EP.HTTP, "/ops/state", http.StatusOK},
+		{dev.EP.HTTP, "/metrics", http.StatusNotFound},
+		{dev.EP.Admin, "/ops/state", http.StatusOK},
+		{dev.EP.Admin, "/metrics", http.StatusOK},
 	} {
 		resp, err := http.Get(c.base + c.path)
 		if err != nil {
@@ -232,13 +233,13 @@ func TestOpsPageOnTheAdminAddress(t *testing.T) {
 	}
 	// The admin address serves the gateway's own metrics; endpoints.json's
 	// metrics is dev's admin address.
-	if n := metric(t, admin+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
+	if n := stacktest.Metric(t, admin+"/metrics", "chatpipe_gateway_unowned_vshards"); n != 0 {
 		t.Errorf("gateway-ops sees %v vshards without a live owner, want 0", n)
 	}
 	var ep struct {
 		Metrics string `json:"metrics"`
 	}
-	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(dev.dir, "endpoints.json"))), &ep); err != nil || ep.Metrics != dev.ep.Admin+"/metrics" {
-		t.Errorf("endpoints.json names metrics %q (%v), want %s/metrics", ep.Metrics, err, dev.ep.Admin)
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(dev.Dir, "endpoints.json"))), &ep); err != nil || ep.Metrics != dev.EP.Admin+"/metrics" {
+		t.Errorf("endpoints.json names metrics %q (%v), want %s/metrics", ep.Metrics, err, dev.EP.Admin)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // pausedWriter runs the paused-writer scenario of docs/operations.md's
@@ -21,7 +22,7 @@ import (
 // told and wa's fenced-write count.
 func pausedWriter(t *testing.T, wbEnv ...string) (*devProc, []acceptedMsg, float64) {
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	accepted, fenced := pausedWriterOn(t, dev, func(id string, env ...string) *proc { return dev.startWorker(t, id, env...) }, wbEnv...)
+	accepted, fenced := pausedWriterOn(t, dev, func(id string, env ...string) *proc { return dev.StartWorker(t, id, env...) }, wbEnv...)
 	return dev, accepted, fenced
 }
 
@@ -33,31 +34,31 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 	// so the pause lands in that window.
 	// Its transaction timeout outlasts the pause, so only the new owner's
 	// fencing — not Kafka's timeout — can stop its late commits.
-	mark := filepath.Join(dev.dir, "wa-in-commit")
+	mark := filepath.Join(dev.Dir, "wa-in-commit")
 	wa := startWorker("wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK="+mark, "CHATPIPE_TXN_TIMEOUT=60s", shortLease)
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
 	startWorker("wb", wbEnv...)
-	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
-	waMetrics := adminURL(t, dev.ep, "wa")
+	stacktest.WaitOwned(t, 120*time.Second, "wb to get its half", dev.EP, dev.EP.All(), "wb", dev.EP.All()/2)
+	waMetrics := stacktest.AdminURL(t, dev.EP, "wa")
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 30*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 30*time.Second, "load to flow", 200)
 	// pause wa while one of its transactions sits between produce and commit
 	os.Remove(mark)
-	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
-	wa.signal(syscall.SIGSTOP)
+	stacktest.WaitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
+	wa.Signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "wb to take over every vshard", dev.EP, dev.EP.All(), "wb", dev.EP.All())
 	t.Logf("shards moved %v after the pause", time.Since(paused).Round(time.Millisecond))
 	// Let wb finish taking over (and, in the broken order, sit in its
 	// accept delay) before wa wakes up.
 	time.Sleep(2500 * time.Millisecond)
-	wa.signal(syscall.SIGCONT)
-	n := load.count()
-	load.waitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
-	accepted := load.finish()
+	wa.Signal(syscall.SIGCONT)
+	n := load.Count()
+	load.WaitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
+	accepted := load.Finish()
 	time.Sleep(500 * time.Millisecond)
-	return accepted, metric(t, waMetrics, "chatpipe_worker_fenced_writes_total")
+	return accepted, stacktest.Metric(t, waMetrics, "chatpipe_worker_fenced_writes_total")
 }
 
 // TestPausedWriterIsFenced: a writer paused past its lease cannot make
@@ -76,7 +77,7 @@ func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg,
 	if fenced == 0 {
 		t.Error("no write of the paused writer was fenced: fencing is not wired (or the pause missed every transaction)")
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 // TestReversedTakeoverOrderIsCaught builds the same scenario with the new
@@ -86,7 +87,7 @@ func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg,
 func TestReversedTakeoverOrderIsCaught(t *testing.T) {
 	parallel(t)
 	dev, _, _ := pausedWriter(t, "CHATPIPE_FAULT_ACCEPT_BEFORE_MARKER=1", "CHATPIPE_FAULT_ACCEPT_DELAY=6s")
-	rows := readLog(t, dev.ep)
+	rows := readLog(t, dev.EP)
 	seen := map[string]string{}
 	dups := 0
 	for _, r := range rows {

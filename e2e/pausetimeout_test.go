@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
 // TestPausedPastTxnTimeout: a writer is paused (SIGSTOP) with a transaction
@@ -24,45 +26,45 @@ import (
 func TestPausedPastTxnTimeout(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
-	mark := filepath.Join(dev.dir, "wa-in-commit")
+	mark := filepath.Join(dev.Dir, "wa-in-commit")
 	const txnTimeout = 2 * time.Second
 	env := []string{"CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_FAULT_COMMIT_MARK=" + mark, "CHATPIPE_TXN_TIMEOUT=" + txnTimeout.String(), shortLease}
 	if os.Getenv("CHATPIPE_E2E_PLANT") == "recommit" {
 		env = append(env, "CHATPIPE_FAULT_RECOMMIT_AFTER_ABORT=1")
 	}
-	wa := dev.startWorker(t, "wa", env...)
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
-	dev.startWorker(t, "wb")
-	waitOwned(t, 120*time.Second, "wb to get its half", dev.ep, dev.ep.all(), "wb", dev.ep.all()/2)
-	waMetrics := adminURL(t, dev.ep, "wa")
-	aborts0 := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort")
+	wa := dev.StartWorker(t, "wa", env...)
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
+	dev.StartWorker(t, "wb")
+	stacktest.WaitOwned(t, 120*time.Second, "wb to get its half", dev.EP, dev.EP.All(), "wb", dev.EP.All()/2)
+	waMetrics := stacktest.AdminURL(t, dev.EP, "wa")
+	aborts0 := strings.Count(readFile(t, filepath.Join(dev.Dir, "dev.log")), "txn timeout abort")
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 30*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 30*time.Second, "load to flow", 200)
 	os.Remove(mark)
-	waitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
-	wa.signal(syscall.SIGSTOP)
+	stacktest.WaitFor(t, 30*time.Second, "wa to enter a commit", func() bool { _, err := os.Stat(mark); return err == nil })
+	wa.Signal(syscall.SIGSTOP)
 	paused := time.Now()
-	waitOwned(t, 120*time.Second, "wb to take over every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
+	stacktest.WaitOwned(t, 120*time.Second, "wb to take over every vshard", dev.EP, dev.EP.All(), "wb", dev.EP.All())
 	if d := time.Since(paused); d < 2*txnTimeout {
 		time.Sleep(2*txnTimeout - d)
 	}
-	aborts := strings.Count(readFile(t, filepath.Join(dev.dir, "dev.log")), "txn timeout abort") - aborts0
+	aborts := strings.Count(readFile(t, filepath.Join(dev.Dir, "dev.log")), "txn timeout abort") - aborts0
 	t.Logf("shards moved %v after the pause; the broker aborted %d transactions on timeout", time.Since(paused).Round(time.Millisecond), aborts)
 	if aborts == 0 {
 		t.Error("the broker timed out no transaction of the paused writer: the pause missed the open transaction or outlasted nothing")
 	}
-	wa.signal(syscall.SIGCONT)
-	n := load.count()
-	load.waitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
-	accepted := load.finish()
+	wa.Signal(syscall.SIGCONT)
+	n := load.Count()
+	load.WaitAbove(t, 60*time.Second, "load to go on after the pause", n+300)
+	accepted := load.Finish()
 	time.Sleep(500 * time.Millisecond)
-	refused := metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")
+	refused := stacktest.Metric(t, waMetrics, "chatpipe_worker_fenced_writes_total") + stacktest.Metric(t, waMetrics, "chatpipe_worker_unknown_commits_total")
 	t.Logf("%d sends accepted; the paused writer had %v commits or writes refused after waking", len(accepted), refused)
 	if refused == 0 {
 		t.Error("the paused writer had no write refused after waking: it committed nothing it held, or it was never stopped")
 	}
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 func readFile(t *testing.T, path string) string {

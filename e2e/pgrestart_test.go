@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -42,25 +43,25 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	pg := startTestPG(t, filepath.Join(dir, "pg"))
 	dev := startDev(t, dir, "--workers", "0", "--database-url", pg.url)
-	wa := dev.startWorker(t, "wa")
-	waitOwned(t, 120*time.Second, "wa to own every vshard", dev.ep, dev.ep.all(), "wa", dev.ep.all())
+	wa := dev.StartWorker(t, "wa")
+	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())
 	probes := newPGProbes(t, dev, 240)
-	waitFor(t, 60*time.Second, "persist to store the probe conversations", func() bool {
+	stacktest.WaitFor(t, 60*time.Second, "persist to store the probe conversations", func() bool {
 		return pgCountStored(t, pg.url, probes.firsts) == len(probes.firsts)
 	})
 	// wb takes over from a stopped wa: its replay starts at persist's
 	// offsets, past the probes, so it holds none of them in memory.
-	wa.stop()
-	wb := dev.startWorker(t, "wb")
-	waitOwned(t, 120*time.Second, "wb to own every vshard", dev.ep, dev.ep.all(), "wb", dev.ep.all())
+	wa.Stop()
+	wb := dev.StartWorker(t, "wb")
+	stacktest.WaitOwned(t, 120*time.Second, "wb to own every vshard", dev.EP, dev.EP.All(), "wb", dev.EP.All())
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("wb's log:\n%s\ndev's log:\n%s", tail(wb.log), tail(filepath.Join(dev.dir, "dev.log")))
+			t.Logf("wb's log:\n%s\ndev's log:\n%s", stacktest.Tail(wb.Log), stacktest.Tail(filepath.Join(dev.Dir, "dev.log")))
 		}
 	})
 
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	for phase, stop := range []struct {
 		name string
 		stop func()
@@ -71,7 +72,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		{"immediate", pg.stopImmediate, "database system was not properly shut down; automatic recovery in progress"},
 	} {
 		const stateErr = "cannot load conversation state"
-		errsBefore := countLines(wb.log, stateErr)
+		errsBefore := countLines(wb.Log, stateErr)
 		startsBefore := countLines(pg.logPath(), stop.startLog)
 		probes.run(phase)
 		time.Sleep(100 * time.Millisecond)
@@ -82,21 +83,21 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		upAt := time.Now()
 		pg.start()
 		upDone := time.Now()
-		backlog := load.snapshot()
+		backlog := load.Snapshot()
 		if countLines(pg.logPath(), stop.startLog) == startsBefore {
 			t.Errorf("%s shutdown: the server did not log %q at the start after it", stop.name, stop.startLog)
 		}
 		stored, projected := pgCatchUp(t, pg.url, backlog, upDone)
 		time.Sleep(time.Until(upDone.Add(time.Second))) // probes go on a little after the start
 		probes.halt()
-		n := load.count()
-		load.waitAbove(t, 60*time.Second, "load to go on after the restart", n+300)
+		n := load.Count()
+		load.WaitAbove(t, 60*time.Second, "load to go on after the restart", n+300)
 		// A send decided just before the stop may be answered a moment
 		// after it (its commit): count from half a second after it.
 		quiet := downAt.Add(500 * time.Millisecond)
 		down := 0
 		var again time.Duration // from the start to the first send accepted after it
-		for _, a := range load.snapshot() {
+		for _, a := range load.Snapshot() {
 			if a.AcceptedAt.After(quiet) && a.AcceptedAt.Before(upAt) {
 				down++
 			}
@@ -104,7 +105,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 				again = d
 			}
 		}
-		errs := countLines(wb.log, stateErr) - errsBefore
+		errs := countLines(wb.Log, stateErr) - errsBefore
 		t.Logf("%s shutdown took %v, start %v; %d of the load's sends accepted while Postgres was down (%.0f/s); wb answered %d batches unavailable for want of state (Postgres down or starting); after the start: sends accepted again within %v, persist stored the %d accepted before it within %v, the projection within %v",
 			stop.name, downAt.Sub(stopAt).Round(time.Millisecond), upDone.Sub(upAt).Round(time.Millisecond),
 			down, float64(down)/upAt.Sub(quiet).Seconds(), errs, again.Round(time.Millisecond),
@@ -124,10 +125,10 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		}
 		probes.judge(phase, stopAt, downAt, upAt, upDone)
 	}
-	accepted := append(load.finish(), probes.accepted()...)
+	accepted := append(load.Finish(), probes.accepted()...)
 	t.Logf("%d sends accepted", len(accepted))
-	checkWorld(t, dev.ep, accepted)
-	checkReadModel(t, dev.ep)
+	checkWorld(t, dev.EP, accepted)
+	checkReadModel(t, dev.EP)
 }
 
 // pgProbes sends to conversations the current writer holds no state of.
@@ -162,27 +163,27 @@ func newPGProbes(t *testing.T, dev *devProc, n int) *pgProbes {
 	var members []string
 	for k := 0; k < probers; k++ {
 		members = append(members, fmt.Sprintf("pu%d", k+1))
-		p.clients = append(p.clients, dev.dial(t, members[k]))
+		p.clients = append(p.clients, dev.Dial(t, members[k]))
 	}
 	var wg sync.WaitGroup
 	for k := 0; k < probers; k++ {
-		owner := dev.dial(t, fmt.Sprintf("po%d", k))
+		owner := dev.Dial(t, fmt.Sprintf("po%d", k))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := k; i < n; i += probers {
 				conv := fmt.Sprintf("pc%d", i)
-				r, err := owner.do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
+				r, err := owner.Do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
 				for start := time.Now(); err == nil && (r.Code == protocol.CodeUnavailable || r.Code == protocol.CodeRateLimited) && time.Since(start) < time.Minute; {
 					time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)
-					r, err = owner.do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
+					r, err = owner.Do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
 				}
 				if err != nil || (r.Op != protocol.OpAccepted && r.Code != protocol.CodeConflict) {
 					t.Errorf("create %s: %+v %v", conv, r, err)
 					return
 				}
 				sent := time.Now()
-				r, err = p.clients[k].sendRetrying(conv, conv+"-first", "first")
+				r, err = p.clients[k].SendRetrying(conv, conv+"-first", "first")
 				if err != nil || r.Op != protocol.OpAccepted {
 					t.Errorf("first send in %s: %+v %v", conv, r, err)
 					return
@@ -237,7 +238,7 @@ func (p *pgProbes) run(phase int) {
 				pending = pending[1:]
 				req, _ := p.request(i)
 				sent := time.Now()
-				r, err := cl.do(req)
+				r, err := cl.Do(req)
 				if err != nil {
 					p.t.Errorf("probe pc%d: %v", i, err)
 					return
@@ -337,7 +338,7 @@ func (p *pgProbes) judge(phase int, stopAt, downAt, upAt, upDone time.Time) {
 	sort.Ints(open)
 	for _, i := range open {
 		req, _ := p.request(i)
-		r, err := p.clients[i%probers].sendRetrying(fmt.Sprintf("pc%d", i), req["client_message_id"].(string), req["body"].(string))
+		r, err := p.clients[i%probers].SendRetrying(fmt.Sprintf("pc%d", i), req["client_message_id"].(string), req["body"].(string))
 		if err != nil {
 			t.Fatalf("probe pc%d: %v", i, err)
 		}
@@ -360,13 +361,6 @@ func (p *pgProbes) accepted() []acceptedMsg {
 		out = append(out, a)
 	}
 	return out
-}
-
-// snapshot is every send accepted so far.
-func (l *loadGen) snapshot() []acceptedMsg {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]acceptedMsg(nil), l.accepted...)
 }
 
 // pgCountStored counts the accepted messages whose (conversation, seq) is

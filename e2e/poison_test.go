@@ -21,13 +21,13 @@ import (
 func TestPoisonBodies(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
-	alice := dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "pz", "members": []string{"bob"}})
+	alice := dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "pz", "members": []string{"bob"}})
 
 	// bob's device reads pushed events.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bob, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "bob"), nil)
+	bob, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "bob"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestPoisonBodies(t *testing.T) {
 		n++
 		id := "poison" + string(rune('a'+n))
 		frame := `{"op":"send","id":"` + id + `","conversation_id":"pz","client_message_id":"poison-1","body":` + body + `}`
-		r, err := alice.doFrame(id, frame)
+		r, err := alice.DoFrame(id, frame)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -67,12 +67,12 @@ func TestPoisonBodies(t *testing.T) {
 		}
 	}
 	sent := time.Now()
-	ok := alice.must(map[string]any{"op": "send", "conversation_id": "pz", "client_message_id": "after-poison", "body": "still here"})
+	ok := alice.Must(map[string]any{"op": "send", "conversation_id": "pz", "client_message_id": "after-poison", "body": "still here"})
 	if ok.Seq != 2 {
 		t.Errorf("the message after the poison has seq %d, want 2: something poisonous was accepted", ok.Seq)
 	}
 
-	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestPoisonBodies(t *testing.T) {
 		}
 	}
 delivered:
-	for _, r := range readLog(t, dev.ep) {
+	for _, r := range readLog(t, dev.EP) {
 		if r.Kind == "message" && (strings.ContainsRune(r.Body, 0) || r.ClientMessageID == "poison-1") {
 			t.Errorf("poison reached the log: %+v", r)
 		}

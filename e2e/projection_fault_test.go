@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -27,8 +28,8 @@ func TestKilledProjectionResumes(t *testing.T) {
 	// events that piled up while no projection ran) is far more than that
 	// for lu1, a member of every conversation.
 	dev := startDev(t, t.TempDir(), "--projection=false", "--send-buffer", "64")
-	ep := filepath.Join(dev.dir, "endpoints.json")
-	p1 := startProc(t, dev.dir, "projection1", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
+	ep := filepath.Join(dev.Dir, "endpoints.json")
+	p1 := stacktest.StartProc(t, dev.Dir, "projection1", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
 		"projection", "--endpoints", ep, "--log-level", "warn")
 	watch := newDevice(t, dev, "lu1", "lu1-watch") // a member of every load conversation
 	if err := watch.connect(); err != nil {
@@ -65,24 +66,24 @@ func TestKilledProjectionResumes(t *testing.T) {
 			}
 		}
 	}()
-	load := startLoad(t, dev, 10, 20)
-	load.waitAbove(t, 60*time.Second, "load to flow", 200)
+	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
 	time.Sleep(time.Second)
-	p1.kill9()
+	p1.Kill9()
 	time.Sleep(time.Second) // events pile up unprojected
-	startProc(t, dev.dir, "projection2", nil, "projection", "--endpoints", ep, "--log-level", "warn")
-	n := load.count()
-	load.waitAbove(t, 120*time.Second, "load to go on after the fault", n+300)
-	accepted := load.finish()
+	stacktest.StartProc(t, dev.Dir, "projection2", nil, "projection", "--endpoints", ep, "--log-level", "warn")
+	n := load.Count()
+	load.WaitAbove(t, 120*time.Second, "load to go on after the fault", n+300)
+	accepted := load.Finish()
 	close(stop)
 	churn.Wait()
 	t.Logf("%d sends accepted", len(accepted))
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 
-	rows := readLog(t, dev.ep)
-	waitProjected(t, dev.ep, len(rows))
+	rows := readLog(t, dev.EP)
+	waitProjected(t, dev.EP, len(rows))
 	want := periods(rows)
-	got := projectedPeriods(t, dev.ep)
+	got := projectedPeriods(t, dev.EP)
 	if fmt.Sprint(sortedPeriods(got)) != fmt.Sprint(sortedPeriods(want)) {
 		t.Errorf("membership periods in Postgres differ from the log's:\n got %v\nwant %v", sortedPeriods(got), sortedPeriods(want))
 	}
@@ -102,12 +103,12 @@ func TestKilledProjectionResumes(t *testing.T) {
 		sort.Strings(out)
 		return out
 	}
-	waitForOr(t, 30*time.Second, "the watching device to receive everything", func() bool { return len(missing()) == 0 }, func() string {
+	stacktest.WaitForOr(t, 30*time.Second, "the watching device to receive everything", func() bool { return len(missing()) == 0 }, func() string {
 		watch.mu.Lock()
 		conns, open := watch.conns, watch.conn != nil && watch.conn.Err() == nil
 		watch.mu.Unlock()
 		return fmt.Sprintf("%d connections, open %v, missing %v; the gateway's log:\n%s",
-			conns, open, missing(), grepLines(filepath.Join(dev.dir, "dev.log"), "slow websocket reader", "events may have been missed", "delivery"))
+			conns, open, missing(), grepLines(filepath.Join(dev.Dir, "dev.log"), "slow websocket reader", "events may have been missed", "delivery"))
 	})
 	watch.mu.Lock()
 	conns := watch.conns
@@ -115,7 +116,7 @@ func TestKilledProjectionResumes(t *testing.T) {
 	if conns != 1 {
 		t.Errorf("the watching device reconnected (%d connections): not a test of live delivery", conns)
 	}
-	if n := metric(t, dev.ep.Admin+"/metrics", "chatpipe_gateway_backlogs_total"); n == 0 {
+	if n := stacktest.Metric(t, dev.EP.Admin+"/metrics", "chatpipe_gateway_backlogs_total"); n == 0 {
 		t.Errorf("no push found a send buffer full: the burst after the restart was not read back")
 	}
 }

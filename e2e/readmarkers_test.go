@@ -9,6 +9,7 @@ import (
 	"time"
 
 	chatclient "github.com/chatpipe/chatpipe/client"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -59,10 +60,10 @@ func TestReadMarkers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log frameLog
-	alice := dialClient(t, dev, dev.ep.WebSocket, "alice", &log, chatclient.Options{})
+	alice := dialClient(t, dev, dev.EP.WebSocket, "alice", &log, chatclient.Options{})
 	var m1, m2 markerLog
-	bob1 := dialClient(t, dev, dev.ep.WebSocket, "bob", &log, chatclient.Options{OnRead: m1.add})
-	bob2 := dialClient(t, dev, dev.ep.WebSocket, "bob", &log, chatclient.Options{Batch: true, OnRead: m2.add})
+	bob1 := dialClient(t, dev, dev.EP.WebSocket, "bob", &log, chatclient.Options{OnRead: m1.add})
+	bob2 := dialClient(t, dev, dev.EP.WebSocket, "bob", &log, chatclient.Options{Batch: true, OnRead: m2.add})
 	for _, c := range []*chatclient.Client{bob1, bob2} {
 		if err := c.WaitSynced(ctx); err != nil {
 			t.Fatal(err)
@@ -77,7 +78,7 @@ func TestReadMarkers(t *testing.T) {
 		}
 	}
 	last := int64(1 + burst)
-	waitFor(t, 30*time.Second, "bob's devices to get the burst", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "bob's devices to get the burst", func() bool {
 		return len(bob1.Messages(conv)) == int(last) && len(bob2.Messages(conv)) == int(last)
 	})
 	if x := unread(t, ctx, bob1, conv); x.ReadSeq != 0 || x.Unread != burst || x.LastSeq != last {
@@ -91,21 +92,21 @@ func TestReadMarkers(t *testing.T) {
 	if err := bob1.MarkRead(ctx, conv, 11); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "bob's other device to get the marker", func() bool { return bob2.ReadSeq(conv) == 11 })
-	waitFor(t, 30*time.Second, "the unread count to drop", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "bob's other device to get the marker", func() bool { return bob2.ReadSeq(conv) == 11 })
+	stacktest.WaitFor(t, 30*time.Second, "the unread count to drop", func() bool {
 		x := unread(t, ctx, bob2, conv)
 		return x.ReadSeq == 11 && x.Unread == last-11
 	})
 
 	// A lower marker, from a raw connection that does not know the current
 	// one, is accepted and changes nothing; a later higher one moves it.
-	raw := dev.dial(t, "bob")
-	defer raw.close()
-	if r := raw.must(map[string]any{"op": "read", "conversation_id": conv, "seq": 5}); r.Seq != 5 || r.MessageID != "" {
+	raw := dev.Dial(t, "bob")
+	defer raw.Close()
+	if r := raw.Must(map[string]any{"op": "read", "conversation_id": conv, "seq": 5}); r.Seq != 5 || r.MessageID != "" {
 		t.Fatalf("lower marker answered %+v", r)
 	}
-	raw.must(map[string]any{"op": "read", "conversation_id": conv, "seq": 20})
-	waitFor(t, 30*time.Second, "both devices to get marker 20", func() bool { return bob1.ReadSeq(conv) == 20 && bob2.ReadSeq(conv) == 20 })
+	raw.Must(map[string]any{"op": "read", "conversation_id": conv, "seq": 20})
+	stacktest.WaitFor(t, 30*time.Second, "both devices to get marker 20", func() bool { return bob1.ReadSeq(conv) == 20 && bob2.ReadSeq(conv) == 20 })
 	for name, m := range map[string]*markerLog{"bob1": &m1, "bob2": &m2} {
 		if got := m.of(conv); !slices.Equal(got, []int64{11, 20}) {
 			t.Errorf("%s saw markers %v, want [11 20] (a lower marker must never be seen)", name, got)
@@ -116,8 +117,8 @@ func TestReadMarkers(t *testing.T) {
 	}
 
 	// Refused: a stranger, a seq past the end, no seq.
-	carol := dev.dial(t, "carol")
-	defer carol.close()
+	carol := dev.Dial(t, "carol")
+	defer carol.Close()
 	for _, c := range []struct {
 		cl   *client
 		req  map[string]any
@@ -127,7 +128,7 @@ func TestReadMarkers(t *testing.T) {
 		{raw, map[string]any{"op": "read", "conversation_id": conv, "seq": last + 5}, protocol.CodeBadRequest},
 		{raw, map[string]any{"op": "read", "conversation_id": conv}, protocol.CodeBadRequest},
 	} {
-		r, err := c.cl.do(c.req)
+		r, err := c.cl.Do(c.req)
 		if err != nil || r.Code != c.code {
 			t.Errorf("%v answered %+v, %v; want %s", c.req, r, err, c.code)
 		}
@@ -141,14 +142,14 @@ func TestReadMarkers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the second burst in the read model", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "the second burst in the read model", func() bool {
 		return unread(t, ctx, bob1, conv).LastSeq == last+more
 	})
 	if x := unread(t, ctx, bob1, conv); x.Unread != last-20+more {
 		t.Fatalf("after the second burst: %+v, want unread %d", x, last-20+more)
 	}
 	var m3 markerLog
-	bob3 := dialClient(t, dev, dev.ep.WebSocket, "bob", &log, chatclient.Options{OnRead: m3.add})
+	bob3 := dialClient(t, dev, dev.EP.WebSocket, "bob", &log, chatclient.Options{OnRead: m3.add})
 	if err := bob3.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestReadMarkers(t *testing.T) {
 	if err := bob3.MarkRead(ctx, conv, last+more); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the count to reach 0", func() bool { return unread(t, ctx, bob2, conv).Unread == 0 })
+	stacktest.WaitFor(t, 30*time.Second, "the count to reach 0", func() bool { return unread(t, ctx, bob2, conv).Unread == 0 })
 	time.Sleep(200 * time.Millisecond) // the deliverers hand over the last markers
 	if got := m2.of(conv); !slices.Equal(got, []int64{11, 20, last + more}) {
 		t.Errorf("bob2 saw markers %v", got)

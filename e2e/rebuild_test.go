@@ -17,22 +17,22 @@ import (
 func TestAdminRebuild(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir())
-	alice := dev.dial(t, "alice")
+	alice := dev.Dial(t, "alice")
 	for c := 0; c < 5; c++ {
 		conv := fmt.Sprintf("r%d", c)
-		alice.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"bob", "carol"}})
+		alice.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"bob", "carol"}})
 		for i := 0; i < 10; i++ {
-			if r, err := alice.sendRetrying(conv, fmt.Sprintf("m%d", i), fmt.Sprintf("body %d", i)); err != nil || r.Op != "accepted" {
+			if r, err := alice.SendRetrying(conv, fmt.Sprintf("m%d", i), fmt.Sprintf("body %d", i)); err != nil || r.Op != "accepted" {
 				t.Fatalf("send: %+v %v", r, err)
 			}
 		}
-		alice.must(map[string]any{"op": "kick", "conversation_id": conv, "user_id": "carol"})
+		alice.Must(map[string]any{"op": "kick", "conversation_id": conv, "user_id": "carol"})
 	}
-	want := readEvents(t, dev.ep.Postgres, 5*12)
+	want := readEvents(t, dev.EP.Postgres, 5*12)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,8 +40,8 @@ func TestAdminRebuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
-	target := strings.Replace(dev.ep.Postgres, "/chatpipe?", "/rebuilt?", 1)
-	out, err := exec.Command(binary, "admin", "rebuild", "--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", target).CombinedOutput()
+	target := strings.Replace(dev.EP.Postgres, "/chatpipe?", "/rebuilt?", 1)
+	out, err := exec.Command(binary, "admin", "rebuild", "--kafka", strings.Join(dev.EP.Kafka, ","), "--database-url", target).CombinedOutput()
 	if err != nil {
 		t.Fatalf("admin rebuild: %v\n%s", err, out)
 	}
@@ -51,7 +51,7 @@ func TestAdminRebuild(t *testing.T) {
 		t.Errorf("rebuilt database differs from the live one: %d vs %d rows", len(got), len(want))
 	}
 	// a second rebuild into a non-empty database is refused
-	if out, err := exec.Command(binary, "admin", "rebuild", "--kafka", strings.Join(dev.ep.Kafka, ","), "--database-url", target).CombinedOutput(); err == nil {
+	if out, err := exec.Command(binary, "admin", "rebuild", "--kafka", strings.Join(dev.EP.Kafka, ","), "--database-url", target).CombinedOutput(); err == nil {
 		t.Errorf("rebuild into a non-empty database succeeded:\n%s", out)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -28,7 +29,7 @@ type procSample struct {
 // gateway's /metrics.
 func sampleGateway(t *testing.T, pid int, metrics string) procSample {
 	s := sampleProc(t, pid)
-	s.goSysKiB = int64(metric(t, metrics, "go_memstats_sys_bytes")) / 1024
+	s.goSysKiB = int64(stacktest.Metric(t, metrics, "go_memstats_sys_bytes")) / 1024
 	return s
 }
 
@@ -118,7 +119,7 @@ func TestReconnectStorm(t *testing.T) {
 
 	dir := t.TempDir()
 	dev := startDev(t, dir)
-	pid := dev.ep.PID
+	pid := dev.EP.PID
 	idle := sampleProc(t, pid)
 
 	users := (conns + perUser - 1) / perUser
@@ -192,13 +193,13 @@ func TestReconnectStorm(t *testing.T) {
 	}
 	parallel(users, 32, func(u int) { send(u, fmt.Sprintf("su%d-before", u)) })
 	load, loadReconnects := startReconnectingLoad(t, dev, 4, 4)
-	load.waitAbove(t, 60*time.Second, "load to flow", 20)
+	load.WaitAbove(t, 60*time.Second, "load to flow", 20)
 	time.Sleep(2 * time.Second)
-	metrics := dev.ep.Admin + "/metrics"
+	metrics := dev.EP.Admin + "/metrics"
 	before := sampleGateway(t, pid, metrics)
 
 	gauges := func() (open, goroutines int) {
-		return int(metric(t, metrics, "chatpipe_gateway_connections")), int(metric(t, metrics, "go_goroutines"))
+		return int(stacktest.Metric(t, metrics, "chatpipe_gateway_connections")), int(stacktest.Metric(t, metrics, "go_goroutines"))
 	}
 	openBefore, grBefore := gauges()
 	t.Logf("%d devices of %d users in %d groups connected and synced in %v; gateway idle: %v; with the connections open: %v, %d websockets, %d goroutines",
@@ -263,7 +264,7 @@ func TestReconnectStorm(t *testing.T) {
 			t.Errorf("storm %d: the gateway's %s peaked at %.1f MiB, %.1f MiB before the storms (allowed: 2.5 times)", round, memName, float64(mem(peak))/1024, float64(mem(before))/1024)
 		}
 	}
-	accepted = append(accepted, load.finish()...)
+	accepted = append(accepted, load.Finish()...)
 	t.Logf("%d load reconnects", loadReconnects.Load())
 	for _, d := range devs {
 		d.mu.Lock()
@@ -274,7 +275,7 @@ func TestReconnectStorm(t *testing.T) {
 		}
 	}
 
-	rep := countViolations(t, dev.ep, accepted, devs)
+	rep := countViolations(t, dev.EP, accepted, devs)
 	for _, z := range rep.zeros() {
 		if z.n != 0 {
 			t.Errorf("%s: %d (must be 0)", z.name, z.n)
@@ -282,7 +283,7 @@ func TestReconnectStorm(t *testing.T) {
 	}
 	t.Logf("%d sends accepted, %d events in the log; %d devices hold exactly what their users may see", len(accepted), rep.LogEvents, rep.Devices)
 	if t.Failed() {
-		t.Logf("dev log:\n%s", tail(filepath.Join(dir, "dev.log")))
+		t.Logf("dev log:\n%s", stacktest.Tail(filepath.Join(dir, "dev.log")))
 	}
 }
 
@@ -301,7 +302,7 @@ func stormRound(t *testing.T, devs []*device, pid int, metrics string, then func
 		for {
 			s := sampleGateway(t, pid, metrics)
 			peak.fds, peak.rssKiB, peak.goSysKiB = max(peak.fds, s.fds), max(peak.rssKiB, s.rssKiB), max(peak.goSysKiB, s.goSysKiB)
-			trough = min(trough, int(metric(t, metrics, "chatpipe_gateway_connections")))
+			trough = min(trough, int(stacktest.Metric(t, metrics, "chatpipe_gateway_connections")))
 			select {
 			case <-stopSampler:
 				return

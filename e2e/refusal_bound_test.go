@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -22,31 +23,31 @@ func TestRefusalsDoNotPinConversations(t *testing.T) {
 	parallel(t)
 	const cacheConvs, refused = 8, 200
 	dev := startDev(t, t.TempDir(), "--cache-convs", fmt.Sprint(cacheConvs), "--rate-user", "-1")
-	metrics := dev.ep.Admin + "/metrics"
+	metrics := dev.EP.Admin + "/metrics"
 
 	// The conversations, all of one vshard: the first exists, the others
 	// do not.
-	home := logrecord.VShard("rb-0", dev.ep.VShards)
+	home := logrecord.VShard("rb-0", dev.EP.VShards)
 	convs := []string{"rb-0"}
 	for i := 1; len(convs) < refused; i++ {
-		if c := fmt.Sprintf("rb-%d", i); logrecord.VShard(c, dev.ep.VShards) == home {
+		if c := fmt.Sprintf("rb-%d", i); logrecord.VShard(c, dev.EP.VShards) == home {
 			convs = append(convs, c)
 		}
 	}
-	owner := dev.dial(t, "rb-owner")
-	owner.must(map[string]any{"op": "create", "conversation_id": convs[0], "members": []string{}})
-	evictedBefore := metric(t, metrics, "chatpipe_worker_evictions_total")
+	owner := dev.Dial(t, "rb-owner")
+	owner.Must(map[string]any{"op": "create", "conversation_id": convs[0], "members": []string{}})
+	evictedBefore := stacktest.Metric(t, metrics, "chatpipe_worker_evictions_total")
 
 	// Every send refused, by four connections at once.
 	const conns = 4
 	var wg sync.WaitGroup
 	for w := range conns {
-		cl := dev.dial(t, "rb-outsider")
+		cl := dev.Dial(t, "rb-outsider")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(convs); i += conns {
-				r, err := cl.sendRetrying(convs[i], "rb-key-"+convs[i], "let me in")
+				r, err := cl.SendRetrying(convs[i], "rb-key-"+convs[i], "let me in")
 				if err != nil || r.Code != protocol.CodeForbidden {
 					t.Errorf("rb-outsider's send to %s answered %+v %v, want forbidden", convs[i], r, err)
 					return
@@ -61,9 +62,9 @@ func TestRefusalsDoNotPinConversations(t *testing.T) {
 	// Each conversation was loaded once for its refusal; what the writer
 	// still holds of them is at most the ones it did not evict.
 	held := func() int {
-		return refused - int(metric(t, metrics, "chatpipe_worker_evictions_total")-evictedBefore)
+		return refused - int(stacktest.Metric(t, metrics, "chatpipe_worker_evictions_total")-evictedBefore)
 	}
-	waitForOr(t, 30*time.Second, fmt.Sprintf("vshard %d's writer to hold at most %d conversations after refusing sends to %d", home, cacheConvs, refused),
+	stacktest.WaitForOr(t, 30*time.Second, fmt.Sprintf("vshard %d's writer to hold at most %d conversations after refusing sends to %d", home, cacheConvs, refused),
 		func() bool { return held() <= cacheConvs },
 		func() string {
 			return fmt.Sprintf("it evicted %d of them: at least %d are cached", refused-held(), held())
@@ -71,16 +72,16 @@ func TestRefusalsDoNotPinConversations(t *testing.T) {
 
 	// The refusal of rb-0's key stands although the outsider is a member
 	// now: a fresh decision would accept it.
-	owner.must(map[string]any{"op": "join", "conversation_id": convs[0], "user_id": "rb-outsider", "client_message_id": "rb-join"})
-	cl := dev.dial(t, "rb-outsider")
-	if r, err := cl.sendRetrying(convs[0], "rb-key-"+convs[0], "let me in"); err != nil || r.Code != protocol.CodeForbidden {
+	owner.Must(map[string]any{"op": "join", "conversation_id": convs[0], "user_id": "rb-outsider", "client_message_id": "rb-join"})
+	cl := dev.Dial(t, "rb-outsider")
+	if r, err := cl.SendRetrying(convs[0], "rb-key-"+convs[0], "let me in"); err != nil || r.Code != protocol.CodeForbidden {
 		t.Errorf("the retry of rb-outsider's refused send to %s, after the join, answered %+v %v; want forbidden, as first answered", convs[0], r, err)
 	}
-	if r, err := cl.sendRetrying(convs[0], "rb-key-new", "in"); err != nil || r.Op != protocol.OpAccepted {
+	if r, err := cl.SendRetrying(convs[0], "rb-key-new", "in"); err != nil || r.Op != protocol.OpAccepted {
 		t.Errorf("rb-outsider's new send to %s after the join answered %+v %v, want accepted", convs[0], r, err)
 	}
 	// And the log holds no message of the refused keys.
-	for _, r := range readLog(t, dev.ep) {
+	for _, r := range readLog(t, dev.EP) {
 		if r.Kind == logrecord.KindMessage && r.Sender == "rb-outsider" && r.ClientMessageID != "rb-key-new" {
 			t.Errorf("%s/%d: a message of rb-outsider with the refused key %s", r.Conv, r.Seq, r.ClientMessageID)
 		}

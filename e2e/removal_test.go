@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -95,9 +96,9 @@ func TestRemovalAndReads(t *testing.T) {
 	removals.Wait()
 	senders.Wait()
 
-	rows := readLog(t, dev.ep)
-	readDB(t, dev.ep, len(rows))
-	waitProjected(t, dev.ep, len(rows))
+	rows := readLog(t, dev.EP)
+	readDB(t, dev.EP, len(rows))
+	waitProjected(t, dev.EP, len(rows))
 	var mine []row
 	for _, r := range rows {
 		if r.Conv == g {
@@ -129,7 +130,7 @@ func TestRemovalAndReads(t *testing.T) {
 
 	// The watcher gets everything live; each victim got everything up to and
 	// including its removal, live, and nothing after.
-	waitFor(t, 30*time.Second, "the watcher to receive the whole conversation", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "the watcher to receive the whole conversation", func() bool {
 		s := watcher.seqs(g)
 		return len(s) > 0 && s[len(s)-1] == last
 	})
@@ -182,7 +183,7 @@ func TestRemovalAndReads(t *testing.T) {
 	if err != nil || msg.Op != protocol.OpAccepted {
 		t.Fatalf("send: %v %+v", err, msg)
 	}
-	waitFor(t, 30*time.Second, "v1 to receive the join and the message", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "v1 to receive the join and the message", func() bool {
 		return v1.get(g, join.Seq) != nil && v1.get(g, msg.Seq) != nil
 	})
 	again := newDevice(t, dev, "v1", "v1-again")
@@ -243,7 +244,7 @@ func conversationListAndCap(t *testing.T, dev *devProc) {
 	}
 	waitList := func(want string) {
 		t.Helper()
-		waitFor(t, 30*time.Second, "the list "+want, func() bool { return strings.Join(list(), ",") == want })
+		stacktest.WaitFor(t, 30*time.Second, "the list "+want, func() bool { return strings.Join(list(), ",") == want })
 	}
 	for _, c := range []string{"x1", "x2", "x3"} {
 		must(d, map[string]any{"op": "create", "conversation_id": c, "members": []string{}})
@@ -287,14 +288,14 @@ func slowReader(t *testing.T, dev *devProc) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, dev.ep.WebSocket+"?token="+dev.token(t, "slow"), nil)
+	c, _, err := websocket.Dial(ctx, dev.EP.WebSocket+"?token="+dev.Token(t, "slow"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(1 << 20)
-	metricsURL := dev.ep.Admin + "/metrics"
-	before := metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total")
+	metricsURL := dev.EP.Admin + "/metrics"
+	before := stacktest.Metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total")
 
 	body := strings.Repeat("x", 4000)
 	const n = 3000 // 12 MB: more than the socket buffers and the 1024 frames queued
@@ -305,18 +306,18 @@ func slowReader(t *testing.T, dev *devProc) {
 			defer wg.Done()
 			for m := w; m < n; m += 4 {
 				if f, err := fast.doRetrying(map[string]any{"op": "send", "conversation_id": g, "client_message_id": fmt.Sprintf("m%d", m), "body": body}); err != nil || f.Op != protocol.OpAccepted {
-					t.Errorf("send: %v %+v\n%s", err, f, tail(dev.dir+"/dev.log"))
+					t.Errorf("send: %v %+v\n%s", err, f, stacktest.Tail(dev.Dir+"/dev.log"))
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	waitForOr(t, 60*time.Second, "the gateway to close the slow reader", func() bool {
-		return metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total") > before
+	stacktest.WaitForOr(t, 60*time.Second, "the gateway to close the slow reader", func() bool {
+		return stacktest.Metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total") > before
 	}, func() string {
-		return fmt.Sprintf("backlogs %v; the gateway's log:\n%s", metric(t, metricsURL, "chatpipe_gateway_backlogs_total"),
-			grepLines(filepath.Join(dev.dir, "dev.log"), "slow", "closing", "read back"))
+		return fmt.Sprintf("backlogs %v; the gateway's log:\n%s", stacktest.Metric(t, metricsURL, "chatpipe_gateway_backlogs_total"),
+			grepLines(filepath.Join(dev.Dir, "dev.log"), "slow", "closing", "read back"))
 	})
 	// Drain what the socket held: the connection ends before all n events.
 	got := 0

@@ -18,6 +18,7 @@ import (
 
 	"github.com/chatpipe/chatpipe/internal/clustersec"
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
@@ -159,11 +160,11 @@ func (s *securedStack) roleFlags(role string) []string {
 // startRole runs `chatpipe <role>` against the stack with role's
 // credentials (the worker role as worker id "w1").
 func (s *securedStack) startRole(role string, extra ...string) *proc {
-	args := []string{role, "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--log-level", "warn"}
+	args := []string{role, "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"), "--log-level", "warn"}
 	if role == clustersec.RoleWorker {
 		args = append(append(args, "--id", "w1"), s.linkFlags(role)...)
 	}
-	return startProc(s.t, s.dir, role, nil, append(append(args, s.roleFlags(role)...), extra...)...)
+	return stacktest.StartProc(s.t, s.dir, role, nil, append(append(args, s.roleFlags(role)...), extra...)...)
 }
 
 // kafkaOpts are a client's options for user over TLS, from the same code
@@ -200,33 +201,33 @@ func (s *securedStack) roleClient(role string, opts ...kgo.Opt) *kgo.Client {
 func startSecuredForChecks(t *testing.T) *securedStack {
 	t.Helper()
 	s := startSecured(t)
-	s.dev.ep.kafkaOpts = s.kafkaOpts(clustersec.RoleReader, securedUsers[clustersec.RoleReader], "pw-"+clustersec.RoleReader)
+	s.dev.EP.KafkaOpts = s.kafkaOpts(clustersec.RoleReader, securedUsers[clustersec.RoleReader], "pw-"+clustersec.RoleReader)
 	etls, err := clustersec.TLS{CAFile: s.certs.CAFile, CertFile: s.certs.ClientCert, KeyFile: s.certs.ClientKey}.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.dev.ep.etcdTLS = etls
+	s.dev.EP.EtcdTLS = etls
 	return s
 }
 
 // startWorker runs `chatpipe worker` as id with the worker's Kafka user,
 // etcd client certificate and link certificate, and env.
 func (s *securedStack) startWorker(id string, env ...string) *proc {
-	args := []string{"worker", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--id", id, "--log-level", "warn"}
+	args := []string{"worker", "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"), "--id", id, "--log-level", "warn"}
 	args = append(append(args, s.linkFlags(clustersec.RoleWorker)...), s.roleFlags(clustersec.RoleWorker)...)
-	return startProc(s.t, s.dir, id, env, args...)
+	return stacktest.StartProc(s.t, s.dir, id, env, args...)
 }
 
 // waitExit waits for p to exit on its own and returns its log.
 func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string) {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(within):
-		t.Fatalf("%s still running after %v; log:\n%s", p.name, within, tail(p.log))
+		t.Fatalf("%s still running after %v; log:\n%s", p.Name, within, stacktest.Tail(p.Log))
 	}
-	b, _ := os.ReadFile(p.log)
-	return p.cmd.ProcessState.ExitCode(), string(b)
+	b, _ := os.ReadFile(p.Log)
+	return p.Cmd.ProcessState.ExitCode(), string(b)
 }
 
 // TestSecuredWritePath runs the write path with Kafka TLS+SASL+ACLs, etcd
@@ -241,27 +242,27 @@ func TestSecuredWritePath(t *testing.T) {
 	s.startRole(clustersec.RolePersist)
 	s.startRole(clustersec.RoleProjection)
 
-	alice := s.dev.dial(t, "alice")
-	alice.must(map[string]any{"op": "create", "conversation_id": "sec", "members": []string{"bob"}})
-	r, err := alice.sendRetrying("sec", "m1", "over TLS and SASL")
+	alice := s.dev.Dial(t, "alice")
+	alice.Must(map[string]any{"op": "create", "conversation_id": "sec", "members": []string{"bob"}})
+	r, err := alice.SendRetrying("sec", "m1", "over TLS and SASL")
 	if err != nil || r.Op != "accepted" {
 		t.Fatalf("send: %+v %v", r, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.dev.ep.Postgres)
+	conn, err := pgx.Connect(ctx, s.dev.EP.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	waitFor(t, 30*time.Second, "the message in Postgres", func() bool {
+	stacktest.WaitFor(t, 30*time.Second, "the message in Postgres", func() bool {
 		var n int
 		err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE conversation_id = 'sec' AND client_message_id = 'm1'`).Scan(&n)
 		return err == nil && n == 1
 	})
 
 	out := filepath.Join(t.TempDir(), "runs")
-	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"), "--rate", "30", "--duration", "3s",
+	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"), "--rate", "30", "--duration", "3s",
 		"--out", out, "--run", "secured", "--progress=false", "--drain", "60s")
 	if lg.err != nil {
 		t.Fatalf("loadgen: %v\n%s", lg.err, lg.out)
@@ -287,7 +288,7 @@ func TestSecuredWrongCredentials(t *testing.T) {
 	s := startSecured(t)
 	s.writeSecret("wrong", "not-the-password")
 	for _, role := range []string{clustersec.RolePersist, clustersec.RoleWorker} {
-		p := startProc(t, s.dir, role+"-wrong", nil, role, "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"),
+		p := stacktest.StartProc(t, s.dir, role+"-wrong", nil, role, "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"),
 			"--kafka-tls-ca", s.certs.CAFile, "--kafka-sasl-mechanism", securedUsers[role], "--kafka-sasl-user", role,
 			"--kafka-sasl-password-file", s.secretFile("wrong"), "--etcd-tls-ca", s.certs.CAFile,
 			"--etcd-tls-cert", s.certs.ClientCert, "--etcd-tls-key", s.certs.ClientKey)
@@ -299,13 +300,13 @@ func TestSecuredWrongCredentials(t *testing.T) {
 		t.Logf("%s with a wrong password: exit %d: %s", role, code, strings.TrimSpace(log))
 	}
 	// A password file that is not there is named before anything is dialed.
-	p := startProc(t, s.dir, "persist-nofile", nil, "persist", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"),
+	p := stacktest.StartProc(t, s.dir, "persist-nofile", nil, "persist", "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"),
 		"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-user", "persist", "--kafka-sasl-password-file", filepath.Join(s.dir, "missing"))
 	if code, log := waitExit(t, p, 30*time.Second); code == 0 || !strings.Contains(log, "read password file") {
 		t.Fatalf("persist with a missing password file: exit %d, log:\n%s", code, log)
 	}
 	// The worker with the right Kafka user but no etcd client certificate.
-	p = startProc(t, s.dir, "worker-noetcdcert", nil, "worker", "--endpoints", filepath.Join(s.dev.dir, "endpoints.json"),
+	p = stacktest.StartProc(t, s.dir, "worker-noetcdcert", nil, "worker", "--endpoints", filepath.Join(s.dev.Dir, "endpoints.json"),
 		"--kafka-tls-ca", s.certs.CAFile, "--kafka-sasl-mechanism", securedUsers[clustersec.RoleWorker], "--kafka-sasl-user", clustersec.RoleWorker,
 		"--kafka-sasl-password-file", s.secretFile(clustersec.RoleWorker), "--etcd-tls-ca", s.certs.CAFile)
 	code, log := waitExit(t, p, 60*time.Second)

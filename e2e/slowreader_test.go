@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -36,8 +37,8 @@ import (
 func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
 	dev := startDev(t, t.TempDir(), "--send-buffer", "16", "--rate-user", "-1", "--rate-conv", "-1", "--max-body-bytes", "32768")
 	convs := []string{"slow-a", "slow-b", "slow-c"}
-	metricsURL := dev.ep.Admin + "/metrics"
-	backlogs := metric(t, metricsURL, "chatpipe_gateway_backlogs_total")
+	metricsURL := dev.EP.Admin + "/metrics"
+	backlogs := stacktest.Metric(t, metricsURL, "chatpipe_gateway_backlogs_total")
 
 	// The slow devices connect first: everything they get, from each
 	// conversation's create on, is pushed.
@@ -65,15 +66,15 @@ func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
 		defer mu.Unlock()
 		last[c] = max(last[c], seq)
 	}
-	sender := dev.dial(t, "sender")
+	sender := dev.Dial(t, "sender")
 	for _, c := range convs {
-		r := sender.must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"reader"}})
+		r := sender.Must(map[string]any{"op": "create", "conversation_id": c, "members": []string{"reader"}})
 		accepted(c, r.Seq)
 	}
 	// The reader's phone: moves the user's read marker of each
 	// conversation to the highest seq accepted so far, while the burst
 	// goes on.
-	phone := dev.dial(t, "reader")
+	phone := dev.Dial(t, "reader")
 	burst := make(chan struct{})
 	var marking sync.WaitGroup
 	marking.Add(1)
@@ -92,7 +93,7 @@ func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
 			if seq == 0 {
 				continue
 			}
-			r, err := phone.do(map[string]any{"op": "read", "conversation_id": c, "seq": seq})
+			r, err := phone.Do(map[string]any{"op": "read", "conversation_id": c, "seq": seq})
 			if err != nil || r.Op != protocol.OpAccepted && r.Code != protocol.CodeUnavailable {
 				t.Errorf("read %s at %d: %v %+v", c, seq, err, r)
 				return
@@ -125,7 +126,7 @@ func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
 			break
 		}
 		c := convs[m%len(convs)]
-		r, err := sender.sendRetrying(c, fmt.Sprintf("m%d", m), body)
+		r, err := sender.SendRetrying(c, fmt.Sprintf("m%d", m), body)
 		if err != nil || r.Op != protocol.OpAccepted {
 			t.Fatalf("send %d to %s: %v %+v", m, c, err, r)
 		}
@@ -140,28 +141,28 @@ func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
 		return
 	}
 	for _, c := range convs { // the last marker: every conversation read to its end
-		phone.must(map[string]any{"op": "read", "conversation_id": c, "seq": last[c]})
+		phone.Must(map[string]any{"op": "read", "conversation_id": c, "seq": last[c]})
 	}
 
 	for _, d := range devices {
-		waitForOr(t, 2*time.Minute, d.name+" device to receive every event and the last read marker", func() bool {
+		stacktest.WaitForOr(t, 2*time.Minute, d.name+" device to receive every event and the last read marker", func() bool {
 			return d.complete(convs, last) == "" || d.failed() != nil
 		}, func() string {
 			return fmt.Sprintf("%s; backlogs %v; the gateway's log:\n%s", d.complete(convs, last),
-				metric(t, metricsURL, "chatpipe_gateway_backlogs_total")-backlogs,
-				grepLines(filepath.Join(dev.dir, "dev.log"), "slow websocket reader", "read back", "delivery"))
+				stacktest.Metric(t, metricsURL, "chatpipe_gateway_backlogs_total")-backlogs,
+				grepLines(filepath.Join(dev.Dir, "dev.log"), "slow websocket reader", "read back", "delivery"))
 		})
 		if err := d.failed(); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("%s device: %d frames, %d repeated events", d.name, d.received(), d.repeats())
 	}
-	got := metric(t, metricsURL, "chatpipe_gateway_backlogs_total") - backlogs
+	got := stacktest.Metric(t, metricsURL, "chatpipe_gateway_backlogs_total") - backlogs
 	t.Logf("%v backlogs read back", got)
 	if got < 2 {
 		t.Errorf("backlogs %v, want at least one per slow device: the pushes were not read back", got)
 	}
-	if n := metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total"); n != 0 {
+	if n := stacktest.Metric(t, metricsURL, "chatpipe_gateway_slow_readers_closed_total"); n != 0 {
 		t.Errorf("slow readers closed %v, want 0: the devices read", n)
 	}
 }
@@ -210,7 +211,7 @@ func dialSlowDevice(ctx context.Context, t *testing.T, dev *devProc, user, name 
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, _, err := websocket.Dial(dctx, dev.ep.WebSocket+"?token="+dev.token(t, user),
+	c, _, err := websocket.Dial(dctx, dev.EP.WebSocket+"?token="+dev.Token(t, user),
 		&websocket.DialOptions{Subprotocols: subprotocols, HTTPClient: &http.Client{Transport: &http.Transport{DialContext: dial}}})
 	if err != nil {
 		t.Fatalf("dial %s device of %s: %v", name, user, err)

@@ -62,15 +62,15 @@ func TestTypeScriptClient(t *testing.T) {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		wa.kill9()
+		wa.Kill9()
 		os.WriteFile(filepath.Join(control, "worker-killed"), []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o644)
 	}()
 
 	cmd := exec.CommandContext(ctx, node, "--test", "--test-concurrency=1", "--test-reporter=tap", "dist/test/")
 	cmd.Dir = tsClientDir
 	cmd.Env = append(os.Environ(),
-		"CHATPIPE_WS_URL="+dev.ep.WebSocket,
-		"CHATPIPE_JWT_SECRET="+string(dev.secret),
+		"CHATPIPE_WS_URL="+dev.EP.WebSocket,
+		"CHATPIPE_JWT_SECRET="+string(dev.Secret),
 		"CHATPIPE_CONTROL_DIR="+control,
 		fmt.Sprintf("CHATPIPE_RUN=%d", time.Now().UnixNano()),
 		"CHATPIPE_E2E_REQUIRED=1",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -28,18 +29,18 @@ import (
 func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--persist=false")
-	if dev.ep.Dedicated == 0 {
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
-	epPath := filepath.Join(dev.dir, "endpoints.json")
-	persist := startProc(t, dev.dir, "persist", nil, "persist", "--endpoints", epPath, "--log-level", "warn")
+	epPath := filepath.Join(dev.Dir, "endpoints.json")
+	persist := stacktest.StartProc(t, dev.Dir, "persist", nil, "persist", "--endpoints", epPath, "--log-level", "warn")
 	const conv = "uz"
-	home := logrecord.VShard(conv, dev.ep.VShards)
-	owner := dev.dial(t, "uo")
-	owner.must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"um"}})
+	home := logrecord.VShard(conv, dev.EP.VShards)
+	owner := dev.Dial(t, "uo")
+	owner.Must(map[string]any{"op": "create", "conversation_id": conv, "members": []string{"um"}})
 	send := func(cmid string) *protocol.Reply {
 		t.Helper()
-		r, err := owner.sendRetrying(conv, cmid, "hello")
+		r, err := owner.SendRetrying(conv, cmid, "hello")
 		if err != nil {
 			t.Fatalf("send %s to %s: %v", cmid, conv, err)
 		}
@@ -54,7 +55,7 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 		return string(out), err
 	}
 
-	persist.signal(syscall.SIGSTOP)
+	persist.Signal(syscall.SIGSTOP)
 	// The move out is committed, but persist does not store it: isolate
 	// gives up waiting for it (and says so).
 	if out, err := admin("isolate", "--wait", "2s", conv); err == nil {
@@ -63,7 +64,7 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 	if out, err := admin("unisolate", "--wait", "3s", conv); err == nil {
 		t.Errorf("unisolate reported %s home while persist is paused (its moved record to a dedicated vshard is not stored, so nobody can have moved it back): %s", conv, out)
 	}
-	persist.signal(syscall.SIGCONT)
+	persist.Signal(syscall.SIGCONT)
 
 	// Running it again finishes the release (or finds it finished).
 	if _, err := admin("unisolate", "--wait", "60s", conv); err != nil {
@@ -87,7 +88,7 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 	// order before they are judged.
 	var moved []*logrecord.Event
 	var seqs []int64
-	eachLogEvent(t, dev.ep, func(_ *kgo.Record, e *logrecord.Event) {
+	eachLogEvent(t, dev.EP, func(_ *kgo.Record, e *logrecord.Event) {
 		if e.ConversationID != conv || !e.HasSeq() {
 			return
 		}
@@ -111,7 +112,7 @@ func TestUnisolateWhilePersistIsBehind(t *testing.T) {
 		}
 		seen[s] = true
 	}
-	if n := metric(t, dev.ep.Admin+"/metrics", "chatpipe_worker_overrides_released_total"); n != 1 {
+	if n := stacktest.Metric(t, dev.EP.Admin+"/metrics", "chatpipe_worker_overrides_released_total"); n != 1 {
 		t.Errorf("chatpipe_worker_overrides_released_total = %v, want 1", n)
 	}
 }

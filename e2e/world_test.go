@@ -38,7 +38,7 @@ func eachLogEvent(t *testing.T, ep endpoints, fn func(r *kgo.Record, e *logrecor
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(ep.Kafka...), kgo.ConsumeTopics(ep.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.KeepControlRecords()}, ep.kafkaOpts...)...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.KeepControlRecords()}, ep.KafkaOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,13 +173,6 @@ func storedOffsets(ep endpoints) string {
 	return b.String()
 }
 
-// acceptedMsg is what a client was told.
-type acceptedMsg struct {
-	Conv, ClientMessageID, MessageID, Sender string
-	Seq                                      int64
-	SentAt, AcceptedAt                       time.Time
-}
-
 // readWorld reads the whole world for the world checker: the committed
 // log from the start, read_committed, and, once persist has stored every
 // record read, Postgres (worldcheck.ReadWorld).
@@ -189,7 +182,7 @@ func readWorld(t *testing.T, ep endpoints) *worldcheck.World {
 	defer cancel()
 	w, err := worldcheck.ReadWorld(ctx, worldcheck.WorldConfig{Kafka: ep.Kafka, Topic: ep.Topic, Postgres: ep.Postgres,
 		Layout:      &logrecord.Layout{VShards: ep.VShards, Partitions: ep.Partitions, Dedicated: ep.Dedicated},
-		PersistWait: 90 * time.Second, KafkaOpts: ep.kafkaOpts})
+		PersistWait: 90 * time.Second, KafkaOpts: ep.KafkaOpts})
 	if err != nil {
 		t.Fatalf("read the world: %v; stored offsets (consumer partition next updated):\n%s", err, storedOffsets(ep))
 	}

@@ -31,7 +31,7 @@ func TestWritePath(t *testing.T) {
 	// conversation k: owner u(k), members u(k)..u(k+4)
 	owners := make([]*client, nUsers)
 	for i := range owners {
-		owners[i] = dev.dial(t, userName(i))
+		owners[i] = dev.Dial(t, userName(i))
 	}
 	memberOf := map[string][]string{}
 	for k := 0; k < nConvs; k++ {
@@ -39,7 +39,7 @@ func TestWritePath(t *testing.T) {
 		for j := 1; j < convSize; j++ {
 			members = append(members, userName(k+j))
 		}
-		r := owners[k%nUsers].must(map[string]any{"op": "create", "conversation_id": convName(k), "members": members})
+		r := owners[k%nUsers].Must(map[string]any{"op": "create", "conversation_id": convName(k), "members": members})
 		if r.Seq != 1 {
 			t.Fatalf("create %s: seq %d", convName(k), r.Seq)
 		}
@@ -77,11 +77,11 @@ func TestWritePath(t *testing.T) {
 				if i%50 == 49 {
 					// reconnect, then retry an earlier message with the same id
 					cwg.Wait()
-					cl.close()
-					cl = dev.dial(t, user)
+					cl.Close()
+					cl = dev.Dial(t, user)
 					prev := i - 1 - rng.IntN(10)
 					pconv, pcmid := convs[prev%len(convs)], fmt.Sprintf("%s-m%d", user, prev)
-					r, err := cl.sendRetrying(pconv, pcmid, "changed body is ignored")
+					r, err := cl.SendRetrying(pconv, pcmid, "changed body is ignored")
 					if err != nil || r.Op != protocol.OpAccepted {
 						t.Errorf("retry after reconnect of %s: %+v %v", pcmid, r, err)
 					} else {
@@ -106,8 +106,8 @@ func TestWritePath(t *testing.T) {
 						var e1, e2 error
 						var dwg sync.WaitGroup
 						dwg.Add(2)
-						go func() { defer dwg.Done(); r1, e1 = cl.sendRetrying(conv, cmid, body) }()
-						go func() { defer dwg.Done(); r2, e2 = cl.sendRetrying(conv, cmid, body) }()
+						go func() { defer dwg.Done(); r1, e1 = cl.SendRetrying(conv, cmid, body) }()
+						go func() { defer dwg.Done(); r2, e2 = cl.SendRetrying(conv, cmid, body) }()
 						dwg.Wait()
 						at := time.Now()
 						if e1 != nil || e2 != nil || r1.Op != protocol.OpAccepted || r2.Op != protocol.OpAccepted {
@@ -120,7 +120,7 @@ func TestWritePath(t *testing.T) {
 						record(conv, cmid, user, r1, sent, at)
 						return
 					}
-					r, err := cl.sendRetrying(conv, cmid, body)
+					r, err := cl.SendRetrying(conv, cmid, body)
 					at := time.Now()
 					if err != nil || r.Op != protocol.OpAccepted {
 						t.Errorf("send %s: %+v %v", cmid, r, err)
@@ -144,14 +144,14 @@ func TestWritePath(t *testing.T) {
 	}
 
 	// Membership: outsiders and kicked users get forbidden, nothing is written.
-	outsider := dev.dial(t, "outsider")
-	if r, _ := outsider.do(map[string]any{"op": "send", "conversation_id": "c0", "client_message_id": "x1", "body": "hi"}); r == nil || r.Code != protocol.CodeForbidden {
+	outsider := dev.Dial(t, "outsider")
+	if r, _ := outsider.Do(map[string]any{"op": "send", "conversation_id": "c0", "client_message_id": "x1", "body": "hi"}); r == nil || r.Code != protocol.CodeForbidden {
 		t.Errorf("outsider send: %+v", r)
 	}
-	owner1 := dev.dial(t, userName(1))
-	owner1.must(map[string]any{"op": "kick", "conversation_id": "c1", "user_id": userName(2)})
-	kicked := dev.dial(t, userName(2))
-	if r, _ := kicked.do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": "after-kick", "body": "hi"}); r == nil || r.Code != protocol.CodeForbidden {
+	owner1 := dev.Dial(t, userName(1))
+	owner1.Must(map[string]any{"op": "kick", "conversation_id": "c1", "user_id": userName(2)})
+	kicked := dev.Dial(t, userName(2))
+	if r, _ := kicked.Do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": "after-kick", "body": "hi"}); r == nil || r.Code != protocol.CodeForbidden {
 		t.Errorf("kicked send: %+v", r)
 	}
 	// a retry of a message accepted before the kick still gets its first answer
@@ -162,15 +162,15 @@ func TestWritePath(t *testing.T) {
 			break
 		}
 	}
-	if r, _ := kicked.do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": before.ClientMessageID, "body": "x"}); r == nil || r.Seq != before.Seq || r.MessageID != before.MessageID {
+	if r, _ := kicked.Do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": before.ClientMessageID, "body": "x"}); r == nil || r.Seq != before.Seq || r.MessageID != before.MessageID {
 		t.Errorf("retry of a pre-kick message: %+v, first %+v", r, before)
 	}
 	// another sender reusing someone's client_message_id: conflict
-	if r, _ := owner1.do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": before.ClientMessageID, "body": "x"}); r == nil || r.Code != protocol.CodeConflict {
+	if r, _ := owner1.Do(map[string]any{"op": "send", "conversation_id": "c1", "client_message_id": before.ClientMessageID, "body": "x"}); r == nil || r.Code != protocol.CodeConflict {
 		t.Errorf("reused client_message_id: %+v", r)
 	}
 
-	checkWorld(t, dev.ep, accepted)
+	checkWorld(t, dev.EP, accepted)
 }
 
 func percentiles(d []time.Duration) string {

@@ -10,11 +10,12 @@ import (
 
 // TopLevel lists the module's top-level folders that may hold Go
 // packages: the roles the design names, what users import or read, the
-// simulation and the tests. Anything else goes under internal/ (helpers
+// simulation, the tests and the operator's kit (deploy, whose package
+// holds the kit's checks). Anything else goes under internal/ (helpers
 // of the product, which nothing outside the module can import) or tools/
 // (the load generator, its checker, the benchmarks).
 var TopLevel = []string{
-	"client", "cmd", "e2e", "gateway", "internal", "lease", "logrecord",
+	"client", "cmd", "deploy", "e2e", "gateway", "internal", "lease", "logrecord",
 	"persist", "projection", "protocol", "shardworker", "sim", "tools", "web",
 }
 

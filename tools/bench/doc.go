@@ -13,7 +13,12 @@
 //
 // Without BENCH_KAFKA the produce benchmarks start an in-process kfake
 // broker; without BENCH_PG the Postgres benchmark is skipped. Nothing here
-// runs in `go test` without -bench.
+// runs in `go test` without -bench but two measurements on a running stack
+// of processes (internal/stacktest), each skipped unless its switch is set:
+// TestBenchTakeover (CHATPIPE_BENCH=1), the takeover time of vshards handed
+// off and of a frozen worker's share, and TestHotConversationBench
+// (CHATPIPE_E2E_HOT_BENCH=1, run by tools/bench/hot.sh), what isolating a
+// hot conversation buys its vshard's other conversations.
 //
 // tools/bench/soak.sh is the soak: the roles as separate processes under a steady
 // load for half an hour, sampling each process's RSS and goroutines;

@@ -1,10 +1,11 @@
-package e2e
+package deploy_test
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -15,20 +16,15 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"sigs.k8s.io/yaml"
 
+	"github.com/chatpipe/chatpipe/deploy"
 	"github.com/chatpipe/chatpipe/internal/clustersec"
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 )
 
-// The operator's kit under deploy/: the Grafana dashboard, the Prometheus
-// alert rules and scrape config, and the compose file that runs them.
-const (
-	dashboardPath   = "../deploy/grafana/chatpipe.json"
-	datasourcePath  = "../deploy/grafana/provisioning/datasources/prometheus.yml"
-	alertsPath      = "../deploy/prometheus/alerts.yml"
-	promConfigPath  = "../deploy/prometheus/prometheus.yml"
-	composeFilePath = "../deploy/docker-compose/docker-compose.yml"
-)
+// TestMain builds the chatpipe binary for the checks that run a stack
+// once, when the first of them starts one, and removes it at the end.
+func TestMain(m *testing.M) { os.Exit(stacktest.Run(m)) }
 
 // exportedMetrics returns the names a /metrics page offers, with a
 // histogram's _bucket, _sum and _count series and a summary's _sum and
@@ -36,7 +32,7 @@ const (
 func exportedMetrics(t *testing.T, url string) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	for name, f := range scrape(t, url) {
+	for name, f := range stacktest.Scrape(t, url) {
 		names[name] = true
 		switch f.GetType() {
 		case dto.MetricType_HISTOGRAM:
@@ -52,18 +48,18 @@ func exportedMetrics(t *testing.T, url string) map[string]bool {
 // on dev's stack whose link is mutual TLS (certificates from `chatpipe
 // init --link-certs`): what a gateway exports only then, such as
 // chatpipe_link_cert_expiry_seconds.
-func linkTLSGatewayMetrics(t *testing.T, dev *devProc) map[string]bool {
+func linkTLSGatewayMetrics(t *testing.T, dev *stacktest.Dev) map[string]bool {
 	t.Helper()
 	link := filepath.Join(t.TempDir(), "link")
-	if r := runChatpipe(t, "init", "--link-certs", link); r.err != nil {
-		t.Fatalf("init --link-certs: %v\n%s", r.err, r.out)
+	if out, err := exec.Command(stacktest.Binary(t), "init", "--link-certs", link).CombinedOutput(); err != nil {
+		t.Fatalf("init --link-certs: %v\n%s", err, out)
 	}
 	f := clustersec.LinkDir(link, clustersec.RoleGateway)
-	port, adminPort := freePort(t), freePort(t)
-	startProc(t, dev.dir, "gateway-link-tls", nil, "gateway", "--endpoints", filepath.Join(dev.dir, "endpoints.json"),
-		"--data-dir", dev.dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--admin", "127.0.0.1:"+strconv.Itoa(adminPort), "--log-level", "warn",
+	port, adminPort := stacktest.FreePort(t), stacktest.FreePort(t)
+	stacktest.StartProc(t, dev.Dir, "gateway-link-tls", nil, "gateway", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"),
+		"--data-dir", dev.Dir, "--http", "127.0.0.1:"+strconv.Itoa(port), "--admin", "127.0.0.1:"+strconv.Itoa(adminPort), "--log-level", "warn",
 		"--link-tls-ca", f.CA, "--link-tls-cert", f.Cert, "--link-tls-key", f.Key)
-	waitFor(t, 60*time.Second, "the link TLS gateway to listen", func() bool { return dialable(port) && dialable(adminPort) })
+	stacktest.WaitFor(t, 60*time.Second, "the link TLS gateway to listen", func() bool { return stacktest.Dialable(port) && stacktest.Dialable(adminPort) })
 	return exportedMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort))
 }
 
@@ -83,47 +79,6 @@ func metricNames(expr string) []string {
 	return promqlMetric.FindAllString(e, -1)
 }
 
-type dashPanel struct {
-	ID         int         `json:"id"`
-	Type       string      `json:"type"`
-	Title      string      `json:"title"`
-	Datasource *dashSource `json:"datasource"`
-	Targets    []struct {
-		Expr       string      `json:"expr"`
-		Datasource *dashSource `json:"datasource"`
-	} `json:"targets"`
-	Panels []dashPanel `json:"panels"`
-}
-
-type dashSource struct {
-	Type string `json:"type"`
-	UID  string `json:"uid"`
-}
-
-type dashboard struct {
-	UID        string      `json:"uid"`
-	Panels     []dashPanel `json:"panels"`
-	Templating struct {
-		List []struct {
-			Name  string `json:"name"`
-			Query string `json:"query"`
-		} `json:"list"`
-	} `json:"templating"`
-}
-
-func readDashboard(t *testing.T) dashboard {
-	t.Helper()
-	b, err := os.ReadFile(dashboardPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d dashboard
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("%s: %v", dashboardPath, err)
-	}
-	return d
-}
-
 type alertRules struct {
 	Groups []struct {
 		Name  string `json:"name"`
@@ -134,26 +89,14 @@ type alertRules struct {
 	} `json:"groups"`
 }
 
-func readYAML(t *testing.T, path string, into any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, into); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
 // TestDashboardAndAlertsUseExportedMetrics: every metric name in the
 // dashboard's queries and the alert rules is one the code exports, read
 // off a running stack's /metrics (all roles in one process), so a renamed
 // or invented metric fails here instead of showing an empty panel or an
 // alert that can never fire.
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
-	parallel(t)
-	p := startDev(t, t.TempDir())
-	have := exportedMetrics(t, p.ep.Admin+"/metrics")
+	p := stacktest.StartDev(t, t.TempDir())
+	have := exportedMetrics(t, p.EP.Admin+"/metrics")
 	if !have["chatpipe_worker_owned_shards"] || !have["go_goroutines"] {
 		t.Fatalf("the dev stack's /metrics lacks the worker's or Go's metrics: %v", have)
 	}
@@ -177,21 +120,21 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 	}
 
-	d := readDashboard(t)
+	d := deploy.ReadDashboard(t, deploy.DashboardFile)
 	var ds struct {
 		Datasources []struct {
 			UID string `json:"uid"`
 		} `json:"datasources"`
 	}
-	readYAML(t, datasourcePath, &ds)
+	deploy.ReadYAML(t, deploy.DatasourceFile, &ds)
 	if len(ds.Datasources) != 1 {
-		t.Fatalf("%s: want one data source, have %d", datasourcePath, len(ds.Datasources))
+		t.Fatalf("%s: want one data source, have %d", deploy.DatasourceFile, len(ds.Datasources))
 	}
 	uid := ds.Datasources[0].UID
 	ids := map[int]bool{}
 	queries := 0
-	var walk func([]dashPanel)
-	walk = func(ps []dashPanel) {
+	var walk func([]deploy.DashPanel)
+	walk = func(ps []deploy.DashPanel) {
 		for _, pn := range ps {
 			if ids[pn.ID] {
 				t.Errorf("dashboard: panel id %d used twice", pn.ID)
@@ -222,7 +165,7 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	}
 
 	var rules alertRules
-	readYAML(t, alertsPath, &rules)
+	deploy.ReadYAML(t, deploy.AlertsFile, &rules)
 	alerts := 0
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
@@ -231,7 +174,7 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 	}
 	if alerts == 0 {
-		t.Fatalf("%s: no rules", alertsPath)
+		t.Fatalf("%s: no rules", deploy.AlertsFile)
 	}
 }
 
@@ -251,27 +194,11 @@ type composeFile struct {
 func readCompose(t *testing.T) composeFile {
 	t.Helper()
 	var c composeFile
-	readYAML(t, composeFilePath, &c)
+	deploy.ReadYAML(t, deploy.ComposeFile, &c)
 	if len(c.Services) == 0 {
-		t.Fatalf("%s: no services", composeFilePath)
+		t.Fatalf("%s: no services", deploy.ComposeFile)
 	}
 	return c
-}
-
-// flagValue returns the value of --name in args ("--name v" or
-// "--name=v"), and whether it is there.
-func flagValue(args []string, name string) (string, bool) {
-	for i, a := range args {
-		switch {
-		case a == "--"+name || a == "-"+name:
-			if i+1 < len(args) {
-				return args[i+1], true
-			}
-		case strings.HasPrefix(a, "--"+name+"="):
-			return strings.TrimPrefix(a, "--"+name+"="), true
-		}
-	}
-	return "", false
 }
 
 // TestComposePrometheusScrapesEveryRole: every chatpipe role of the
@@ -293,7 +220,7 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 			} `json:"dns_sd_configs"`
 		} `json:"scrape_configs"`
 	}
-	readYAML(t, promConfigPath, &prom)
+	deploy.ReadYAML(t, deploy.PrometheusFile, &prom)
 	scraped := map[string]string{} // host:port -> job
 	for _, sc := range prom.ScrapeConfigs {
 		for _, s := range sc.StaticConfigs {
@@ -314,7 +241,7 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 			continue
 		}
 		seen++
-		admin, ok := flagValue(s.Command, "admin")
+		admin, ok := deploy.FlagValue(s.Command, "admin")
 		if !ok {
 			t.Errorf("compose service %s (%s) has no --admin address: its metrics are on a random loopback port", name, s.Command[0])
 			continue
@@ -334,12 +261,12 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 	// The vshards without a live owner: the alert reads the gateways'
 	// count, which needs no copy of the deployment's vshard count; the
 	// dashboard's constant is the compose init's.
-	vshards, ok := flagValue(c.Services["init"].Command, "vshards")
+	vshards, ok := deploy.FlagValue(c.Services["init"].Command, "vshards")
 	if !ok {
 		t.Fatal("compose init has no --vshards")
 	}
 	var rules alertRules
-	readYAML(t, alertsPath, &rules)
+	deploy.ReadYAML(t, deploy.AlertsFile, &rules)
 	found := false
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
@@ -354,7 +281,7 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 	if !found {
 		t.Error("no ChatpipeVShardWithoutLiveOwner alert")
 	}
-	d := readDashboard(t)
+	d := deploy.ReadDashboard(t, deploy.DashboardFile)
 	for _, v := range d.Templating.List {
 		if v.Name == "vshards" && v.Query != vshards {
 			t.Errorf("dashboard variable vshards is %s, the compose init's --vshards %s", v.Query, vshards)
@@ -376,7 +303,7 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 		if s.Image != "chatpipe:local" {
 			continue
 		}
-		admin, _ := flagValue(s.Command, "admin")
+		admin, _ := deploy.FlagValue(s.Command, "admin")
 		want := []string{"CMD", "/usr/local/bin/chatpipe", "probe"}
 		url := "http://127.0.0.1:" + admin[strings.LastIndex(admin, ":")+1:] + "/readyz"
 		test := s.Healthcheck.Test
@@ -390,18 +317,16 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 	}
 }
 
-const dashboardSchemaPath = "../deploy/grafana/dashboard.schema.json"
-
 // dashboardSchema compiles deploy/grafana/dashboard.schema.json.
 func dashboardSchema(t *testing.T) *jsonschema.Schema {
 	t.Helper()
-	b, err := os.ReadFile(dashboardSchemaPath)
+	b, err := os.ReadFile(deploy.DashboardSchemaFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
 	if err != nil {
-		t.Fatalf("%s: %v", dashboardSchemaPath, err)
+		t.Fatalf("%s: %v", deploy.DashboardSchemaFile, err)
 	}
 	const url = "https://chatpipe.dev/schemas/grafana-dashboard.json"
 	c := jsonschema.NewCompiler()
@@ -410,7 +335,7 @@ func dashboardSchema(t *testing.T) *jsonschema.Schema {
 	}
 	sch, err := c.Compile(url)
 	if err != nil {
-		t.Fatalf("%s: %v", dashboardSchemaPath, err)
+		t.Fatalf("%s: %v", deploy.DashboardSchemaFile, err)
 	}
 	return sch
 }
@@ -457,23 +382,23 @@ func gridOverlaps(ps []any) []string {
 // are refused, so the check can fail.
 func TestDashboardMatchesSchema(t *testing.T) {
 	sch := dashboardSchema(t)
-	b, err := os.ReadFile(dashboardPath)
+	b, err := os.ReadFile(deploy.DashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	load := func() map[string]any {
 		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
 		if err != nil {
-			t.Fatalf("%s: %v", dashboardPath, err)
+			t.Fatalf("%s: %v", deploy.DashboardFile, err)
 		}
 		return v.(map[string]any)
 	}
 	d := load()
 	if err := sch.Validate(d); err != nil {
-		t.Fatalf("%s does not match %s: %v", dashboardPath, dashboardSchemaPath, err)
+		t.Fatalf("%s does not match %s: %v", deploy.DashboardFile, deploy.DashboardSchemaFile, err)
 	}
 	if bad := gridOverlaps(d["panels"].([]any)); len(bad) > 0 {
-		t.Fatalf("%s: panels off the grid: %s", dashboardPath, strings.Join(bad, "; "))
+		t.Fatalf("%s: panels off the grid: %s", deploy.DashboardFile, strings.Join(bad, "; "))
 	}
 
 	panel := func(d map[string]any, i int) map[string]any { return d["panels"].([]any)[i].(map[string]any) }

@@ -1,4 +1,4 @@
-package e2e
+package bench
 
 import (
 	"fmt"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
 	"github.com/chatpipe/chatpipe/protocol"
 )
@@ -21,7 +22,7 @@ import (
 // TestHotConversationBench measures what isolating a hot conversation buys
 // the conversations that share its vshard. It asserts nothing about time;
 // it reports. Run it with tools/bench/hot.sh, or
-// CHATPIPE_E2E_HOT_BENCH=1 CHATPIPE_E2E_NORACE=1 go test ./e2e -run
+// CHATPIPE_E2E_HOT_BENCH=1 CHATPIPE_E2E_NORACE=1 go test ./tools/bench -run
 // TestHotConversationBench -v; CI skips it.
 //
 // One `chatpipe dev` (per-user limit off, the per-conversation limit at its
@@ -52,31 +53,31 @@ func TestHotConversationBench(t *testing.T) {
 	if os.Getenv("CHATPIPE_E2E_HOT_BENCH") != "1" {
 		t.Skip("set CHATPIPE_E2E_HOT_BENCH=1 to run the hot conversation benchmark (tools/bench/hot.sh)")
 	}
-	phaseLen := envDuration(t, "CHATPIPE_E2E_HOT_BENCH_PHASE", 20*time.Second)
-	rate := envInt(t, "CHATPIPE_E2E_HOT_BENCH_RATE", 500)
-	nClients := envInt(t, "CHATPIPE_E2E_HOT_BENCH_CLIENTS", 40)
-	nConvs := envInt(t, "CHATPIPE_E2E_HOT_BENCH_CONVS", 500)
+	phaseLen := stacktest.EnvDuration(t, "CHATPIPE_E2E_HOT_BENCH_PHASE", 20*time.Second)
+	rate := stacktest.EnvInt(t, "CHATPIPE_E2E_HOT_BENCH_RATE", 500)
+	nClients := stacktest.EnvInt(t, "CHATPIPE_E2E_HOT_BENCH_CLIENTS", 40)
+	nConvs := stacktest.EnvInt(t, "CHATPIPE_E2E_HOT_BENCH_CONVS", 500)
 	const hotClients = 4
 	convRate, convBurst := hbConvLimit(t)
 
-	dev := startDev(t, t.TempDir(), "--rate-user", "-1")
-	if dev.ep.Dedicated == 0 {
+	dev := stacktest.StartDev(t, t.TempDir(), "--rate-user", "-1")
+	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")
 	}
 	const hot = "hot"
-	home := logrecord.VShard(hot, dev.ep.VShards)
+	home := logrecord.VShard(hot, dev.EP.VShards)
 	var convs []string
 	for i := 0; len(convs) < nConvs; i++ {
-		if id := fmt.Sprintf("oc%d", i); logrecord.VShard(id, dev.ep.VShards) == home {
+		if id := fmt.Sprintf("oc%d", i); logrecord.VShard(id, dev.EP.VShards) == home {
 			convs = append(convs, id)
 		}
 	}
 
 	// The ordinary clients: user ou<k> owns conversations k, k+n, k+2n, …
 	// (the next user is their other member) and sends to them in turn.
-	clients := make([]*client, nClients)
+	clients := make([]*stacktest.Client, nClients)
 	for k := range clients {
-		clients[k] = dev.dial(t, fmt.Sprintf("ou%d", k))
+		clients[k] = dev.Dial(t, fmt.Sprintf("ou%d", k))
 	}
 	var cwg sync.WaitGroup
 	for k := range clients {
@@ -88,9 +89,9 @@ func TestHotConversationBench(t *testing.T) {
 			}
 		}()
 	}
-	hotCl := make([]*client, hotClients)
+	hotCl := make([]*stacktest.Client, hotClients)
 	for k := range hotCl {
-		hotCl[k] = dev.dial(t, fmt.Sprintf("hu%d", k))
+		hotCl[k] = dev.Dial(t, fmt.Sprintf("hu%d", k))
 	}
 	hbCreate(t, hotCl[0], hot, "hu1", "hu2", "hu3")
 	cwg.Wait()
@@ -108,13 +109,13 @@ func TestHotConversationBench(t *testing.T) {
 			mine = append(mine, convs[i])
 		}
 		wg.Add(1)
-		go hbPaced(&wg, cl, every, time.Duration(k)*every/time.Duration(nClients), mine, cl.user, &ord, stopOrd)
+		go hbPaced(&wg, cl, every, time.Duration(k)*every/time.Duration(nClients), mine, cl.User, &ord, stopOrd)
 	}
 
 	admin := func(args ...string) (string, time.Time, time.Time) {
 		t.Helper()
 		start := time.Now()
-		out, err := exec.Command(binary, append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
+		out, err := exec.Command(stacktest.Binary(t), append([]string{"admin", args[0], "--endpoints", filepath.Join(dev.Dir, "endpoints.json")}, args[1:]...)...).CombinedOutput()
 		end := time.Now()
 		t.Logf("admin %v (%v): %s", args, end.Sub(start).Round(time.Millisecond), out)
 		if err != nil {
@@ -135,7 +136,7 @@ func TestHotConversationBench(t *testing.T) {
 	hotEvery := time.Duration(float64(time.Second) * hotClients / hotOffered)
 	for k, cl := range hotCl {
 		wg.Add(1)
-		go hbPaced(&wg, cl, hotEvery, time.Duration(k)*hotEvery/hotClients, []string{hot}, cl.user, &hotRec, stopHot)
+		go hbPaced(&wg, cl, hotEvery, time.Duration(k)*hotEvery/hotClients, []string{hot}, cl.User, &hotRec, stopHot)
 	}
 	// The bucket's burst drains at (offered − limit)/s; then the limit rules.
 	time.Sleep(time.Duration(float64(convBurst)/(hotOffered-convRate)*float64(time.Second)) + time.Second)
@@ -260,7 +261,7 @@ func TestHotConversationBench(t *testing.T) {
 	fmt.Fprintf(&b, "Setup: `chatpipe dev --rate-user -1` (%d hashed vshards, %d dedicated; per-conversation limit at its default, %g msg/s with a burst of %d). "+
 		"%d ordinary conversations whose ids hash to vshard %d, the hot conversation's, each with 2 members, driven at %d msg/s in total by %d websocket clients (one send every %v each, paced by a ticker, not closed-loop). "+
 		"The hot conversation's %d clients offer %g msg/s in total (1.5× its limit), so its writer's bucket sets its rate. Phases of %v; latency from a client's first send to its `accepted` answer (a retry after `unavailable` included).\n\n",
-		dev.ep.VShards, dev.ep.Dedicated, convRate, convBurst, len(convs), home, rate, nClients, every, hotClients, hotOffered, phaseLen)
+		dev.EP.VShards, dev.EP.Dedicated, convRate, convBurst, len(convs), home, rate, nClients, every, hotClients, hotOffered, phaseLen)
 	b.WriteString("| phase | ordinary accepted | ordinary p50 | ordinary p99 | ordinary max | ordinary rate_limited | hot accepted msg/s | hot rate_limited/s |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	names := [4]string{"0: no hot conversation", "1: hot at its limit, shared vshard", "2: hot isolated (dedicated vshard)", "3: no hot conversation again (control, after the release)"}
@@ -322,7 +323,7 @@ func TestHotConversationBench(t *testing.T) {
 		}
 		// The timeline and dev's log beside it.
 		os.WriteFile(strings.TrimSuffix(out, ".md")+".timeline.txt", []byte(tl.String()), 0o644)
-		if log, err := os.ReadFile(filepath.Join(dev.dir, "dev.log")); err == nil {
+		if log, err := os.ReadFile(filepath.Join(dev.Dir, "dev.log")); err == nil {
 			os.WriteFile(strings.TrimSuffix(out, ".md")+".dev.log", log, 0o644)
 		}
 	}
@@ -356,7 +357,7 @@ func (r *hbRecorder) all() []hbSend {
 
 // hbPaced sends one message per tick (after offset), to convs in turn,
 // each send in its own goroutine, until stop; wg covers the sends too.
-func hbPaced(wg *sync.WaitGroup, cl *client, every, offset time.Duration, convs []string, prefix string, rec *hbRecorder, stop chan struct{}) {
+func hbPaced(wg *sync.WaitGroup, cl *stacktest.Client, every, offset time.Duration, convs []string, prefix string, rec *hbRecorder, stop chan struct{}) {
 	defer wg.Done()
 	select {
 	case <-stop:
@@ -382,10 +383,10 @@ func hbPaced(wg *sync.WaitGroup, cl *client, every, offset time.Duration, convs 
 
 // hbSendOnce sends a message, retrying (same ids) after `unavailable` as a
 // client should; `rate_limited` and any other answer end it.
-func hbSendOnce(cl *client, conv, cmid string) hbSend {
+func hbSendOnce(cl *stacktest.Client, conv, cmid string) hbSend {
 	s := hbSend{conv: conv, sent: time.Now()}
 	for {
-		r, err := cl.do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": "hello from the bench"})
+		r, err := cl.Do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": "hello from the bench"})
 		s.done = time.Now()
 		switch {
 		case err != nil:
@@ -405,9 +406,9 @@ func hbSendOnce(cl *client, conv, cmid string) hbSend {
 
 // hbCreate creates conversation conv owned by cl's user, retrying while
 // it is unavailable.
-func hbCreate(t *testing.T, cl *client, conv string, members ...string) {
+func hbCreate(t *testing.T, cl *stacktest.Client, conv string, members ...string) {
 	for start := time.Now(); ; {
-		r, err := cl.do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
+		r, err := cl.Do(map[string]any{"op": "create", "conversation_id": conv, "members": members})
 		if err == nil && r.Code == protocol.CodeUnavailable && time.Since(start) < time.Minute {
 			time.Sleep(200 * time.Millisecond)
 			continue
@@ -422,7 +423,7 @@ func hbCreate(t *testing.T, cl *client, conv string, members ...string) {
 // hbConvLimit reads the per-conversation limit's defaults (msg/s, burst)
 // from `chatpipe dev -h`.
 func hbConvLimit(t *testing.T) (float64, int) {
-	out, _ := exec.Command(binary, "dev", "-h").CombinedOutput()
+	out, _ := exec.Command(stacktest.Binary(t), "dev", "-h").CombinedOutput()
 	get := func(name string) string {
 		m := regexp.MustCompile(`(?m)^\s*-` + name + ` \w+\n.*\(default ([0-9.]+)\)`).FindSubmatch(out)
 		if m == nil {
@@ -446,28 +447,4 @@ func hbPct(sorted []time.Duration, q float64) time.Duration {
 		return 0
 	}
 	return sorted[min(len(sorted)-1, int(math.Ceil(q*float64(len(sorted))))-1)]
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
-func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		t.Fatalf("%s=%q: want a positive duration", name, v)
-	}
-	return d
 }
