@@ -3,7 +3,7 @@
 # share its vshard, on this machine, and writes a markdown section, "Hot
 # conversation isolation", for BENCHMARKS.md.
 #
-# It runs the e2e benchmark TestHotConversationBench (e2e/hotbench_test.go)
+# It runs the benchmark TestHotConversationBench (tools/bench/hotbench_test.go)
 # without -race: one `chatpipe dev` with the per-user limit off and the
 # per-conversation limit at its default, 500 ordinary conversations on the
 # hot conversation's vshard at a paced 500 msg/s, and three phases (no hot
@@ -32,11 +32,11 @@ started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 
-CMD="CHATPIPE_E2E_NORACE=1 CHATPIPE_E2E_HOT_BENCH=1 go test ./e2e -run '^TestHotConversationBench\$' -count=1 -v -timeout 20m"
+CMD="CHATPIPE_E2E_NORACE=1 CHATPIPE_E2E_HOT_BENCH=1 go test ./tools/bench -run '^TestHotConversationBench\$' -count=1 -v -timeout 20m"
 echo "hot.sh: results in $W" >&2
 rc=0
 CHATPIPE_E2E_NORACE=1 CHATPIPE_E2E_HOT_BENCH=1 CHATPIPE_E2E_HOT_BENCH_OUT=$W/table.md \
-  go test ./e2e -run '^TestHotConversationBench$' -count=1 -v -timeout 20m > "$W/test.log" 2>&1 || rc=$?
+  go test ./tools/bench -run '^TestHotConversationBench$' -count=1 -v -timeout 20m > "$W/test.log" 2>&1 || rc=$?
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ "$rc" != 0 ] || [ ! -s "$W/table.md" ]; then
   echo "hot.sh: the benchmark failed (rc $rc); see $W/test.log" >&2
