@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"slices"
 
 	"github.com/chatpipe/chatpipe/internal/readmodel"
@@ -130,7 +131,9 @@ func (p *Projection) apply(events []*logrecord.Event, s *Sink, recordOrder bool,
 // convs/seqs per event with a seq) whose seqs after its projected last
 // seq leave a hole below the batch's highest seq hi, every period of its
 // stored events up to hi is written (inserted, or its left_seq replaced).
-// It returns how many conversations it rewrote.
+// The periods are readmodel.LogPeriods's, the rule gapSQL keeps (the
+// projection's TestGapFillMatchesLogPeriods holds gapSQL to it). It
+// returns how many conversations it rewrote.
 func (p *Projection) fillGaps(convs []string, seqs []int64, s *Sink) int {
 	hi, above := map[string]int64{}, map[string]map[int64]bool{}
 	var order []string
@@ -153,54 +156,23 @@ func (p *Projection) fillGaps(convs []string, seqs []int64, s *Sink) int {
 		n++
 		var ev []*logrecord.Event
 		for _, e := range s.Events(c) {
-			if e.Seq <= hi[c] && isMembership(e.Kind) {
+			if e.Seq <= hi[c] {
 				ev = append(ev, e)
 			}
 		}
-		type join struct {
-			seq  int64
-			user string
-		}
-		var joins []join
-		seen := map[join]bool{}
-		add := func(j join) {
-			if j.user != "" && !seen[j] {
-				seen[j] = true
-				joins = append(joins, j)
-			}
-		}
-		for _, e := range ev {
-			switch e.Kind {
-			case logrecord.KindJoin:
-				add(join{e.Seq, e.UserID})
-			case logrecord.KindCreate:
-				add(join{e.Seq, e.Sender})
-				for _, m := range e.Members {
-					add(join{e.Seq, m})
-				}
-			}
-		}
 		rows := p.rows(c)
-		for _, j := range joins {
-			var left *int64
-			for _, e := range ev {
-				if (e.Kind == logrecord.KindKick || e.Kind == logrecord.KindLeave) && e.UserID == j.user && e.Seq > j.seq && (left == nil || e.Seq < *left) {
-					seq := e.Seq
-					left = &seq
+		for user, ps := range readmodel.LogPeriods(ev)[c] {
+			for _, per := range ps {
+				var left *int64
+				if per.To != math.MaxInt64 {
+					to := per.To
+					left = &to
 				}
+				rows[periodKey{user, per.From}] = left
 			}
-			rows[periodKey{j.user, j.seq}] = left
 		}
 	}
 	return n
-}
-
-func isMembership(kind string) bool {
-	switch kind {
-	case logrecord.KindCreate, logrecord.KindJoin, logrecord.KindKick, logrecord.KindLeave:
-		return true
-	}
-	return false
 }
 
 func (p *Projection) rows(conv string) map[periodKey]*int64 {
