@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -68,6 +69,8 @@ type Feed struct {
 
 	last      atomic.Int64 // last outbox id processed
 	listening atomic.Bool  // a LISTEN is in effect
+	notified  atomic.Int64 // the highest outbox id a notification named
+	mustRead  atomic.Bool  // a wake-up that named no id: the outbox must be read
 	reads     atomic.Int64 // reads of the outbox
 	delivered atomic.Int64
 	markers   atomic.Int64
@@ -138,6 +141,15 @@ func (f *Feed) Run(ctx context.Context) error {
 	defer t.Stop()
 	read, ok := true, true
 	for {
+		if read && f.skip() {
+			// Nobody is connected here, and the notifications name every
+			// committed row: move past them without reading. A device
+			// that connects later connected after they committed, so its
+			// first sync returns their events.
+			for last, n := f.last.Load(), f.notified.Load(); n > last && !f.last.CompareAndSwap(last, n); last = f.last.Load() {
+			}
+			read, ok = false, true
+		}
 		if read {
 			err := f.drain(ctx)
 			if ok = err == nil; !ok && ctx.Err() == nil {
@@ -157,10 +169,31 @@ func (f *Feed) Run(ctx context.Context) error {
 	}
 }
 
+// skip reports whether the feed may move past the notified rows without
+// reading them: its LISTEN is in effect, no wake-up since the last read
+// asked for a read, and no device is connected here.
+func (f *Feed) skip() bool {
+	if !f.listening.Load() || f.mustRead.Swap(false) {
+		return false
+	}
+	if f.Sink.Any() {
+		return false
+	}
+	return true
+}
+
 // listen signals wake on every delivery notification, and once after each
-// LISTEN took effect, until ctx ends.
+// LISTEN took effect, until ctx ends. A notification's payload is the
+// outbox id its row got (the projection's pg_notify); one without an id
+// (the LISTEN taking effect, or another sender) asks for a read.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
-	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(string) {
+	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(payload string) {
+		if id, err := strconv.ParseInt(payload, 10, 64); err == nil && id > 0 {
+			for n := f.notified.Load(); id > n && !f.notified.CompareAndSwap(n, id); n = f.notified.Load() {
+			}
+		} else {
+			f.mustRead.Store(true)
+		}
 		select {
 		case wake <- struct{}{}:
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,12 +14,14 @@ import (
 
 // TestListeningFeedDoesNotPoll: a feed whose LISTEN is in effect reads
 // the outbox when a notification wakes it and not on its poll ticks, so
-// an idle gateway asks Postgres nothing; without LISTEN it polls.
+// an idle gateway asks Postgres nothing; without LISTEN it polls. (A
+// device is connected: a feed with none reads nothing on a notification,
+// TestFeedWithNobodyConnectedFollowsNotifications.)
 func TestListeningFeedDoesNotPoll(t *testing.T) {
 	for _, noListen := range []bool{false, true} {
 		t.Run(map[bool]string{false: "listening", true: "polling"}[noListen], func(t *testing.T) {
 			db := pgtest.DB(t, pgtest.Options{})
-			f := NewFeed(db, &sink{devices: map[string]int{}, got: map[string][]Push{}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			f := NewFeed(db, &sink{devices: map[string]int{"u1": 1}, got: map[string][]Push{}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			f.Poll, f.NoListen = 20*time.Millisecond, noListen
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
@@ -50,4 +53,55 @@ func TestListeningFeedDoesNotPoll(t *testing.T) {
 			waitUntil("a read after a notification", func() bool { return f.reads.Load() > before })
 		})
 	}
+}
+
+// switchSink is a sink whose one user, u1, connects and disconnects while
+// the feed runs.
+type switchSink struct{ on atomic.Bool }
+
+func (s *switchSink) Local(user string) bool            { return user == "u1" && s.on.Load() }
+func (s *switchSink) Any() bool                         { return s.on.Load() }
+func (s *switchSink) Lost(string)                       {}
+func (s *switchSink) Deliver(user string, _ []Push) int { return 1 }
+
+// TestFeedWithNobodyConnectedFollowsNotifications: with no device
+// connected, a listening feed moves past the outbox ids the notifications
+// name without reading the outbox; once a device is connected, a
+// notification makes it read again, from there.
+func TestFeedWithNobodyConnectedFollowsNotifications(t *testing.T) {
+	db := pgtest.DB(t, pgtest.Options{})
+	s := &switchSink{}
+	f := NewFeed(db, s, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	f.Poll = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s: %d outbox reads, position %d", what, f.reads.Load(), f.last.Load())
+			}
+		}
+	}
+	notify := func(id string) {
+		t.Helper()
+		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, pglisten.Delivery, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil("the LISTEN", func() bool { return f.listening.Load() && f.reads.Load() >= 2 })
+	time.Sleep(50 * time.Millisecond) // a wake-up already queued is read
+	before := f.reads.Load()
+	notify("7")
+	waitUntil("the position at the notified id", func() bool { return f.last.Load() == 7 })
+	notify("9")
+	waitUntil("the position at the next notified id", func() bool { return f.last.Load() == 9 })
+	if n := f.reads.Load() - before; n != 0 {
+		t.Errorf("with nobody connected the feed read the outbox %d times for two notifications", n)
+	}
+	s.on.Store(true)
+	notify("10")
+	waitUntil("a read once a device is connected", func() bool { return f.reads.Load() > before })
 }
