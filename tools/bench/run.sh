@@ -17,7 +17,7 @@
 #   one1        1:1 conversations, one device per user (--devices 1
 #               --groups 0) at BENCH_ONE_RATE: CPU per message
 #   idle        the stack with nothing sent for BENCH_IDLE_SECS (after the
-#               warm-up and 10 s to settle): CPU and Postgres statements
+#               warm-up and 20 s to settle): CPU and Postgres statements
 #   hot         one hot conversation's max msg/s
 #   pgpause     1,000 msg/s with Postgres paused (SIGSTOP) for
 #               BENCH_PAUSE_SECS from 10 s into the send phase: accepted/s
@@ -50,7 +50,8 @@
 #   BENCH_LAT_SECS=30 BENCH_MID_RATE=3000 BENCH_MID_SECS=30
 #   BENCH_SAT_RATE=10000 BENCH_SAT_SECS=20 BENCH_ONE_RATE=3000 BENCH_ONE_SECS=30
 #   BENCH_HOT_RATE=3000 BENCH_HOT_SECS=15 BENCH_PAUSE_SECS=30 BENCH_TAKEOVER_SECS=20
-#   BENCH_IDLE_SECS=30
+#   BENCH_IDLE_SECS=60 (CPU is read in 10 ms ticks: 60 s resolves 0.02 %
+#   of a core per process)
 #   BENCH_PROF_SECS=20 (profile length, inside r3000's send phase)
 #   BENCH_CEIL_SECS=20 BENCH_CEIL_PRODUCERS=16 BENCH_CEIL_BATCH=50
 #   BENCH_GOBENCH=1 (0 skips go test -bench) BENCH_BENCHTIME=3s
@@ -80,7 +81,7 @@ ONE_SECS=${BENCH_ONE_SECS:-30}
 HOT_RATE=${BENCH_HOT_RATE:-3000}
 HOT_SECS=${BENCH_HOT_SECS:-15}
 PAUSE_SECS=${BENCH_PAUSE_SECS:-30}
-IDLE_SECS=${BENCH_IDLE_SECS:-30}
+IDLE_SECS=${BENCH_IDLE_SECS:-60}
 TAKEOVER_SECS=${BENCH_TAKEOVER_SECS:-20}
 PROF_SECS=${BENCH_PROF_SECS:-20}
 CEIL_SECS=${BENCH_CEIL_SECS:-20}
@@ -362,8 +363,8 @@ measured() {
 
 log "results in $W"
 start_roles
-log "idle: nothing sent for ${IDLE_SECS}s, after 10 s to settle"
-sleep 10
+log "idle: nothing sent for ${IDLE_SECS}s, after 20 s to settle"
+sleep 20
 snap "$R/cpu/idle.send"; metrics send idle; pgstat "$R/pgstat/idle.send"
 sleep "$IDLE_SECS"
 snap "$R/cpu/idle.end"; metrics end idle; pgstat "$R/pgstat/idle.end"

@@ -271,7 +271,7 @@ func writeIdle(b *strings.Builder, res results) {
 	if !f.ok {
 		return
 	}
-	fmt.Fprintf(b, "## Idle\n\nThe stack with nothing sent for %.0f s (after the warm-up and 10 s to settle). %% of a core by process:\n\n| %s | all |\n|%s---|\n|", f.secs, strings.Join(stackProcs, " | "), strings.Repeat("---|", len(stackProcs)))
+	fmt.Fprintf(b, "## Idle\n\nThe stack with nothing sent for %.0f s (after the warm-up and 20 s to settle). %% of a core by process:\n\n| %s | all |\n|%s---|\n|", f.secs, strings.Join(stackProcs, " | "), strings.Repeat("---|", len(stackProcs)))
 	for _, n := range stackProcs {
 		fmt.Fprintf(b, " %.2f |", 100*f.byProc[n])
 	}
