@@ -133,49 +133,17 @@ func runWriter(out io.Writer, conns, rate, batch, size int, warmup, duration tim
 	if conns < 1 || rate < 1 || batch < 1 || size < 1 {
 		return errors.New("-conns, -rate, -batch and -size must be positive")
 	}
-	exe, err := os.Executable()
+	sk, err := startSink("1")
 	if err != nil {
-		return fmt.Errorf("own executable: %w", err)
+		return err
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), sinkEnv+"=1")
-	cmd.Stderr = os.Stderr
-	toSink, err := cmd.StdinPipe()
-	if err != nil {
-		return fmt.Errorf("sink stdin: %w", err)
-	}
-	fromSink, err := cmd.StdoutPipe()
-	if err != nil {
-		return fmt.Errorf("sink stdout: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start sink: %w", err)
-	}
-	defer func() {
-		toSink.Close()
-		_ = cmd.Wait()
-	}()
-	lines := bufio.NewScanner(fromSink)
+	defer sk.close()
+	lines := sk.lines
 	if !lines.Scan() {
 		return errors.New("sink printed no address")
 	}
 	addr := lines.Text()
-	mark := func() (usage, int64, error) {
-		if _, err := io.WriteString(toSink, "mark\n"); err != nil {
-			return usage{}, 0, fmt.Errorf("ask the sink: %w", err)
-		}
-		if !lines.Scan() {
-			return usage{}, 0, errors.New("sink ended")
-		}
-		f := strings.Fields(lines.Text())
-		if len(f) != 3 {
-			return usage{}, 0, fmt.Errorf("sink said %q", lines.Text())
-		}
-		ns, _ := strconv.ParseInt(f[0], 10, 64)
-		sw, _ := strconv.ParseInt(f[1], 10, 64)
-		b, _ := strconv.ParseInt(f[2], 10, 64)
-		return usage{cpu: time.Duration(ns), switches: sw}, b, nil
-	}
+	mark := sk.mark
 
 	cs := make([]net.Conn, conns)
 	for i := range cs {
@@ -232,4 +200,60 @@ func runWriter(out io.Writer, conns, rate, batch, size int, warmup, duration tim
 	fmt.Fprintf(out, "conns %d\n", conns)
 	fmt.Fprintf(out, "frame_bytes %d\n", size)
 	return nil
+}
+
+// sink is the reading process: the same command, started with sinkEnv
+// set to its mode.
+type sink struct {
+	cmd    *exec.Cmd
+	toSink io.WriteCloser
+	lines  *bufio.Scanner
+}
+
+// startSink starts the sink in mode ("1": TCP, "ws": websocket).
+func startSink(mode string) (*sink, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("own executable: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), sinkEnv+"="+mode)
+	cmd.Stderr = os.Stderr
+	toSink, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("sink stdin: %w", err)
+	}
+	fromSink, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("sink stdout: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start sink: %w", err)
+	}
+	return &sink{cmd: cmd, toSink: toSink, lines: bufio.NewScanner(fromSink)}, nil
+}
+
+// close ends the sink's input and waits for it to exit.
+func (k *sink) close() {
+	k.toSink.Close()
+	_ = k.cmd.Wait()
+}
+
+// mark asks the sink for its CPU time, context switches and bytes read
+// so far.
+func (k *sink) mark() (usage, int64, error) {
+	if _, err := io.WriteString(k.toSink, "mark\n"); err != nil {
+		return usage{}, 0, fmt.Errorf("ask the sink: %w", err)
+	}
+	if !k.lines.Scan() {
+		return usage{}, 0, errors.New("sink ended")
+	}
+	f := strings.Fields(k.lines.Text())
+	if len(f) != 3 {
+		return usage{}, 0, fmt.Errorf("sink said %q", k.lines.Text())
+	}
+	ns, _ := strconv.ParseInt(f[0], 10, 64)
+	sw, _ := strconv.ParseInt(f[1], 10, 64)
+	b, _ := strconv.ParseInt(f[2], 10, 64)
+	return usage{cpu: time.Duration(ns), switches: sw}, b, nil
 }

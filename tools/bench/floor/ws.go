@@ -9,8 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,29 +94,12 @@ func runWSWriter(out io.Writer, conns, rate, size int, warmup, duration time.Dur
 	go srv.Serve(ln) // ends at srv.Close below
 	defer srv.Close()
 
-	exe, err := os.Executable()
+	sk, err := startSink("ws")
 	if err != nil {
-		return fmt.Errorf("own executable: %w", err)
+		return err
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), sinkEnv+"=ws")
-	cmd.Stderr = os.Stderr
-	toSink, err := cmd.StdinPipe()
-	if err != nil {
-		return fmt.Errorf("sink stdin: %w", err)
-	}
-	fromSink, err := cmd.StdoutPipe()
-	if err != nil {
-		return fmt.Errorf("sink stdout: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start sink: %w", err)
-	}
-	defer func() {
-		toSink.Close()
-		_ = cmd.Wait()
-	}()
-	lines := bufio.NewScanner(fromSink)
+	defer sk.close()
+	toSink, lines := sk.toSink, sk.lines
 	if _, err := fmt.Fprintf(toSink, "dial ws://%s/ %d\n", ln.Addr(), conns); err != nil {
 		return fmt.Errorf("ask the sink to dial: %w", err)
 	}
@@ -158,22 +139,7 @@ func runWSWriter(out io.Writer, conns, rate, size int, warmup, duration time.Dur
 		cancel()
 	}
 
-	mark := func() (usage, int64, error) {
-		if _, err := io.WriteString(toSink, "mark\n"); err != nil {
-			return usage{}, 0, fmt.Errorf("ask the sink: %w", err)
-		}
-		if !lines.Scan() {
-			return usage{}, 0, errors.New("sink ended")
-		}
-		f := strings.Fields(lines.Text())
-		if len(f) != 3 {
-			return usage{}, 0, fmt.Errorf("sink said %q", lines.Text())
-		}
-		ns, _ := strconv.ParseInt(f[0], 10, 64)
-		sw, _ := strconv.ParseInt(f[1], 10, 64)
-		b, _ := strconv.ParseInt(f[2], 10, 64)
-		return usage{cpu: time.Duration(ns), switches: sw}, b, nil
-	}
+	mark := sk.mark
 
 	frame := bytes.Repeat([]byte{'x'}, size)
 	start := time.Now()
