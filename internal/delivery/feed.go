@@ -146,7 +146,8 @@ func (f *Feed) Run(ctx context.Context) error {
 			// committed row: move past them without reading. A device
 			// that connects later connected after they committed, so its
 			// first sync returns their events.
-			for last, n := f.last.Load(), f.notified.Load(); n > last && !f.last.CompareAndSwap(last, n); last = f.last.Load() {
+			if n := f.notified.Load(); n > f.last.Load() {
+				f.last.Store(n) // (only this goroutine writes last)
 			}
 			read, ok = false, true
 		}
@@ -189,7 +190,8 @@ func (f *Feed) skip() bool {
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
 	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(payload string) {
 		if id, err := strconv.ParseInt(payload, 10, 64); err == nil && id > 0 {
-			for n := f.notified.Load(); id > n && !f.notified.CompareAndSwap(n, id); n = f.notified.Load() {
+			if id > f.notified.Load() {
+				f.notified.Store(id) // (only pglisten's one goroutine calls this)
 			}
 		} else {
 			f.mustRead.Store(true)

@@ -23,18 +23,7 @@ func TestListeningFeedDoesNotPoll(t *testing.T) {
 			db := pgtest.DB(t, pgtest.Options{})
 			f := NewFeed(db, &sink{devices: map[string]int{"u1": 1}, got: map[string][]Push{}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			f.Poll, f.NoListen = 20*time.Millisecond, noListen
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- f.Run(ctx) }()
-			defer func() { cancel(); <-done }()
-			waitUntil := func(what string, ok func() bool) {
-				t.Helper()
-				for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("waiting for %s: %d outbox reads", what, f.reads.Load())
-					}
-				}
-			}
+			ctx, waitUntil := runFeed(t, f)
 			if noListen {
 				waitUntil("10 polls", func() bool { return f.reads.Load() >= 10 })
 				return
@@ -73,18 +62,7 @@ func TestFeedWithNobodyConnectedFollowsNotifications(t *testing.T) {
 	s := &switchSink{}
 	f := NewFeed(db, s, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	f.Poll = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitUntil := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("waiting for %s: %d outbox reads, position %d", what, f.reads.Load(), f.last.Load())
-			}
-		}
-	}
+	ctx, waitUntil := runFeed(t, f)
 	notify := func(id string) {
 		t.Helper()
 		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, pglisten.Delivery, id); err != nil {
@@ -104,4 +82,22 @@ func TestFeedWithNobodyConnectedFollowsNotifications(t *testing.T) {
 	s.on.Store(true)
 	notify("10")
 	waitUntil("a read once a device is connected", func() bool { return f.reads.Load() > before })
+}
+
+// runFeed runs f until t ends, and returns its context and a wait (up to
+// 30 s) that names what it waited for and the feed's reads and position.
+func runFeed(t *testing.T, f *Feed) (context.Context, func(what string, ok func() bool)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctx, func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s: %d outbox reads, position %d", what, f.reads.Load(), f.last.Load())
+			}
+		}
+	}
 }
