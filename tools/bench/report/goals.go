@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -191,13 +192,7 @@ func share(r runFig, names ...string) string {
 	for _, n := range names {
 		ps = append(ps, part{n, r.roleUS(n)})
 	}
-	for i := range ps {
-		for j := i + 1; j < len(ps); j++ {
-			if ps[j].v > ps[i].v {
-				ps[i], ps[j] = ps[j], ps[i]
-			}
-		}
-	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].v > ps[j].v })
 	var s []string
 	for _, p := range ps {
 		s = append(s, fmt.Sprintf("%s %s", p.n, num(p.v)))
@@ -276,10 +271,9 @@ func writeIdle(b *strings.Builder, res results) {
 		fmt.Fprintf(b, " %.2f |", 100*f.byProc[n])
 	}
 	fmt.Fprintf(b, " **%.2f** |\n\n", 100*f.cores)
-	trips := roleTrips(res.dir, "idle")
 	var s []string
 	for _, role := range pgRoles {
-		if m, ok := trips[role]; ok {
+		if m, ok := f.trips[role]; ok {
 			s = append(s, fmt.Sprintf("%s %.0f", role, m["statement"]+m["begin"]+m["commit"]+m["rollback"]))
 		}
 	}

@@ -259,6 +259,7 @@ type idleFig struct {
 	pgCalls    float64            // pg_stat_statements, chatpipe's database
 	pgCallsOK  bool
 	tripsKnown bool
+	trips      map[string]map[string]float64 // each pgRole's round trips, by kind
 }
 
 func readIdle(dir string) idleFig {
@@ -271,7 +272,7 @@ func readIdle(dir string) idleFig {
 		f.byProc[k] = v / w.secs
 	}
 	trips := roleTrips(dir, "idle")
-	f.tripsKnown = len(trips) > 0
+	f.trips, f.tripsKnown = trips, len(trips) > 0
 	for _, kind := range tripKinds {
 		if kind != "implicit" { // (counted besides its statements)
 			f.roleTrips += tripsOf(trips, kind, pgRoles...)
