@@ -106,3 +106,15 @@ func TestKindOf(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTraceQueryStart is the tracer's cost per statement (without a
+// connection to ask for its transaction status).
+func BenchmarkTraceQueryStart(b *testing.B) {
+	c := New()
+	ctx := context.Background()
+	d := pgx.TraceQueryStartData{SQL: `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS t(p, o)`}
+	b.ReportAllocs()
+	for b.Loop() {
+		c.TraceQueryStart(ctx, nil, d)
+	}
+}
