@@ -69,8 +69,21 @@ func (p *Proc) Stop() {
 	default:
 	}
 	p.Cmd.Process.Signal(syscall.SIGCONT)
+	start := time.Now()
 	if !Terminate(p.Cmd.Process, p.done, 30*time.Second) {
 		p.t.Errorf("%s did not stop within 30 s of SIGTERM; its goroutines at SIGQUIT and log:\n%s", p.Name, TailN(p.Log, 600))
+		return
+	}
+	logSlowStop(p.t, p.Name, time.Since(start))
+}
+
+// SlowStop is how long a process may take to stop at a test's end before
+// the test logs it: a slow shutdown is a cost every test pays.
+const SlowStop = time.Second
+
+func logSlowStop(t testing.TB, name string, took time.Duration) {
+	if took > SlowStop {
+		t.Logf("%s took %v to stop after SIGTERM", name, took.Round(time.Millisecond))
 	}
 }
 
