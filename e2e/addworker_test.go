@@ -12,6 +12,7 @@ import (
 // shuts down gracefully: it revokes its lease on the way out, so its
 // vshards move without waiting for the TTL.
 func TestAddWorkerUnderLoad(t *testing.T) {
+	sharing(t, 25, 8)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	twoWorkers(t, dev)
 	var wc *proc

@@ -18,6 +18,7 @@ import (
 // every event exactly once; one that asks for nothing still gets one frame
 // per message.
 func TestBatchSubprotocol(t *testing.T) {
+	sharing(t, 30, 4)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
 	alice := dev.Dial(t, "alice")
 	alice.Must(map[string]any{"op": "create", "conversation_id": "bt", "members": []string{"bob"}})

@@ -15,6 +15,7 @@ import (
 // then the /ops page watches a worker die and its vshards move to the
 // other one. Screenshots go to the folder the test prints.
 func TestBrowserChatAndOps(t *testing.T) {
+	sharing(t, 25, 21)
 	exe := chromiumPath(t)
 	shots := artifactsDir(t)
 	dev := startDev(t, t.TempDir(), "--workers", "0")

@@ -12,6 +12,7 @@ import (
 // two vshards, so conversations are evicted and reloaded from Postgres all
 // the time: seqs, membership and dedupe must come back intact.
 func TestEvictedStateReloads(t *testing.T) {
+	sharing(t, 20, 5)
 	dev := startDev(t, t.TempDir(), "--vshards", "2", "--partitions", "2", "--cache-convs", "1", "--rate-user", "-1", "--rate-conv", "-1")
 	alice, bob := dev.Dial(t, "alice"), dev.Dial(t, "bob")
 	const n = 20

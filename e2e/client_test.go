@@ -311,6 +311,7 @@ func TestClientSendSurvivesDisconnect(t *testing.T) {
 // when it comes back by itself; the events it got pushed before it went
 // away come again in the sync and are delivered once.
 func TestClientOfflineDeviceConverges(t *testing.T) {
+	sharing(t, 15, 4)
 	dev := startDev(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -433,6 +434,7 @@ func TestClientOfflineDeviceConverges(t *testing.T) {
 // Sends keep being accepted, once each, while the worker that owns their
 // conversations is killed with kill -9.
 func TestClientSurvivesWorkerKill(t *testing.T) {
+	sharing(t, 15, 15)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev, shortLease)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -513,7 +515,7 @@ func runCLI(t *testing.T, dev *devProc, user, script string) string {
 // `chatpipe client` finds the dev stack from endpoints.json, mints its
 // token, runs the commands and prints the events as they arrive.
 func TestClientCommandLine(t *testing.T) {
-	parallel(t)
+	sharing(t, 10, 12)
 	dev := startDev(t, t.TempDir())
 	out := runCLI(t, dev, "alice", "create cli-1 bob\nwait 2s\nsend cli-1   hello   there \nbogus\nwait 2s\nhistory cli-1\nquit\n")
 	t.Logf("alice:\n%s", out)
@@ -553,7 +555,7 @@ func TestClientCommandLine(t *testing.T) {
 // shows the marker just set although the read model, its projection
 // slowed here, has it only later.
 func TestClientReadMarker(t *testing.T) {
-	parallel(t)
+	sharing(t, 10, 12)
 	dev := startDev(t, t.TempDir(), "--projection=false")
 	stacktest.StartProc(t, dev.Dir, "projection", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
 		"projection", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--log-level", "warn")

@@ -53,6 +53,7 @@ var (
 // does not have, or a CHATPIPE_ variable that names no flag of its role
 // fails here rather than at `docker compose up`.
 func TestComposeSmoke(t *testing.T) {
+	sharing(t, 40, 45)
 	if testing.Short() {
 		t.Skip("-short: the compose smoke test starts a whole stack")
 	}

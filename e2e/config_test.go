@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
@@ -126,6 +127,7 @@ func cfgTokenTTL(t *testing.T, env []string, args ...string) time.Duration {
 // over the config file (given with --config or CHATPIPE_CONFIG); and a role
 // runs with what its config file says.
 func TestConfigPrecedence(t *testing.T) {
+	sharing(t, 15, 9)
 	dir := t.TempDir()
 	file := writeConfigFile(t, dir, "token.conf", "# token's settings\nttl = 1h\n")
 	if d := cfgTokenTTL(t, nil, "--config", file); d != time.Hour {
@@ -144,9 +146,7 @@ func TestConfigPrecedence(t *testing.T) {
 	// A running stack takes its limits from the file, and the environment
 	// over the file: max-body-bytes 100 in the file, 200 in the variable.
 	conf := writeConfigFile(t, dir, "dev.conf", "max-body-bytes = 100\nrate-user = -1\nworkers 1\n")
-	t.Setenv("CHATPIPE_CONFIG", conf)
-	t.Setenv("CHATPIPE_MAX_BODY_BYTES", "200")
-	dev := startDev(t, t.TempDir())
+	dev := &devProc{stacktest.StartDevEnv(t, t.TempDir(), []string{"CHATPIPE_CONFIG=" + conf, "CHATPIPE_MAX_BODY_BYTES=200"})}
 	alice := dev.Dial(t, "alice")
 	alice.Must(map[string]any{"op": "create", "conversation_id": "cf", "members": []string{"bob"}})
 	if r, err := alice.SendRetrying("cf", "m1", strings.Repeat("a", 150)); err != nil || r.Op != protocol.OpAccepted {
@@ -158,7 +158,7 @@ func TestConfigPrecedence(t *testing.T) {
 
 	// check-config --role takes the role's settings, file included, and
 	// checks the deployment with them; the file's dev-only key is a note.
-	out, err := runWithEnv(t, nil, "admin", "check-config", "--min-replication", "1",
+	out, err := runWithEnv(t, []string{"CHATPIPE_CONFIG=" + conf}, "admin", "check-config", "--min-replication", "1",
 		"--role", "worker", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"))
 	for _, want := range []string{"✓ chatpipe worker", "workers is not read by chatpipe worker", "✓ etcd, Kafka and Postgres agree"} {
 		if err != nil || !strings.Contains(out, want) {

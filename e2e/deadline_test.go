@@ -17,7 +17,7 @@ import (
 // unavailable after 2 s and reaches the front of the queue after ~5 s,
 // past its deadline: the log must never hold it.
 func TestExpiredQueuedCommandIsNotApplied(t *testing.T) {
-	parallel(t)
+	sharing(t, 10, 30)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--call-timeout", "2s")
 	dev.StartWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=5s", "CHATPIPE_TXN_TIMEOUT=60s")
 	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())

@@ -92,6 +92,7 @@ func projectionBehind(ep endpoints) string {
 // and history, equals the committed log and Postgres within the user's
 // membership periods (I6), and nobody holds an event from outside them.
 func TestDeliveryConverges(t *testing.T) {
+	sharing(t, 45, 14)
 	deliveryConverges(t, startDev(t, t.TempDir()))
 }
 
@@ -411,6 +412,7 @@ func deliveryConverges(t *testing.T, dev *devProc) {
 // users. The gateway and the worker export the time left on their link
 // certificates (made valid for 24 h).
 func TestSecuredDeliveryConverges(t *testing.T) {
+	sharing(t, 40, 21)
 	s := startSecuredForChecks(t)
 	s.startWorker("w1")
 	s.startRole(clustersec.RolePersist)

@@ -147,7 +147,7 @@ func (e *endTxnControl) send(req kmsg.EndTxnRequest) (int16, error) {
 // success, so the writer answers accepted for a message that is not in the
 // log. The test must then fail.
 func TestEndTxnUnknownOutcome(t *testing.T) {
-	parallel(t)
+	sharing(t, 10, 24)
 	dir := t.TempDir()
 	k, err := devstack.StartKafka(filepath.Join(dir, "broker"), 0, nil)
 	if err != nil {

@@ -85,6 +85,7 @@ func describeTxn(t *testing.T, addr, txnID string) kadm.DescribedTransaction {
 // transaction open on the new producer ID while another worker takes the
 // vshard over: on waking its commit is refused and the world check holds.
 func TestProducerEpochRotation(t *testing.T) {
+	sharing(t, 40, 13)
 	dir := t.TempDir()
 	k, err := devstack.StartKafka(filepath.Join(dir, "broker"), 0, nil)
 	if err != nil {

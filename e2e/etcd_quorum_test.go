@@ -164,6 +164,7 @@ func countLines(path, substr string) int {
 // log and Postgres hold every accepted send once, under its seq (no split
 // brain).
 func TestEtcdQuorumLoss(t *testing.T) {
+	sharing(t, 75, 40)
 	dir := t.TempDir()
 	members := startEtcdCluster(t, dir, 3)
 	var eps []string

@@ -37,6 +37,7 @@ const stormBound = 30 * time.Second
 // epoch, no send may be accepted from the TTL after the stall until the
 // resume, and the world check finds nothing lost or doubled.
 func TestEtcdLeaderStall(t *testing.T) {
+	sharing(t, 75, 21)
 	dir := t.TempDir()
 	members := startEtcdCluster(t, dir, 3)
 	li := etcdLeader(members)

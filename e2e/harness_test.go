@@ -22,23 +22,40 @@ import (
 
 	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/internal/testdeadline"
+	"github.com/chatpipe/chatpipe/internal/testsched"
 )
 
 // binary is the chatpipe binary TestMain builds (stacktest.Build).
 var binary string
 
-// defaultParallel is how many of the tests marked parallel run at once
-// when go test is given no -parallel (its own default is GOMAXPROCS, 2
-// here). Two at a time kept the machine under half busy on the
-// developers' 2-core machine: those tests mostly wait on a lease, a
-// timeout or a fault. CHATPIPE_E2E_PARALLEL sets another number.
-const defaultParallel = 4
+// defaultCapacity is how busy, in percent of the machine (100: every core
+// busy), the tests running at once may together keep it, each counted by
+// its share (parallel, sharing, alone). Above 100 because a share is what
+// a test keeps busy over its whole run, and its busy moments are short. On the developers' 2-core machine the tests, run one at a time,
+// kept it 10 to 77 % busy, most of them under 40 %: they wait on leases,
+// transaction timeouts and faults. CHATPIPE_E2E_CAPACITY sets another.
+const defaultCapacity = 150
+
+// pool shares the machine among the tests (TestMain makes it).
+var pool *testsched.Pool
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if err := setParallel(os.Getenv("CHATPIPE_E2E_PARALLEL")); err != nil {
+	capacity, err := capacityFrom(os.Getenv("CHATPIPE_E2E_CAPACITY"))
+	if err != nil {
 		panic(err)
 	}
+	// The pool, not go test's count of tests, decides what runs at once;
+	// a -parallel given on the command line still caps the count.
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", "128")
+	}
+	// Settling 200 ms lets every test go test releases at once be ranked
+	// before the first starts; a share passed over for 20 s stops smaller
+	// ones from starting past it.
+	pool = testsched.New(capacity, 200*time.Millisecond, 20*time.Second)
 	// Each test's own deadline (stacktest.Watch) stays far below the
 	// package's -timeout (60 minutes in the README's command).
 	// CHATPIPE_E2E_TEST_DEADLINE sets another (for a test's longer
@@ -52,43 +69,57 @@ func TestMain(m *testing.M) {
 	}
 	// Built here, before any test's deadline runs, not at the first
 	// test's first process.
-	var err error
 	if binary, err = stacktest.Build(); err != nil {
 		panic(err)
 	}
 	os.Exit(stacktest.Run(m))
 }
 
-// setParallel sets go test's -parallel to env's number (defaultParallel
-// if env is empty), unless -parallel was given.
-func setParallel(env string) error {
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if given {
-		return nil
+// capacityFrom parses CHATPIPE_E2E_CAPACITY (defaultCapacity if empty).
+func capacityFrom(env string) (int, error) {
+	if env == "" {
+		return defaultCapacity, nil
 	}
-	n := defaultParallel
-	if env != "" {
-		var err error
-		if n, err = strconv.Atoi(env); err != nil || n < 1 {
-			return fmt.Errorf("CHATPIPE_E2E_PARALLEL=%q: want a positive number", env)
-		}
+	n, err := strconv.Atoi(env)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("CHATPIPE_E2E_CAPACITY=%q: want a positive number (percent of the machine)", env)
 	}
-	return flag.Set("test.parallel", strconv.Itoa(n))
+	return n, nil
 }
 
-// parallel lets t run beside other such tests (defaultParallel at once)
-// once the tests that run alone are done. It marks the tests that mostly
-// wait (on a lease's TTL, a transaction timeout, a proxy's fault, a
-// token's expiry) or do little. Load, fault schedules, the reconnect storm
-// and the compose stack still run alone, so that no timing they depend on
-// is stretched by a neighbour. CHATPIPE_E2E_SERIAL=1 runs every test
-// alone.
-func parallel(t *testing.T) {
-	if os.Getenv("CHATPIPE_E2E_SERIAL") == "" {
-		t.Parallel()
+// lightShare is the share of a test that mostly waits or does little:
+// the 51 such tests kept the machine 40 % busy four at a time.
+const lightShare = 10
+
+// parallel runs t beside other tests with a light share of the machine.
+func parallel(t *testing.T) { sharing(t, lightShare, 0) }
+
+// sharing runs t beside other tests once busy (the percent of the
+// machine t keeps busy when it runs alone) fits in what the running ones
+// leave. secs is how long t takes alone, roughly: the longest start first,
+// so that none of them starts last. CHATPIPE_E2E_SERIAL=1 runs every test
+// alone. The test's clock (watch) starts when it may run; its share is
+// given back after its clean-ups, once its processes are stopped.
+func sharing(t *testing.T, busy, secs int) {
+	t.Helper()
+	if os.Getenv("CHATPIPE_E2E_SERIAL") != "" {
+		busy = pool.Capacity()
 	}
-	watch(t) // from here: a parallel test's clock starts when it may run
+	t.Parallel()
+	release, err := pool.Acquire(context.Background(), t.Name(), busy, secs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release) // the first clean-up registered runs last
+	watch(t)
+}
+
+// alone runs t with nothing beside it: for the tests that bound how long
+// the product takes to answer or to notice a fault, which a neighbour's
+// load would stretch. secs is as for sharing.
+func alone(t *testing.T, secs int) {
+	t.Helper()
+	sharing(t, pool.Capacity(), secs)
 }
 
 // watch arms t's own deadline on the first call (startDev, parallel and

@@ -138,7 +138,7 @@ func TestUnavailableWithoutWorkers(t *testing.T) {
 // accepted, the server keeps serving, and every message of the
 // well-behaved client is accepted and stored.
 func TestHostileClients(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 15)
 	dev := startDev(t, t.TempDir())
 	good := dev.Dial(t, "good")
 	good.Must(map[string]any{"op": "create", "conversation_id": "gc", "members": []string{}})

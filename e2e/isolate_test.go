@@ -30,6 +30,7 @@ import (
 // converges on the log, and the conversation takes sends and membership
 // changes after both moves.
 func TestIsolateUnderLoad(t *testing.T) {
+	sharing(t, 75, 15)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
 	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")

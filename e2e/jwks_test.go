@@ -56,7 +56,7 @@ func signed(t *testing.T, k *authtest.Key, user string, ttl time.Duration) strin
 // the upgrade (HTTP 401), all without restarting the gateway. HS256 tokens
 // of the dev secret keep working beside the JWK Set.
 func TestJWKSTokens(t *testing.T) {
-	parallel(t)
+	sharing(t, 10, 13)
 	newKey := func(kid, alg string) *authtest.Key {
 		k, err := authtest.NewKey(kid, alg)
 		if err != nil {

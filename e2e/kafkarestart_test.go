@@ -13,7 +13,7 @@ import (
 // TestKafkaRestartUnderLoad stops the broker gracefully and starts it again
 // on the same data dir and port while clients send.
 func TestKafkaRestartUnderLoad(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 12)
 	dir := t.TempDir()
 	port := stacktest.FreePort(t)
 	kdir := filepath.Join(dir, "broker")

@@ -96,6 +96,7 @@ func waitReady(t *testing.T, dev *devProc, id string) {
 // and registers again with a new gen; the log's epochs never go back and
 // the world check finds nothing lost or doubled.
 func TestStarvedKeepAlive(t *testing.T) {
+	alone(t, 17)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	etcdHost := strings.TrimPrefix(strings.TrimPrefix(dev.EP.Etcd[0], "http://"), "https://")
 	link := startNetProxy(t, "wa-etcd", etcdHost)

@@ -20,6 +20,7 @@ import (
 // nothing from while they were out (the watcher writes now and then while
 // they are).
 func TestKickVersusSend(t *testing.T) {
+	sharing(t, 60, 22)
 	cycles := stacktest.EnvInt(t, "CHATPIPE_E2E_KICK_CYCLES", 2000)
 	dev := startDev(t, t.TempDir(), "--rate-user", "-1", "--rate-conv", "-1")
 	connect := func(user string) *device {

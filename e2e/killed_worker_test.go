@@ -12,6 +12,7 @@ import (
 // TestKilledWriterBetweenProduceAndCommit kills a worker with kill -9 while
 // its transactions sit between produce and commit.
 func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
+	sharing(t, 20, 19)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa, _ := twoWorkers(t, dev, "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", shortLease)
 	underLoad(t, dev, func() {
@@ -29,7 +30,7 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 // the projection catch up within a bound, nothing accepted is lost and the
 // world check holds.
 func TestKilledOnlyWorker(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 24)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	wa := dev.StartWorker(t, "wa", "CHATPIPE_FAULT_SLEEP_BEFORE_COMMIT=300ms", "CHATPIPE_TXN_TIMEOUT=5s", shortLease)
 	stacktest.WaitOwned(t, 120*time.Second, "wa to own every vshard", dev.EP, dev.EP.All(), "wa", dev.EP.All())

@@ -104,6 +104,7 @@ func (f *freezer) addr() string { return f.ln.Addr().String() }
 // link that went half-open is found by the gateway's health check and
 // replaced, so commands are answered well within the call timeout.
 func TestLinkFaults(t *testing.T) {
+	alone(t, 10)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--wire-ping", "500ms", "--wire-read-timeout", "3s", "--call-timeout", "15s")
 	listen := stacktest.FreePort(t)
 	proxy := startFreezer(t, "127.0.0.1:"+strconv.Itoa(listen))

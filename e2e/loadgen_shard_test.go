@@ -22,7 +22,7 @@ import (
 // deployed one is (--ws, --jwt-secret-file, --kafka, --database-url, no
 // endpoints.json), and the last check names the world by flags too.
 func TestLoadgenShardsMerged(t *testing.T) {
-	parallel(t)
+	sharing(t, 20, 22)
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
 	ep := filepath.Join(dev.Dir, "endpoints.json")

@@ -22,7 +22,7 @@ import (
 // copy of the run directory where one accepted seq is duplicated, and on
 // the world after one accepted event was deleted from Postgres.
 func TestLoadgenThenCheck(t *testing.T) {
-	parallel(t)
+	sharing(t, 20, 21)
 	dev := startDev(t, t.TempDir())
 	out := filepath.Join(t.TempDir(), "runs")
 	lg := runChatpipe(t, "loadgen", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--rate", "60", "--duration", "10s",

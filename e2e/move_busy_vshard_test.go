@@ -25,7 +25,7 @@ import (
 // back home, once each, takes sends after both moves, and the sends to its
 // neighbours are all there once.
 func TestMoveFromBusyVShard(t *testing.T) {
-	parallel(t)
+	sharing(t, 20, 14)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--rate-user", "-1", "--rate-conv", "-1")
 	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")

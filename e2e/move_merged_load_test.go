@@ -34,7 +34,7 @@ import (
 // the conversation's seqs run 1…n across the moves, each written by the
 // vshard it was at.
 func TestMoveWithMergedLoads(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 27)
 	dev := startDev(t, t.TempDir(), "--workers", "0", "--rate-user", "-1", "--rate-conv", "-1")
 	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")

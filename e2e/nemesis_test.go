@@ -60,6 +60,7 @@ import (
 // counts and the longest send gap per fault kind as JSON (tools/bench/nemesis.sh).
 func TestNemesis(t *testing.T) {
 	long(t)
+	alone(t, 180)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("CHATPIPE_E2E_NEMESIS_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -867,6 +868,7 @@ func (o *observerSet) finish() {
 // record outside its partition, a membership event naming no user),
 // which fail the test on their own.
 func TestNemesisCountsEveryRule(t *testing.T) {
+	parallel(t)
 	res := &worldcheck.Result{}
 	for _, rule := range worldcheck.Rules() {
 		res.Add(rule, 2, "planted")

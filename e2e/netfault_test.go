@@ -124,7 +124,7 @@ func gatewayWorkerLink(t *testing.T) (*devProc, *netProxy) {
 // TestNetworkFaultsGatewayWorker: latency, then a black hole twice the
 // gateway's read timeout, on the only gateway→worker link.
 func TestNetworkFaultsGatewayWorker(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 18)
 	dev, np := gatewayWorkerLink(t)
 	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
 	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
@@ -141,7 +141,7 @@ func TestNetworkFaultsGatewayWorker(t *testing.T) {
 // answers are lost: the clients' retries (same client_message_id) must be
 // told the seq already committed and nothing may be doubled.
 func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 21)
 	dev, np := gatewayWorkerLink(t)
 	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
 	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
@@ -185,7 +185,7 @@ func (l advertisedListener) Addr() net.Addr { return l.addr }
 // projection's consumers — goes through it (Kafka clients dial the address
 // in the metadata, not the bootstrap one).
 func TestNetworkFaultsBroker(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 21)
 	dir := t.TempDir()
 	port := stacktest.FreePort(t)
 	np := startNetProxy(t, "roles→broker", "127.0.0.1:"+strconv.Itoa(port))
@@ -231,6 +231,7 @@ func TestNetworkFaultsBroker(t *testing.T) {
 // at once and overflows the devices' send buffers (1024 frames), so the
 // gateway closes them ("reconnect and sync"): this load reconnects.
 func TestNetworkFaultsPersistPostgres(t *testing.T) {
+	sharing(t, 60, 21)
 	dev := startDev(t, t.TempDir(), "--persist=false")
 	upstream := pgHostPort(t, dev.EP.Postgres)
 	np := startNetProxy(t, "persist→postgres", upstream)

@@ -21,7 +21,7 @@ import (
 // TestInitAndConfig: `chatpipe init` agrees with a deployment of the same
 // shape (idempotent), refuses another shape, and `chatpipe version` runs.
 func TestInitAndConfig(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 14)
 	dev := startDev(t, t.TempDir(), "--vshards", "64") // dev's own default shape
 	run := func(args ...string) (string, error) {
 		out, err := exec.Command(binary, args...).CombinedOutput()

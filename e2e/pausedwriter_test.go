@@ -64,7 +64,7 @@ func pausedWriterOn(t *testing.T, dev *devProc, startWorker func(id string, env 
 // TestPausedWriterIsFenced: a writer paused past its lease cannot make
 // anything visible when it wakes up; Kafka fences it.
 func TestPausedWriterIsFenced(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 28)
 	dev, accepted, fenced := pausedWriter(t)
 	checkPausedWriterFenced(t, dev, accepted, fenced)
 }
@@ -85,7 +85,7 @@ func checkPausedWriterFenced(t *testing.T, dev *devProc, accepted []acceptedMsg,
 // writer's late commit and the new writer's then reuse seqs, and the checks
 // must see it. This shows the checks can fail.
 func TestReversedTakeoverOrderIsCaught(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 43)
 	dev, _, _ := pausedWriter(t, "CHATPIPE_FAULT_ACCEPT_BEFORE_MARKER=1", "CHATPIPE_FAULT_ACCEPT_DELAY=6s")
 	rows := readLog(t, dev.EP)
 	seen := map[string]string{}
@@ -108,7 +108,7 @@ func TestReversedTakeoverOrderIsCaught(t *testing.T) {
 // new owner's fencing of the paused one goes through the same broker
 // checks; persist and projection run with their own users.
 func TestSecuredPausedWriterIsFenced(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 37)
 	s := startSecuredForChecks(t)
 	s.startRole(clustersec.RolePersist)
 	s.startRole(clustersec.RoleProjection)

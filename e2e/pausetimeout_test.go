@@ -24,7 +24,7 @@ import (
 // writer commits its refused batch again with a fresh producer, without
 // asking etcd who owns the vshard. The test must then fail.
 func TestPausedPastTxnTimeout(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 24)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
 	mark := filepath.Join(dev.Dir, "wa-in-commit")
 	const txnTimeout = 2 * time.Second

@@ -40,6 +40,7 @@ import (
 // it within a bound, and at the end the world check holds (nothing lost,
 // nothing doubled) and the projection's read model equals the log's.
 func TestPostgresRestartUnderLoad(t *testing.T) {
+	sharing(t, 75, 18)
 	dir := t.TempDir()
 	pg := startTestPG(t, filepath.Join(dir, "pg"))
 	dev := startDev(t, dir, "--workers", "0", "--database-url", pg.url)

@@ -23,7 +23,7 @@ import (
 // and a device connected all along received, live, everything its user may
 // see, although the burst after the restart did not fit its send buffer.
 func TestKilledProjectionResumes(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 16)
 	// A send buffer of 64 frames: the burst that follows the restart (the
 	// events that piled up while no projection ran) is far more than that
 	// for lu1, a member of every conversation.

@@ -103,6 +103,7 @@ func raiseNoFile(t *testing.T, want uint64) {
 // every must-be-zero count of countViolations is zero, and the world
 // check runs.
 func TestReconnectStorm(t *testing.T) {
+	sharing(t, 100, 18)
 	conns := 2000
 	if v := os.Getenv("CHATPIPE_E2E_STORM_CONNS"); v != "" {
 		n, err := strconv.Atoi(v)

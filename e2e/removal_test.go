@@ -23,6 +23,7 @@ import (
 // the new period and not the gap. Then a device that stops reading is
 // closed with 1008 and catches up with sync.
 func TestRemovalAndReads(t *testing.T) {
+	sharing(t, 40, 18)
 	dir := t.TempDir()
 	dev := startDev(t, dir, "--rate-user", "-1", "--rate-conv", "-1", "--max-convs-per-user", "3")
 	connect := func(user string) *device {

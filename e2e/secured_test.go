@@ -236,7 +236,7 @@ func waitExit(t *testing.T, p *proc, within time.Duration) (code int, log string
 // message sent over the websocket is accepted and reaches Postgres, and a
 // loadgen run's check (as the reader user) passes.
 func TestSecuredWritePath(t *testing.T) {
-	parallel(t)
+	sharing(t, 20, 22)
 	s := startSecured(t)
 	s.startRole(clustersec.RoleWorker)
 	s.startRole(clustersec.RolePersist)

@@ -35,6 +35,7 @@ import (
 // higher seq before a lower one), read markers that never go back and the
 // last marker; neither is closed.
 func TestSlowDeviceGetsEachConversationInSeqOrder(t *testing.T) {
+	sharing(t, 50, 22)
 	dev := startDev(t, t.TempDir(), "--send-buffer", "16", "--rate-user", "-1", "--rate-conv", "-1", "--max-body-bytes", "32768")
 	convs := []string{"slow-a", "slow-b", "slow-c"}
 	metricsURL := dev.EP.Admin + "/metrics"

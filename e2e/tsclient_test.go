@@ -27,7 +27,7 @@ const tsClientDir = "../clients/typescript"
 // or the package's installed dev dependencies (npm ci in
 // clients/typescript, which .ci/run does) are missing.
 func TestTypeScriptClient(t *testing.T) {
-	parallel(t)
+	sharing(t, 25, 35)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("node is not installed: TypeScript client test skipped")

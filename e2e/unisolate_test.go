@@ -27,7 +27,7 @@ import (
 // at its hashed vshard, and its moved records in the log go there and
 // back in seq order.
 func TestUnisolateWhilePersistIsBehind(t *testing.T) {
-	parallel(t)
+	sharing(t, 15, 23)
 	dev := startDev(t, t.TempDir(), "--persist=false")
 	if dev.EP.Dedicated == 0 {
 		t.Fatal("chatpipe dev has no dedicated vshards")

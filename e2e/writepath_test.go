@@ -24,6 +24,7 @@ func convName(k int) string { return fmt.Sprintf("c%d", k) }
 // through a real `chatpipe dev` (kfake, embedded etcd, Postgres, 2 workers),
 // with concurrent and post-reconnect retries, then checks the world.
 func TestWritePath(t *testing.T) {
+	sharing(t, 70, 9)
 	// Rate limits off: this test measures the write path (the limits have
 	// their own tests in hostile_test.go).
 	dev := startDev(t, t.TempDir(), "--workers", "2", "--rate-user", "-1", "--rate-conv", "-1")

@@ -71,6 +71,14 @@ const TestVShards = 16
 // "--delivery-listen=false --delivery-poll 50ms").
 func StartDev(t testing.TB, dir string, args ...string) *Dev {
 	t.Helper()
+	return StartDevEnv(t, dir, nil, args...)
+}
+
+// StartDevEnv is StartDev with env added to the process's environment
+// (for tests that run beside others, which may not set the test binary's
+// own).
+func StartDevEnv(t testing.TB, dir string, env []string, args ...string) *Dev {
+	t.Helper()
 	binary := Binary(t)
 	Watch(t) // before p.Stop's clean-up, so that the deadline covers it
 	epPath := filepath.Join(dir, "endpoints.json")
@@ -84,6 +92,9 @@ func StartDev(t testing.TB, dir string, args ...string) *Dev {
 	base := []string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--log-level", "warn", "--vshards", strconv.Itoa(TestVShards)}
 	cmd := exec.Command(binary, append(base, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -122,6 +133,7 @@ func (p *Dev) Stop() {
 	default:
 	}
 	logPath := filepath.Join(p.Dir, "dev.log")
+	start := time.Now()
 	if !Terminate(p.cmd.Process, p.done, 60*time.Second) {
 		p.t.Errorf("chatpipe dev did not stop within 60 s of SIGTERM; its goroutines at SIGQUIT and log:\n%s", TailN(logPath, 600))
 		return
@@ -129,6 +141,7 @@ func (p *Dev) Stop() {
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 		p.t.Errorf("chatpipe dev exited with %d; log:\n%s", code, Tail(logPath))
 	}
+	logSlowStop(p.t, "chatpipe dev", time.Since(start))
 	p.logf.Close()
 }
 
