@@ -77,12 +77,14 @@ const bugSeeds = 300
 // is among those that do. It logs, per property, in how many schedules it
 // fired and the first seed; replay one with TestReplay.
 func TestBugsAreCaught(t *testing.T) {
+	t.Parallel()
 	seeds := bugSeeds
 	if soak(t) > 0 {
 		seeds *= 25
 	}
 	for _, bc := range bugCases {
 		t.Run(bc.name, func(t *testing.T) {
+			t.Parallel()
 			cfg := bugConfig(t, bc.name)
 			caught := 0
 			count, first := map[string]int{}, map[string]int{}
@@ -119,6 +121,7 @@ func TestBugsAreCaught(t *testing.T) {
 // shapes the bug tests use: every violation they find must come from the
 // bug.
 func TestCorrectWriterOnBugSeeds(t *testing.T) {
+	t.Parallel()
 	var shapes []shape
 	for _, bc := range bugCases {
 		if !slices.Contains(shapes, bc.shape) {
@@ -161,6 +164,7 @@ func bugConfig(t *testing.T, name string) Config {
 // epoch after the newer owner's records; with it, never (the same
 // schedules pass TestSchedules).
 func TestMarkerConfirmKeepsEpochsInOrder(t *testing.T) {
+	t.Parallel()
 	caught, first := 0, uint64(0)
 	for seed := uint64(1); seed <= 1000; seed++ {
 		cfg := ScheduleConfig(seed)

@@ -96,6 +96,7 @@ func runKickSend(cfg Config, ch Chooser) kickSendRun {
 // the kicked member; every property must hold in each. Both outcomes of
 // the race must occur: sends accepted and sends refused as forbidden.
 func TestKickVersusSend(t *testing.T) {
+	t.Parallel()
 	races, accepted, forbidden, seed := 0, 0, 0, 0
 	for races < 10000 {
 		if seed++; seed > 2000 {
@@ -117,6 +118,7 @@ func TestKickVersusSend(t *testing.T) {
 // random kick-vs-send schedules, shrunk to a small failing one if any
 // property breaks.
 func TestKickVersusSendProperty(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
 		cfg := kickSendConfig()
 		cfg.VShards = rapid.IntRange(1, 2).Draw(rt, "vshards")
@@ -131,6 +133,7 @@ func TestKickVersusSendProperty(t *testing.T) {
 // writer checks a send against the members it knew when the command
 // arrived, not at seq assignment) in the same schedules: I5 must catch it.
 func TestKickVersusSendCatchesStaleMembership(t *testing.T) {
+	t.Parallel()
 	caught := 0
 	for seed := 1; seed <= 300; seed++ {
 		cfg := kickSendConfig()

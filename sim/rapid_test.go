@@ -74,6 +74,7 @@ const ciRounds = 8
 // It also checks, over the whole run set, that schedules with a paused
 // worker really had writes fenced.
 func TestProperties(t *testing.T) {
+	t.Parallel()
 	long := soak(t)
 	var total Stats
 	runs, paused, fencedWhenPaused := 0, 0, 0

@@ -59,6 +59,7 @@ func replayHint(seed uint64) string {
 // its whole trace, and is added to the corpus. CHATPIPE_SIM_SCHEDULE=<seed>
 // replays one.
 func TestSchedules(t *testing.T) {
+	t.Parallel()
 	if v := os.Getenv("CHATPIPE_SIM_SCHEDULE"); v != "" {
 		seed, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
@@ -118,6 +119,7 @@ func TestSchedules(t *testing.T) {
 
 // TestScheduleCorpus runs every seed of the corpus.
 func TestScheduleCorpus(t *testing.T) {
+	t.Parallel()
 	seeds := readCorpus(t)
 	if len(seeds) == 0 {
 		t.Fatalf("%s holds no seed", corpusFile)
@@ -178,6 +180,7 @@ func addToCorpus(t *testing.T, seed uint64, why string) {
 // released conversation's override deleted by its hashed vshard's writer
 // — and that every property held through them.
 func TestMovesUnderFaults(t *testing.T) {
+	t.Parallel()
 	var sum Stats
 	for seed := uint64(1); seed <= 500; seed++ {
 		cfg := ScheduleConfig(seed)
