@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,11 +107,17 @@ func sharing(t *testing.T, busy, secs int) {
 		busy = pool.Capacity()
 	}
 	t.Parallel()
+	asked := time.Now()
 	release, err := pool.Acquire(context.Background(), t.Name(), busy, secs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(release) // the first clean-up registered runs last
+	// What ran beside it, for a failure that might come from a neighbour.
+	t.Logf("started with %d%% of %d%% after %v; beside it: %s", busy, pool.Capacity(),
+		time.Since(asked).Round(100*time.Millisecond), strings.Join(slices.DeleteFunc(pool.Running(), func(s string) bool {
+			return strings.HasPrefix(s, t.Name()+" (")
+		}), ", "))
 	watch(t)
 }
 

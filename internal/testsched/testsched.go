@@ -37,6 +37,7 @@ type Pool struct {
 	used    int
 	first   time.Time // the first Acquire: nothing starts before settle has passed
 	waiting []*waiter
+	running map[*waiter]bool
 	seq     int
 	timer   *time.Timer
 }
@@ -59,7 +60,7 @@ func New(capacity int, settle, patience time.Duration) *Pool {
 	if capacity < 1 {
 		capacity = 1
 	}
-	return &Pool{capacity: capacity, settle: settle, patience: patience, now: time.Now}
+	return &Pool{capacity: capacity, settle: settle, patience: patience, now: time.Now, running: map[*waiter]bool{}}
 }
 
 // Capacity is the pool's capacity.
@@ -88,6 +89,7 @@ func (p *Pool) Acquire(ctx context.Context, name string, share, rank int) (relea
 			once.Do(func() {
 				p.mu.Lock()
 				p.used -= w.share
+				delete(p.running, w)
 				p.grantLocked()
 				p.mu.Unlock()
 			})
@@ -98,6 +100,7 @@ func (p *Pool) Acquire(ctx context.Context, name string, share, rank int) (relea
 		select {
 		case <-w.ready: // granted meanwhile: give it back
 			p.used -= w.share
+			delete(p.running, w)
 			p.grantLocked()
 		default:
 			p.remove(w)
@@ -114,6 +117,7 @@ func (p *Pool) grantLocked() {
 	for _, w := range next(p.waiting, p.capacity-p.used, now, p.first.Add(p.settle), p.patience) {
 		p.used += w.share
 		p.remove(w)
+		p.running[w] = true
 		close(w.ready)
 	}
 	if p.timer != nil {
@@ -139,6 +143,19 @@ func (p *Pool) grantLocked() {
 			p.grantLocked()
 		})
 	}
+}
+
+// Running lists what runs now, each as "name (share)", sorted: for a test
+// to say what ran beside it.
+func (p *Pool) Running() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for w := range p.running {
+		out = append(out, fmt.Sprintf("%s (%d)", w.name, w.share))
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (p *Pool) remove(w *waiter) {
