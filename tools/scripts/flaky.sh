@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # flaky.sh — rerun the tests most exposed to timing, N times each.
 #
-# Usage: tools/scripts/flaky.sh [-n N] [-r REGEXP] [-p PACKAGE]
+# Usage: tools/scripts/flaky.sh [-n N] [-r REGEXP] [-p PACKAGE] [-a]
 #
 #   -n N        runs of each test (default 30)
+#   -a          run the whole package N times instead, as the README's
+#               test command does: every test beside the others the
+#               pool lets run with it (the long runs skip themselves)
 #   -r REGEXP   the tests to run, a go test -run pattern (default: the
 #               tests below)
 #   -p PACKAGE  the package (default ./e2e)
@@ -21,6 +24,7 @@
 #
 #   tools/scripts/flaky.sh -n 30 -r '^TestProducerEpochRotation$'
 #   tools/scripts/flaky.sh -n 5
+#   tools/scripts/flaky.sh -a -n 5     # the package, 5 times
 #
 # The deadline of each go test run grows with N (6 minutes a run, at
 # least 10 minutes), so a hung run ends the script instead of CI's
@@ -28,10 +32,11 @@
 # server binaries; see .ci/run).
 set -euo pipefail
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 
 n=30
 pkg=./e2e
+whole=0
 tests=(
   TestProducerEpochRotation
   TestClientOfflineDeviceConverges
@@ -56,8 +61,9 @@ tests=(
   TestKilledPersistResumes
   TestKickVersusSend
 )
-while getopts "n:r:p:h" opt; do
+while getopts "n:r:p:ah" opt; do
   case $opt in
+    a) whole=1 ;;
     n) n=$OPTARG ;;
     r) tests=("$OPTARG") ;;
     p) pkg=$OPTARG ;;
@@ -66,6 +72,25 @@ while getopts "n:r:p:h" opt; do
   esac
 done
 case $n in ''|*[!0-9]*|0) echo "flaky.sh: -n wants a positive number, got '$n'" >&2; exit 2 ;; esac
+
+if [ "$whole" = 1 ]; then
+  # The whole package, N times, as the README's command runs it (without
+  # the long runs): a test that fails only beside some neighbour shows
+  # here; each test's log says what ran beside it.
+  failed=0
+  for i in $(seq 1 "$n"); do
+    log="flaky-package-$i.log"
+    start=$(date +%s)
+    if go test -race -count=1 -timeout 60m -v "$pkg" >"$log" 2>&1; then
+      printf 'package run %d of %d ok in %ds\n' "$i" "$n" $(( $(date +%s) - start ))
+    else
+      failed=1
+      printf 'package run %d of %d FAIL in %ds (%s)\n' "$i" "$n" $(( $(date +%s) - start )) "$log"
+      grep -A3 -- '--- FAIL' "$log" | head -12 | sed 's/^/    /'
+    fi
+  done
+  exit $failed
+fi
 
 # The long runs (TestNemesis) skip themselves without this.
 export CHATPIPE_E2E_LONG=1
