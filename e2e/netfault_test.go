@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // Network faults between roles (docs/reliability.md): a toxiproxy
@@ -56,10 +59,20 @@ func withLatency(t *testing.T, load *loadGen, np *netProxy) {
 // returns when the black hole began and when it was healed.
 func blackholeThenHeal(t *testing.T, dev *devProc, load *loadGen, np *netProxy, hole time.Duration, streams ...string) (began, healed time.Time) {
 	t.Helper()
+	return blackholeThenHealWith(t, dev, load, np, hole, nil, streams...)
+}
+
+// blackholeThenHealWith is blackholeThenHeal calling onHole, if not nil,
+// as soon as the black hole is in place.
+func blackholeThenHealWith(t *testing.T, dev *devProc, load *loadGen, np *netProxy, hole time.Duration, onHole func(), streams ...string) (began, healed time.Time) {
+	t.Helper()
 	what := np.p.Name + " black-holed (" + strings.Join(streams, "+") + ")"
 	n := load.Count()
 	np.blackhole(streams...)
 	began = time.Now()
+	if onHole != nil {
+		onHole()
+	}
 	time.Sleep(hole)
 	during := load.Count() - n
 	np.heal()
@@ -145,9 +158,45 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 	dev, np := gatewayWorkerLink(t)
 	load := stacktest.StartLoad(t, dev.Dev, 10, 20)
 	load.WaitAbove(t, 60*time.Second, "load to flow", 200)
-	began, healed := blackholeThenHeal(t, dev, load, np, 6*time.Second, "downstream") // answers and pongs stop
-	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream")                    // requests and pings stop
+	// The load's ten senders each wait for their answer, so whether one of
+	// them has a send in flight to be committed after the answers stop is
+	// a matter of schedule (1 to 9 of them in past runs, once none). Three
+	// probes sent as the answers stop make sure some are: the link stays
+	// up until the gateway's read timeout (3 s), so their requests reach
+	// the worker, which commits them and answers into the black hole; the
+	// probes learn their seqs on a retry after the heal.
+	probers := make([]*client, 3)
+	for i := range probers {
+		probers[i] = dev.Dial(t, fmt.Sprintf("hp%d", i))
+		probers[i].Must(map[string]any{"op": "create", "conversation_id": fmt.Sprintf("hpc%d", i), "members": []string{"hpx"}})
+	}
+	var probes sync.WaitGroup
+	probed := make([]acceptedMsg, len(probers))
+	sendProbes := func() {
+		for i, p := range probers {
+			probes.Add(1)
+			go func() {
+				defer probes.Done()
+				conv, cmid := fmt.Sprintf("hpc%d", i), fmt.Sprintf("hp%d-1", i)
+				sent := time.Now()
+				r, err := p.SendRetrying(conv, cmid, "probe")
+				if err != nil || r.Op != protocol.OpAccepted {
+					t.Errorf("probe %s: %+v %v", cmid, r, err)
+					return
+				}
+				probed[i] = acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: p.User, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()}
+			}()
+		}
+	}
+	began, healed := blackholeThenHealWith(t, dev, load, np, 6*time.Second, sendProbes, "downstream") // answers and pongs stop
+	probes.Wait()
+	blackholeThenHeal(t, dev, load, np, 6*time.Second, "upstream") // requests and pings stop
 	accepted := load.Finish()
+	for _, a := range probed {
+		if a.MessageID != "" {
+			accepted = append(accepted, a)
+		}
+	}
 	// Sends committed while the answers were stopped: their answers were
 	// dropped (the heal closes those connections), so the clients were told
 	// only on a retry.
@@ -155,13 +204,16 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 	for _, a := range accepted {
 		byID[a.MessageID] = a
 	}
-	retried := 0
+	retried, probesRetried := 0, 0
 	eachLogEvent(t, dev.EP, func(r *kgo.Record, e *logrecord.Event) {
 		if a, ok := byID[e.MessageID]; ok && e.Kind == logrecord.KindMessage && r.Timestamp.After(began) && r.Timestamp.Before(healed) && a.AcceptedAt.After(healed) {
 			retried++
+			if strings.HasPrefix(a.Conv, "hpc") {
+				probesRetried++
+			}
 		}
 	})
-	t.Logf("%d sends accepted; %d were committed while the answers were stopped and accepted on a retry", len(accepted), retried)
+	t.Logf("%d sends accepted; %d were committed while the answers were stopped and accepted on a retry (%d of them probes)", len(accepted), retried, probesRetried)
 	if retried == 0 {
 		t.Error("no send was committed while the answers were stopped: the half-open case lost no answer")
 	}
