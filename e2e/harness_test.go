@@ -32,8 +32,9 @@ var binary string
 // defaultCapacity is how busy, in percent of the machine (100: every core
 // busy), the tests running at once may together keep it, each counted by
 // its share (parallel, sharing, alone). Above 100 because a share is what
-// a test keeps busy over its whole run, and its busy moments are short. On the developers' 2-core machine the tests, run one at a time,
-// kept it 10 to 77 % busy, most of them under 40 %: they wait on leases,
+// a test keeps busy over its whole run, and its busy moments are short.
+// On the developers' 2-core machine the tests, run one at a time, kept it
+// 10 to 77 % busy, most of them under 40 %: they wait on leases,
 // transaction timeouts and faults. CHATPIPE_E2E_CAPACITY sets another.
 const defaultCapacity = 150
 
