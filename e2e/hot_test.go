@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -71,7 +72,7 @@ func TestAdminHot(t *testing.T) {
 	}
 
 	// Route it to the first dedicated vshard, as `admin isolate` does.
-	cli := etcdClient(t, dev.EP)
+	cli := stacktest.EtcdClient(t, dev.EP)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	to := dev.EP.VShards

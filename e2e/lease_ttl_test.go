@@ -7,6 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/lease"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestLeaseTTLFlag(t *testing.T) {
 	parallel(t)
 	dev := startDev(t, t.TempDir(), "--lease-ttl", "3")
-	cli := etcdClient(t, dev.EP)
+	cli := stacktest.EtcdClient(t, dev.EP)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	granted := func(key string, prefix bool) int64 {

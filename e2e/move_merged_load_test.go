@@ -97,7 +97,7 @@ func TestMoveWithMergedLoads(t *testing.T) {
 	stopLoad := sync.OnceFunc(func() { close(stop); load.Wait() })
 	defer stopLoad()
 
-	cli := etcdClient(t, dev.EP)
+	cli := stacktest.EtcdClient(t, dev.EP)
 	hotClients := make([]*client, len(users))
 	for i, u := range users {
 		hotClients[i] = dev.Dial(t, u)

@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // shortLease is the environment of a worker that a fault test kills,
@@ -19,15 +16,3 @@ var shortLease = fmt.Sprintf("CHATPIPE_LEASE_TTL=%d", int(shortTTL/time.Second))
 
 // shortTTL is the lease of the workers started with shortLease.
 const shortTTL = 4 * time.Second
-
-// etcdClient dials ep's etcd (with the secured stack's client certificate,
-// if any) for the rest of t.
-func etcdClient(t *testing.T, ep endpoints) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: ep.Etcd, DialTimeout: 5 * time.Second, TLS: ep.EtcdTLS})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}

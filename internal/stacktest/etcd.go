@@ -18,10 +18,10 @@ import (
 	"github.com/chatpipe/chatpipe/lease"
 )
 
-// etcdClients holds one etcd client per test and stack for EtcdView, which
-// the tests call every 100 ms while they wait for owners: a client of its
-// own each time cost a dial, about 15 ms under -race, for a read of under
-// 2 ms.
+// etcdClients holds one etcd client per test and stack (EtcdClient): the
+// tests read the view every 100 ms while they wait for owners, and a
+// client of its own each time cost a dial, about 15 ms under -race, for a
+// read of under 2 ms.
 var etcdClients = struct {
 	sync.Mutex
 	m map[etcdClientKey]*clientv3.Client
@@ -33,9 +33,10 @@ type etcdClientKey struct {
 	tls       *tls.Config
 }
 
-// viewClient returns t's client of ep's etcd, made on the first call and
-// closed when t ends.
-func viewClient(t testing.TB, ep Endpoints) *clientv3.Client {
+// EtcdClient returns t's client of ep's etcd (with the secured stack's
+// client certificate, if any), made on the first call and closed when t
+// ends; callers share it and do not close it.
+func EtcdClient(t testing.TB, ep Endpoints) *clientv3.Client {
 	t.Helper()
 	key := etcdClientKey{t, strings.Join(ep.Etcd, ","), ep.EtcdTLS}
 	etcdClients.Lock()
@@ -62,7 +63,7 @@ func viewClient(t testing.TB, ep Endpoints) *clientv3.Client {
 // and stack.
 func EtcdView(t testing.TB, ep Endpoints) lease.View {
 	t.Helper()
-	cli := viewClient(t, ep)
+	cli := EtcdClient(t, ep)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, lease.DefaultPrefix, clientv3.WithPrefix())
