@@ -34,7 +34,6 @@ type Pool struct {
 	now      func() time.Time
 
 	mu      sync.Mutex
-	used    int
 	first   time.Time // the first Acquire: nothing starts before settle has passed
 	waiting []*waiter
 	running map[*waiter]bool
@@ -88,7 +87,6 @@ func (p *Pool) Acquire(ctx context.Context, name string, share, rank int) (relea
 		return func() {
 			once.Do(func() {
 				p.mu.Lock()
-				p.used -= w.share
 				delete(p.running, w)
 				p.grantLocked()
 				p.mu.Unlock()
@@ -99,7 +97,6 @@ func (p *Pool) Acquire(ctx context.Context, name string, share, rank int) (relea
 		defer p.mu.Unlock()
 		select {
 		case <-w.ready: // granted meanwhile: give it back
-			p.used -= w.share
 			delete(p.running, w)
 			p.grantLocked()
 		default:
@@ -114,8 +111,11 @@ func (p *Pool) Acquire(ctx context.Context, name string, share, rank int) (relea
 // a waiter's patience out).
 func (p *Pool) grantLocked() {
 	now := p.now()
-	for _, w := range next(p.waiting, p.capacity-p.used, now, p.first.Add(p.settle), p.patience) {
-		p.used += w.share
+	free := p.capacity
+	for w := range p.running {
+		free -= w.share
+	}
+	for _, w := range next(p.waiting, free, now, p.first.Add(p.settle), p.patience) {
 		p.remove(w)
 		p.running[w] = true
 		close(w.ready)
