@@ -177,10 +177,7 @@ func (f *Feed) skip() bool {
 	if !f.listening.Load() || f.mustRead.Swap(false) {
 		return false
 	}
-	if f.Sink.Any() {
-		return false
-	}
-	return true
+	return !f.Sink.Any()
 }
 
 // listen signals wake on every delivery notification, and once after each

@@ -77,12 +77,12 @@ func (p *Proc) Stop() {
 	logSlowStop(p.t, p.Name, time.Since(start))
 }
 
-// SlowStop is how long a process may take to stop at a test's end before
+// slowStop is how long a process may take to stop at a test's end before
 // the test logs it: a slow shutdown is a cost every test pays.
-const SlowStop = time.Second
+const slowStop = time.Second
 
 func logSlowStop(t testing.TB, name string, took time.Duration) {
-	if took > SlowStop {
+	if took > slowStop {
 		t.Logf("%s took %v to stop after SIGTERM", name, took.Round(time.Millisecond))
 	}
 }

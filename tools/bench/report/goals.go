@@ -108,7 +108,7 @@ func goalRows(res results) []goalRow {
 			why:    pgWhy(res, r)})
 	}
 	idleTrips := math.NaN()
-	if idle.tripsKnown {
+	if len(idle.trips) > 0 {
 		idleTrips = idle.roleTrips
 	}
 	rows = append(rows, goalRow{

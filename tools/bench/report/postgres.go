@@ -251,15 +251,14 @@ func writeTopStatements(b *strings.Builder, res results, r runFig, n int) {
 // idleFig is the stack with nothing sent: the cores every process kept
 // busy and the round trips to Postgres over the window.
 type idleFig struct {
-	ok         bool
-	secs       float64
-	cores      float64            // every process of the stack
-	byProc     map[string]float64 // cores per process
-	roleTrips  float64            // every pgRole's round trips
-	pgCalls    float64            // pg_stat_statements, chatpipe's database
-	pgCallsOK  bool
-	tripsKnown bool
-	trips      map[string]map[string]float64 // each pgRole's round trips, by kind
+	ok        bool
+	secs      float64
+	cores     float64            // every process of the stack
+	byProc    map[string]float64 // cores per process
+	roleTrips float64            // every pgRole's round trips
+	pgCalls   float64            // pg_stat_statements, chatpipe's database
+	pgCallsOK bool
+	trips     map[string]map[string]float64 // each pgRole's round trips, by kind
 }
 
 func readIdle(dir string) idleFig {
@@ -272,7 +271,7 @@ func readIdle(dir string) idleFig {
 		f.byProc[k] = v / w.secs
 	}
 	trips := roleTrips(dir, "idle")
-	f.trips, f.tripsKnown = trips, len(trips) > 0
+	f.trips = trips
 	for _, kind := range tripKinds {
 		if kind != "implicit" { // (counted besides its statements)
 			f.roleTrips += tripsOf(trips, kind, pgRoles...)
