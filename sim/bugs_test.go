@@ -86,6 +86,7 @@ func TestBugsAreCaught(t *testing.T) {
 		t.Run(bc.name, func(t *testing.T) {
 			t.Parallel()
 			cfg := bugConfig(t, bc.name)
+			cfg.Untraced = true // only the properties are counted
 			caught := 0
 			count, first := map[string]int{}, map[string]int{}
 			for seed := 1; seed <= seeds; seed++ {
@@ -131,7 +132,7 @@ func TestCorrectWriterOnBugSeeds(t *testing.T) {
 	for _, sh := range shapes {
 		cfg := sh.config()
 		for seed := 1; seed <= bugSeeds; seed++ {
-			if r := Run(cfg, NewSeededChooser(uint64(seed))); r.Failed() {
+			if r := RunSeed(cfg, uint64(seed)); r.Failed() {
 				t.Fatalf("seed %d in shape %+v: %v\n%s\nreplay: CHATPIPE_SIM_SEED=%d go test ./sim/ -run TestReplay -v", seed, sh, r.Properties(), r.Report(150), seed)
 			}
 		}
@@ -169,6 +170,7 @@ func TestMarkerConfirmKeepsEpochsInOrder(t *testing.T) {
 	for seed := uint64(1); seed <= 1000; seed++ {
 		cfg := ScheduleConfig(seed)
 		cfg.WhatIf.NoMarkerConfirm = true
+		cfg.Untraced = true // only the properties are counted
 		r := Run(cfg, NewSeededChooser(seed))
 		for _, p := range r.Properties() {
 			if p == PropOwnerEpochs {

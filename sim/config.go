@@ -101,6 +101,12 @@ type Config struct {
 	// counted, in Stats.StaleAnswers. DefaultConfig turns it on: the real
 	// writer gives no such answers (doc.go, "Answers that write nothing").
 	StrictAnswers bool
+
+	// Untraced keeps no trace (Result.Trace stays empty): formatting every
+	// step's name is most of what a run allocates. A seeded run is a pure
+	// function of its config and seed (TestDeterministic), so RunSeed
+	// replays a failing one with its trace.
+	Untraced bool
 }
 
 // WhatIf are changes to the writer's order that the model can try, to

@@ -102,9 +102,13 @@ func TestKickVersusSend(t *testing.T) {
 		if seed++; seed > 2000 {
 			t.Fatalf("only %d races in %d schedules", races, seed-1)
 		}
-		run := runKickSend(kickSendConfig(), NewSeededChooser(uint64(seed)))
+		cfg := kickSendConfig()
+		cfg.Untraced = true
+		run := runKickSend(cfg, NewSeededChooser(uint64(seed)))
 		races, accepted, forbidden = races+run.races, accepted+run.accepted, forbidden+run.forbidden
 		if run.r.Failed() {
+			// the same schedule again, with its trace
+			run = runKickSend(kickSendConfig(), NewSeededChooser(uint64(seed)))
 			t.Fatalf("seed %d: %v\n%s", seed, run.r.Properties(), run.r.Report(150))
 		}
 	}
@@ -138,6 +142,7 @@ func TestKickVersusSendCatchesStaleMembership(t *testing.T) {
 	for seed := 1; seed <= 300; seed++ {
 		cfg := kickSendConfig()
 		cfg.Bugs.MembershipOutsideMailbox = true
+		cfg.Untraced = true // only the properties are counted
 		run := runKickSend(cfg, NewSeededChooser(uint64(seed)))
 		for _, p := range run.r.Properties() {
 			if p == PropRemoved {

@@ -32,13 +32,21 @@ func TestReplay(t *testing.T) {
 
 // TestDeterministic: a schedule is a pure function of its config and
 // choices (nothing in the world or the writer iterates a map in its
-// random order where the order matters, e.g. the writer's eviction).
+// random order where the order matters, e.g. the writer's eviction), and
+// keeping its trace changes nothing else (RunSeed replays a failing
+// untraced run with its trace).
 func TestDeterministic(t *testing.T) {
 	for seed := uint64(1); seed <= 100; seed++ {
 		a := Run(ScheduleConfig(seed), NewSeededChooser(seed))
 		b := Run(ScheduleConfig(seed), NewSeededChooser(seed))
 		if !reflect.DeepEqual(a.Trace, b.Trace) || a.Stats != b.Stats || !reflect.DeepEqual(a.Violations, b.Violations) {
 			t.Fatalf("seed %d ran differently twice", seed)
+		}
+		quiet := ScheduleConfig(seed)
+		quiet.Untraced = true
+		c := Run(quiet, NewSeededChooser(seed))
+		if len(c.Trace) != 0 || c.Stats != a.Stats || !reflect.DeepEqual(c.Violations, a.Violations) {
+			t.Fatalf("seed %d ran differently without its trace (%d trace lines kept)", seed, len(c.Trace))
 		}
 	}
 }

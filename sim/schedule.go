@@ -302,6 +302,8 @@ func (w *World) randomStep() {
 // run executes an action as the next step.
 func (w *World) run(a action) {
 	w.step++
-	w.tracef("%4d t=%-3d %s", w.step, w.now, a.name())
+	if !w.cfg.Untraced {
+		w.tracef("%4d t=%-3d %s", w.step, w.now, a.name())
+	}
 	a.do()
 }

@@ -44,7 +44,7 @@ func ScheduleConfig(seed uint64) Config {
 
 // runSchedule runs seeded schedule seed of the correct writer.
 func runSchedule(seed uint64) *Result {
-	return Run(ScheduleConfig(seed), NewSeededChooser(seed))
+	return RunSeed(ScheduleConfig(seed), seed)
 }
 
 func replayHint(seed uint64) string {
@@ -185,7 +185,7 @@ func TestMovesUnderFaults(t *testing.T) {
 	for seed := uint64(1); seed <= 500; seed++ {
 		cfg := ScheduleConfig(seed)
 		cfg.Dedicated = 1 + int(seed%2)
-		r := Run(cfg, NewSeededChooser(seed))
+		r := RunSeed(cfg, seed)
 		if r.Failed() {
 			t.Fatalf("seed %d (%+v): %v\n%s", seed, cfg, r.Properties(), r.Report(200))
 		}

@@ -79,6 +79,18 @@ func Run(cfg Config, ch Chooser) *Result {
 	return w.finish()
 }
 
+// RunSeed runs the schedule that seed chooses (NewSeededChooser) without a
+// trace and, if a property broke, runs it again with one: the second run
+// is the same schedule, and its Result has the trace Report prints.
+func RunSeed(cfg Config, seed uint64) *Result {
+	quiet := cfg
+	quiet.Untraced = true
+	if r := Run(quiet, NewSeededChooser(seed)); !r.Failed() || cfg.Untraced {
+		return r
+	}
+	return Run(cfg, NewSeededChooser(seed))
+}
+
 // finish drains the world, checks the properties and returns the result.
 func (w *World) finish() *Result {
 	w.drain()
@@ -210,6 +222,9 @@ func (w *World) violate(prop, format string, args ...any) {
 }
 
 func (w *World) tracef(format string, args ...any) {
+	if w.cfg.Untraced {
+		return
+	}
 	w.trace = append(w.trace, fmt.Sprintf(format, args...))
 }
 
