@@ -81,7 +81,7 @@ if [ "$whole" = 1 ]; then
   for i in $(seq 1 "$n"); do
     log="flaky-package-$i.log"
     start=$(date +%s)
-    if go test -race -count=1 -timeout 60m -v "$pkg" >"$log" 2>&1; then
+    if GORACE=atexit_sleep_ms=0 go test -race -count=1 -timeout 60m -v "$pkg" >"$log" 2>&1; then
       printf 'package run %d of %d ok in %ds\n' "$i" "$n" $(( $(date +%s) - start ))
     else
       failed=1
