@@ -65,7 +65,7 @@ func TestSchedules(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CHATPIPE_SIM_SCHEDULE=%q: %v", v, err)
 		}
-		r := runSchedule(seed)
+		r := Run(ScheduleConfig(seed), NewSeededChooser(seed)) // with its trace, failing or not
 		t.Logf("seed %d, config %+v:\n%s", seed, ScheduleConfig(seed), r.Report(len(r.Trace)))
 		if r.Failed() {
 			t.Fail()
