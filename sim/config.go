@@ -102,8 +102,8 @@ type Config struct {
 	// writer gives no such answers (doc.go, "Answers that write nothing").
 	StrictAnswers bool
 
-	// Untraced keeps no trace (Result.Trace stays empty): formatting every
-	// step's name is most of what a run allocates. A seeded run is a pure
+	// Untraced keeps no trace (Result.Trace stays empty) and formats no
+	// step's name, a large part of a run's cost. A seeded run is a pure
 	// function of its config and seed (TestDeterministic), so RunSeed
 	// replays a failing one with its trace.
 	Untraced bool
