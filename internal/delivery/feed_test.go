@@ -2,7 +2,13 @@ package delivery
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/chatpipe/chatpipe/internal/pgtest"
 )
 
 // sink is a gateway with a fixed number of devices for each user.
@@ -70,5 +76,42 @@ func TestFeedWithNoDevicesReadsNoEvents(t *testing.T) {
 	}
 	if f.delivered.Load() != 0 || f.markers.Load() != 0 || len(s.got) != 0 {
 		t.Errorf("delivered %d events and %d markers (%v) with no device here", f.delivered.Load(), f.markers.Load(), s.got)
+	}
+}
+
+// TestFeedReadsEventsByRange: the feed reads the events of up to 200
+// outbox rows at once, hundreds of ranges. Its read must look each range
+// up in events' primary key, not scan the table: a scan costs the whole
+// table on every read, however few events the ranges hold.
+func TestFeedReadsEventsByRange(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	// 600 conversations of 150 events each, as a stack holds after a
+	// minute of load, and statistics, as autovacuum gathers them.
+	if _, err := db.Exec(ctx, `INSERT INTO events (conversation_id, seq, kind, message_id, sender, body, created_at, vshard, epoch, log_partition, log_offset)
+		SELECT 'c' || c, s, 'message', 'c' || c || '-' || s, 'u', repeat('x', 100), now(), 0, 1, 0, 0
+		FROM generate_series(1, 600) c, generate_series(1, 150) s`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `ANALYZE events`); err != nil {
+		t.Fatal(err)
+	}
+	var convs []string
+	var from, to []int64
+	for c := 1; c <= 600; c++ { // the newest 9 events of each
+		convs, from, to = append(convs, fmt.Sprintf("c%d", c)), append(from, 142), append(to, 150)
+	}
+	rows, err := db.Query(ctx, `EXPLAIN `+feedEventsSQL, convs, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	var line string
+	if _, err := pgx.ForEachRow(rows, []any{&line}, func() error { plan = append(plan, line); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if strings.Contains(text, "Seq Scan on events") || !strings.Contains(text, "events_pkey") {
+		t.Fatalf("the feed's read of 600 ranges does not look them up in events_pkey:\n%s", text)
 	}
 }
