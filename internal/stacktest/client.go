@@ -110,14 +110,23 @@ func (cl *Client) Must(req map[string]any) *protocol.Reply {
 // SendRetrying sends until the answer is neither `unavailable` nor
 // `rate_limited` (for at most 90 s), as a client should.
 func (cl *Client) SendRetrying(conv, cmid, body string) (*protocol.Reply, error) {
+	r, _, err := cl.SendRetryingAt(conv, cmid, body)
+	return r, err
+}
+
+// SendRetryingAt is SendRetrying, and also returns when the attempt that
+// got the last answer was sent: no worker can have taken that attempt
+// before then.
+func (cl *Client) SendRetryingAt(conv, cmid, body string) (*protocol.Reply, time.Time, error) {
 	start := time.Now()
 	for {
+		at := time.Now()
 		r, err := cl.Do(map[string]any{"op": "send", "conversation_id": conv, "client_message_id": cmid, "body": body})
 		if err != nil {
-			return nil, err
+			return nil, at, err
 		}
 		if (r.Code != protocol.CodeUnavailable && r.Code != protocol.CodeRateLimited) || time.Since(start) > 90*time.Second {
-			return r, nil
+			return r, at, nil
 		}
 		time.Sleep(time.Duration(r.RetryAfterMS) * time.Millisecond)
 	}

@@ -14,6 +14,9 @@ type Accepted struct {
 	Conv, ClientMessageID, MessageID, Sender string
 	Seq                                      int64
 	SentAt, AcceptedAt                       time.Time
+	// AttemptAt is when the attempt that was accepted was sent (SentAt
+	// if the first was, a retry's time if not), where a Load knows it.
+	AttemptAt time.Time
 }
 
 // Load keeps users sending to shared conversations until stopped,
@@ -108,14 +111,14 @@ func StartLoad(t testing.TB, dev *Dev, users, convs int) *Load {
 			for i := 0; !l.Stopped(); i++ {
 				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
 				sent := time.Now()
-				r, err := cl.SendRetrying(conv, cmid, "load")
+				r, attempt, err := cl.SendRetryingAt(conv, cmid, "load")
 				if err != nil || r.Op != protocol.OpAccepted {
 					if !l.Stopped() {
 						t.Errorf("load send %s: %+v %v", cmid, r, err)
 					}
 					return
 				}
-				l.Record(Accepted{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()})
+				l.Record(Accepted{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now(), AttemptAt: attempt})
 			}
 		})
 	}
