@@ -20,7 +20,6 @@ import (
 	"github.com/chatpipe/chatpipe/internal/devstack"
 	"github.com/chatpipe/chatpipe/internal/stacktest"
 	"github.com/chatpipe/chatpipe/logrecord"
-	"github.com/chatpipe/chatpipe/protocol"
 )
 
 // Network faults between roles (docs/reliability.md): a toxiproxy
@@ -177,14 +176,12 @@ func TestNetworkFaultsGatewayWorkerHalfOpen(t *testing.T) {
 			probes.Add(1)
 			go func() {
 				defer probes.Done()
-				conv, cmid := fmt.Sprintf("hpc%d", i), fmt.Sprintf("hp%d-1", i)
-				sent := time.Now()
-				r, err := p.SendRetrying(conv, cmid, "probe")
-				if err != nil || r.Op != protocol.OpAccepted {
-					t.Errorf("probe %s: %+v %v", cmid, r, err)
+				a, err := p.SendAccepted(fmt.Sprintf("hpc%d", i), fmt.Sprintf("hp%d-1", i), "probe")
+				if err != nil {
+					t.Errorf("probe: %v", err)
 					return
 				}
-				probed[i] = acceptedMsg{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: p.User, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now()}
+				probed[i] = a
 			}()
 		}
 	}

@@ -110,14 +110,30 @@ func (cl *Client) Must(req map[string]any) *protocol.Reply {
 // SendRetrying sends until the answer is neither `unavailable` nor
 // `rate_limited` (for at most 90 s), as a client should.
 func (cl *Client) SendRetrying(conv, cmid, body string) (*protocol.Reply, error) {
-	r, _, err := cl.SendRetryingAt(conv, cmid, body)
+	r, _, err := cl.sendRetrying(conv, cmid, body)
 	return r, err
 }
 
-// SendRetryingAt is SendRetrying, and also returns when the attempt that
-// got the last answer was sent: no worker can have taken that attempt
-// before then.
-func (cl *Client) SendRetryingAt(conv, cmid, body string) (*protocol.Reply, time.Time, error) {
+// SendAccepted sends as SendRetrying does and returns the send as
+// accepted, with when it was first sent, when the attempt that was
+// accepted was sent (no worker can have taken it before) and when the
+// answer came; any other final answer is an error.
+func (cl *Client) SendAccepted(conv, cmid, body string) (Accepted, error) {
+	sent := time.Now()
+	r, at, err := cl.sendRetrying(conv, cmid, body)
+	if err != nil {
+		return Accepted{}, err
+	}
+	if r.Op != protocol.OpAccepted {
+		return Accepted{}, fmt.Errorf("send %s to %s: %+v", cmid, conv, r)
+	}
+	return Accepted{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: cl.User, Seq: r.Seq,
+		SentAt: sent, AttemptAt: at, AcceptedAt: time.Now()}, nil
+}
+
+// sendRetrying is SendRetrying, and also returns when the attempt that got
+// the last answer was sent.
+func (cl *Client) sendRetrying(conv, cmid, body string) (*protocol.Reply, time.Time, error) {
 	start := time.Now()
 	for {
 		at := time.Now()

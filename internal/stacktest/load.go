@@ -15,7 +15,8 @@ type Accepted struct {
 	Seq                                      int64
 	SentAt, AcceptedAt                       time.Time
 	// AttemptAt is when the attempt that was accepted was sent (SentAt
-	// if the first was, a retry's time if not), where a Load knows it.
+	// if the first was, a retry's time if not), where the sender knows it
+	// (Client.SendAccepted).
 	AttemptAt time.Time
 }
 
@@ -110,15 +111,14 @@ func StartLoad(t testing.TB, dev *Dev, users, convs int) *Load {
 		l.Go(func() {
 			for i := 0; !l.Stopped(); i++ {
 				conv, cmid := fmt.Sprintf("lc%d", (i+u)%convs), fmt.Sprintf("%s-%d", user, i)
-				sent := time.Now()
-				r, attempt, err := cl.SendRetryingAt(conv, cmid, "load")
-				if err != nil || r.Op != protocol.OpAccepted {
+				a, err := cl.SendAccepted(conv, cmid, "load")
+				if err != nil {
 					if !l.Stopped() {
-						t.Errorf("load send %s: %+v %v", cmid, r, err)
+						t.Errorf("load send: %v", err)
 					}
 					return
 				}
-				l.Record(Accepted{Conv: conv, ClientMessageID: cmid, MessageID: r.MessageID, Sender: user, Seq: r.Seq, SentAt: sent, AcceptedAt: time.Now(), AttemptAt: attempt})
+				l.Record(a)
 			}
 		})
 	}
