@@ -375,17 +375,3 @@ func (f *Feed) deliverEvents(ctx context.Context, batch []outboxRow, byUser map[
 	}
 	return nil
 }
-
-// feedEventsSQL reads the events of the ranges passed as three arrays, in
-// order of conversation and seq, with one lookup in events' primary key per
-// range. The feed asks for the ranges of up to 200 outbox rows at once;
-// joined as rangeEvents joins them, hundreds of ranges had the planner hash
-// them and scan the whole events table (in parallel workers) on every read,
-// a cost that grows with the table, not with the events read. OFFSET 0
-// keeps the lateral subquery from being flattened into that join. Sync and
-// History keep rangeEvents: their LIMIT can stop its scans early.
-const feedEventsSQL = `SELECT ` + eventColumns + `
-FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(c, f, t)
-CROSS JOIN LATERAL (
-  SELECT * FROM events WHERE conversation_id = r.c AND seq BETWEEN r.f AND r.t OFFSET 0) e
-ORDER BY e.conversation_id, e.seq`
