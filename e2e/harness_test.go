@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,9 +115,7 @@ func sharing(t *testing.T, busy, secs int) {
 	t.Cleanup(release) // the first clean-up registered runs last
 	// What ran beside it, for a failure that might come from a neighbour.
 	t.Logf("started with %d%% of %d%% after %v; beside it: %s", busy, pool.Capacity(),
-		time.Since(asked).Round(100*time.Millisecond), strings.Join(slices.DeleteFunc(pool.Running(), func(s string) bool {
-			return strings.HasPrefix(s, t.Name()+" (")
-		}), ", "))
+		time.Since(asked).Round(100*time.Millisecond), strings.Join(pool.Running(t.Name()), ", "))
 	watch(t)
 }
 

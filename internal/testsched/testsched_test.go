@@ -111,8 +111,11 @@ func TestAcquireGivesUpWithItsContext(t *testing.T) {
 	if _, err := p.Acquire(ctx, "waiter", 5, 0); err == nil {
 		t.Fatal("Acquire returned without capacity or an error")
 	}
-	if got := p.Running(); !slices.Equal(got, []string{"holder (10)"}) {
+	if got := p.Running(""); !slices.Equal(got, []string{"holder (10)"}) {
 		t.Errorf("running %v, want the holder alone", got)
+	}
+	if got := p.Running("holder"); len(got) != 0 {
+		t.Errorf("running beside the holder %v, want nothing", got)
 	}
 	release()
 	r2, err := p.Acquire(context.Background(), "after", 10, 0)
@@ -120,7 +123,7 @@ func TestAcquireGivesUpWithItsContext(t *testing.T) {
 		t.Fatalf("the gone waiter kept its place: %v", err)
 	}
 	r2()
-	if got := p.Running(); len(got) != 0 {
+	if got := p.Running(""); len(got) != 0 {
 		t.Errorf("running %v after every release", got)
 	}
 }
