@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +74,85 @@ func TestLingerFillsTheBatch(t *testing.T) {
 		t.Errorf("after the wait ran out: %d records in all, want 9", n)
 	}
 	if errs := rest.Errors(); len(errs) != 0 {
+		t.Errorf("the wait's end showed as fetch errors: %v", errs)
+	}
+}
+
+// fetchCounter counts the fetch requests a client writes.
+type fetchCounter struct{ n atomic.Int64 }
+
+func (h *fetchCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key == 1 { // Fetch
+		h.n.Add(1)
+	}
+}
+
+// TestLingerFetchesFewTimes: a consumer lingering while records trickle
+// in, one a millisecond, takes them in at most two fetches per
+// lingerStep, not in a fetch per record (as it did while it polled
+// through the wait: 283 fetches for 284 records here).
+func TestLingerFetchesFewTimes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	brokers := []string{k.Addr()}
+	const topic = "trickle"
+	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	var fetches fetchCounter
+	cons, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.WithHooks(&fetches))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	c := New(Config{Consumer: "test", MaxBatch: 100000, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, "test", "")
+
+	const d = 300 * time.Millisecond
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		defer func() { done <- n }()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte(fmt.Sprint(n))}).FirstErr(); err != nil {
+				t.Error(err)
+				return
+			}
+			n++
+		}
+	}()
+	fs := cons.PollRecords(ctx, c.cfg.MaxBatch)
+	before := fetches.n.Load()
+	fs = c.linger(ctx, cons, fs, d)
+	during := fetches.n.Load() - before
+	close(stop)
+	produced := <-done
+	steps := int64((d + lingerStep - 1) / lingerStep)
+	t.Logf("%d records produced, %d taken, %d fetches while lingering %v", produced, fs.NumRecords(), during, d)
+	if limit := 2*steps + 1; during > limit {
+		t.Errorf("lingering %v took %d fetches, want at most %d (two per %v, and the one out at the start)", d, during, limit, lingerStep)
+	}
+	if fs.NumRecords() < 2 {
+		t.Errorf("lingering %v while records arrived took %d records in all, want more than the first poll's", d, fs.NumRecords())
+	}
+	if errs := fs.Errors(); len(errs) != 0 {
 		t.Errorf("the wait's end showed as fetch errors: %v", errs)
 	}
 }
