@@ -26,6 +26,9 @@
 #   ceiling     the bare pipeline (tools/bench/ceiling): transactional producers →
 #               the same broker → persist's read_committed consumer → the
 #               same Postgres, sustained records/s
+#   ceiling1000 the same bare pipeline paced at 1,000 records/s, a producer
+#               per vshard and one record per transaction (the writers'
+#               shape at light load): CPU per record
 #   go test -bench ./bench: produce and Postgres-write ceilings
 #   floor       what one small loopback TCP write costs here (tools/bench/floor),
 #               once at one frame per write and once at BENCH_FLOOR_BATCH,
@@ -412,10 +415,27 @@ echo "$W/ceiling -kafka $KAFKA -pg $PG -producers $CEIL_PRODUCERS -batch $CEIL_B
   > "$R/ceiling.txt" 2> "$L/ceiling.log" || log "ceiling failed (see $L/ceiling.log)"
 snap "$R/cpu/ceiling.end"; pgstat "$R/pgstat/ceiling.end"
 
+# The same bare parts in the shape a light load gives the writers: a
+# producer per vshard, one record per transaction, paced at lat1000's rate.
+# CPU is read over the tool's own window (its "window start" and "window
+# end" lines), not its setup.
+vshards=$(jq -r .vshards "$EP")
+log "ceiling1000: bare pipeline paced at 1,000 records/s, $vshards producers × 1 record per transaction, ${CEIL_SECS}s"
+echo "$W/ceiling -kafka $KAFKA -pg $PG -producers $vshards -batch 1 -rate 1000 -duration ${CEIL_SECS}s" >> "$R/commands.txt"
+"$W/ceiling" -kafka "$KAFKA" -pg "$PG" -producers "$vshards" -batch 1 -rate 1000 -duration "${CEIL_SECS}s" \
+  > "$R/ceiling1000.txt" 2> "$L/ceiling1000.log" &
+cpid=$!
+PIDS+=("$cpid")
+until grep -q "window start" "$L/ceiling1000.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
+snap "$R/cpu/ceiling1000.send"
+until grep -q "window end" "$L/ceiling1000.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
+snap "$R/cpu/ceiling1000.end"
+wait "$cpid" || log "paced ceiling failed (see $L/ceiling1000.log)"
+unset 'PIDS[${#PIDS[@]}-1]' # (the paced ceiling, added last)
+
 if [ "$GOBENCH" = 1 ]; then
   log "go test -bench: produce and Postgres-write ceilings on the same broker and Postgres"
   batch=$(go run ./tools/bench/report -batch "$R/metrics/saturation")
-  vshards=$(jq -r .vshards "$EP")
   echo "BENCH_KAFKA=$KAFKA BENCH_PG=$PG BENCH_PRODUCERS=$vshards BENCH_BATCH=$batch go test ./tools/bench -run '^\$' -bench . -benchtime $BENCHTIME" >> "$R/commands.txt"
   BENCH_KAFKA=$KAFKA BENCH_PG=$PG BENCH_PRODUCERS=$vshards BENCH_BATCH=$batch \
     go test ./tools/bench -run '^$' -bench . -benchtime "$BENCHTIME" > "$R/bench.txt" 2>&1 || log "go test -bench failed (see $R/bench.txt)"

@@ -11,13 +11,22 @@
 // (after a warm-up). It is sustained: the producers run flat out but wait
 // while Postgres is more than -max-lag records behind, so the broker's
 // backlog stays bounded and what is produced is what is stored.
+// With -rate the producers are paced instead, each committing its
+// transactions at an even share of that many records a second: the bare
+// parts in the shape a light load gives chatpipe's writers (one record per
+// transaction, a producer per vshard), to price per record beside them.
 // It prints key value lines:
 //
 //	ceiling_msgs_per_sec, produced_per_sec, window_secs, inserted, produced,
-//	txn_per_sec, record_bytes, producers, batch, cpu_secs (this process,
-//	producers and consumer together), lag_at_end (produced − inserted)
+//	txn_per_sec, record_bytes, producers, batch, rate (0: flat out),
+//	cpu_secs (this process, producers and consumer together), lag_at_end
+//	(produced − inserted)
 //
-// Usage: ceiling -kafka ADDR -pg URL [-producers 16] [-batch 50] [-duration 15s] [-max-lag 20000]
+// and, on standard error, "ceiling: window start" and "ceiling: window
+// end" as the measured window opens and closes, for a caller that reads
+// other processes' CPU over the same window.
+//
+// Usage: ceiling -kafka ADDR -pg URL [-producers 16] [-batch 50] [-rate 0] [-duration 15s] [-max-lag 20000]
 package main
 
 import (
@@ -47,6 +56,7 @@ func main() {
 	pgURL := flag.String("pg", os.Getenv("BENCH_PG"), "Postgres URL; a scratch database is made beside it (default $BENCH_PG)")
 	producers := flag.Int("producers", 16, "transactional producers")
 	batch := flag.Int("batch", 50, "records per transaction")
+	rate := flag.Float64("rate", 0, "records per second in all, spread evenly over the producers (0: flat out)")
 	partitions := flag.Int("partitions", 8, "partitions of the scratch topic")
 	bodyBytes := flag.Int("body", 100, "message body bytes (a 100-byte body makes a ~350-byte record)")
 	duration := flag.Duration("duration", 15*time.Second, "measured window")
@@ -57,7 +67,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ceiling: -kafka and -pg are required")
 		os.Exit(2)
 	}
-	if err := run(*kafka, *pgURL, *producers, *batch, *partitions, *bodyBytes, *maxLag, *warmup, *duration); err != nil {
+	if *rate < 0 || *producers < 1 || *batch < 1 {
+		fmt.Fprintln(os.Stderr, "ceiling: -producers and -batch must be positive, -rate not negative")
+		os.Exit(2)
+	}
+	if err := run(*kafka, *pgURL, *producers, *batch, *partitions, *bodyBytes, *maxLag, *rate, *warmup, *duration); err != nil {
 		fmt.Fprintln(os.Stderr, "ceiling:", err)
 		os.Exit(1)
 	}
@@ -72,7 +86,7 @@ func cpuSecs() float64 {
 	return tv(ru.Utime) + tv(ru.Stime)
 }
 
-func run(addr, pgURL string, producers, batch, partitions, bodyBytes, maxLag int, warmup, window time.Duration) error {
+func run(addr, pgURL string, producers, batch, partitions, bodyBytes, maxLag int, rate float64, warmup, window time.Duration) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tag := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().Unix())
@@ -116,8 +130,29 @@ func run(addr, pgURL string, producers, batch, partitions, bodyBytes, maxLag int
 			defer cl.Close()
 			part := int32(i % partitions)
 			now := time.Now().UTC()
+			// Paced, a producer commits a transaction every interval, its
+			// first at an even offset into one, so that the producers'
+			// commits interleave as independent writers' do.
+			var interval time.Duration
+			var next time.Time
+			if rate > 0 {
+				interval = time.Duration(float64(batch*producers) / rate * float64(time.Second))
+				next = now.Add(interval * time.Duration(i) / time.Duration(producers))
+			}
 			var n int64
 			for pctx.Err() == nil {
+				if interval > 0 {
+					if d := time.Until(next); d > 0 {
+						select {
+						case <-pctx.Done():
+						case <-time.After(d):
+						}
+						if pctx.Err() != nil {
+							break
+						}
+					}
+					next = next.Add(interval)
+				}
 				// Sustained, not a burst: the producers wait while the
 				// consumer is more than maxLag records behind.
 				for produced.Load()-p.Stats().Inserted.Load() > int64(maxLag) && pctx.Err() == nil {
@@ -177,9 +212,11 @@ func run(addr, pgURL string, producers, batch, partitions, bodyBytes, maxLag int
 	if err := fail(); err != nil {
 		return err
 	}
+	fmt.Fprintln(os.Stderr, "ceiling: window start")
 	in0, pr0, tx0, cpu0, t0 := p.Stats().Inserted.Load(), produced.Load(), txns.Load(), cpuSecs(), time.Now()
 	time.Sleep(window)
 	in1, pr1, tx1, cpu1, t1 := p.Stats().Inserted.Load(), produced.Load(), txns.Load(), cpuSecs(), time.Now()
+	fmt.Fprintln(os.Stderr, "ceiling: window end")
 	if err := fail(); err != nil {
 		return err
 	}
@@ -198,6 +235,7 @@ func run(addr, pgURL string, producers, batch, partitions, bodyBytes, maxLag int
 	fmt.Printf("record_bytes %d\n", recordBytes.Load())
 	fmt.Printf("producers %d\n", producers)
 	fmt.Printf("batch %d\n", batch)
+	fmt.Printf("rate %g\n", rate)
 	fmt.Printf("cpu_secs %.2f\n", cpu1-cpu0)
 	return nil
 }

@@ -54,6 +54,18 @@ func (res results) bare() bare {
 	return b
 }
 
+// pacedBare is bare for the paced run of the ceiling (ceiling1000): the
+// bare parts in the writers' light-load shape.
+func (res results) pacedBare() bare {
+	in := int64(orNaN(res.paced, "inserted"))
+	if !res.pacedOK || in <= 0 {
+		return bare{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
+	}
+	b := bare{proc: us(orNaN(res.paced, "cpu_secs"), in), broker: us(res.pacedWin.cpu["broker"], in), pg: us(res.pacedWin.cpu["postgres"], in)}
+	b.all = b.proc + b.broker + b.pg
+	return b
+}
+
 func (b bare) String() string {
 	return fmt.Sprintf("bare parts, same run: %s µs per record (producers and consumer %s, broker %s, Postgres %s)", num(b.all), num(b.proc), num(b.broker), num(b.pg))
 }
@@ -97,7 +109,7 @@ func goalRows(res results) []goalRow {
 			figure:   fmt.Sprintf("1. behind the gateway (w1 + w2 + persist + projection + broker + Postgres), CPU per accepted message, %s", rateName(r)),
 			measured: r.sumUS(behindRoles...), unit: "µs", target: 2 * bp.all, atMost: true,
 			beside: "2 × " + bp.String(),
-			why:    behindWhy(res.dir, r)})
+			why:    behindWhy(res, r)})
 	}
 	// 2. Postgres ≤ 2× the ceiling's Postgres; nothing while idle.
 	for _, r := range []runFig{lat, mid, sat} {
@@ -200,7 +212,8 @@ func share(r runFig, names ...string) string {
 	return strings.Join(s, ", ")
 }
 
-func behindWhy(dir string, r runFig) string {
+func behindWhy(res results, r runFig) string {
+	dir := res.dir
 	if !r.ok {
 		return "no CPU window"
 	}
@@ -210,6 +223,9 @@ func behindWhy(dir string, r runFig) string {
 		// (add the partition, produce, end the transaction), whatever it
 		// carries; the bare parts carry 50 records in one.
 		w += fmt.Sprintf("; %s events per Kafka transaction (the ceiling: %.0f records)", num(d.eventsPerTxn()), orNaN(ceilKV(dir), "batch"))
+	}
+	if pb := res.pacedBare(); r.name == "lat1000" && !math.IsNaN(pb.all) {
+		w += fmt.Sprintf("; the bare parts paced at this rate in the writers' shape (a producer per vshard, one record per transaction, same run) cost %s µs per record, so this is %s× them (see the ceiling section)", num(pb.all), ratio(r.sumUS(behindRoles...), pb.all))
 	}
 	return w + "; see the profile tops and the Postgres section"
 }
@@ -226,6 +242,9 @@ func pgWhy(res results, r runFig) string {
 	s := fmt.Sprintf("%s statements and %s transactions per message from the roles", num(per(tripsOf(trips, "statement", pgRoles...), r.rep.Accepted)), num(per(txns(trips, pgRoles...), r.rep.Accepted)))
 	if pw.ok {
 		s += fmt.Sprintf(", %s transactions per message in pg_stat_database", num(per(pw.commits[chatpipeDB], r.rep.Accepted)))
+	}
+	if pb := res.pacedBare(); r.name == "lat1000" && !math.IsNaN(pb.pg) {
+		s += fmt.Sprintf("; the bare parts paced at this rate in the writers' shape cost Postgres %s µs per record (same run)", num(pb.pg))
 	}
 	return s + "; see the Postgres section"
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -46,7 +47,12 @@ type results struct {
 	ceilWin                 window             // CPU over the ceiling run
 	ceilOK                  bool
 	ceilRate                float64 // records reaching Postgres per second
-	profRunName             string  // the run the roles were profiled in
+	// The same bare parts paced at lat1000's rate in the writers'
+	// light-load shape (ceiling1000.txt, and CPU over its own window).
+	paced       map[string]float64
+	pacedWin    window
+	pacedOK     bool
+	profRunName string // the run the roles were profiled in
 }
 
 // readResults reads the results directory dir; a file that is missing
@@ -57,6 +63,8 @@ func readResults(dir string) results {
 	bench, order, _ := benchLines(filepath.Join(dir, "bench.txt"))
 	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
 	ceilWin, ceilOK := cpuWindow(dir, "ceiling")
+	paced := keyValues(filepath.Join(dir, "ceiling1000.txt"))
+	pacedWin, pacedOK := cpuWindow(dir, "ceiling1000")
 	profRun, _ := os.ReadFile(filepath.Join(dir, "prof", "run.txt"))
 	return results{
 		dir:         dir,
@@ -75,6 +83,9 @@ func readResults(dir string) results {
 		ceilWin:     ceilWin,
 		ceilOK:      ceilOK,
 		ceilRate:    orNaN(ceil, "ceiling_msgs_per_sec"),
+		paced:       paced,
+		pacedWin:    pacedWin,
+		pacedOK:     pacedOK && len(paced) > 0,
 		profRunName: strings.Fields(string(profRun) + " r3000")[0],
 	}
 }
@@ -237,6 +248,13 @@ func writeCeiling(b *strings.Builder, res results) {
 			fmt.Fprintf(b, "CPU per record over the ceiling run: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs; the idle chatpipe roles %s µs.\n\n",
 				num(us(orNaN(ceil, "cpu_secs"), in)), num(us(ceilWin.cpu["broker"], in)), num(us(ceilWin.cpu["postgres"], in)), num(us(ceilWin.sum(chatpipeRoles...), in)))
 		}
+	}
+	if pb := res.pacedBare(); !math.IsNaN(pb.all) {
+		p := res.paced
+		fmt.Fprintf(b, "**Paced in the writers' light-load shape** (`-rate %s -producers %.0f -batch %.0f`): the same bare parts, a producer per vshard and one record per transaction, as lat1000 gives chatpipe's writers (each vshard sees a few messages a second, so nearly every transaction carries one). %s records reached Postgres a second in %s transactions over %.0f s. CPU per record over the tool's own window: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs: **%s µs in all**, %s× the flat-out ceiling's.\n\n",
+			strconv.FormatFloat(orNaN(p, "rate"), 'f', -1, 64), orNaN(p, "producers"), orNaN(p, "batch"),
+			num(orNaN(p, "ceiling_msgs_per_sec")), num(orNaN(p, "txn_per_sec")), orNaN(p, "window_secs"),
+			num(pb.proc), num(pb.broker), num(pb.pg), num(pb.all), ratio(pb.all, res.bare().all))
 	}
 }
 
