@@ -15,6 +15,27 @@ import (
 	"github.com/chatpipe/chatpipe/internal/devstack"
 )
 
+// lingerTopic starts a broker with a one-partition topic for the test and
+// a producer to it; the test's cleanup stops both.
+func lingerTopic(ctx context.Context, t *testing.T) (brokers []string, topic string, prod *kgo.Client) {
+	t.Helper()
+	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	brokers, topic = []string{k.Addr()}, "linger"
+	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	prod, err = kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prod.Close)
+	return brokers, topic, prod
+}
+
 // TestLingerFillsTheBatch: a consumer lingering after a poll takes the
 // records that arrive meanwhile into the same batch, stops once the batch
 // is full, and returns what it has when the wait is over, with no fetch
@@ -22,21 +43,7 @@ import (
 func TestLingerFillsTheBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	brokers := []string{k.Addr()}
-	const topic = "linger"
-	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
+	brokers, topic, prod := lingerTopic(ctx, t)
 	produce := func(i int) {
 		if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte(fmt.Sprint(i))}).FirstErr(); err != nil {
 			t.Error(err)
@@ -94,21 +101,7 @@ func (h *fetchCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, 
 func TestLingerFetchesFewTimes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	brokers := []string{k.Addr()}
-	const topic = "trickle"
-	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
+	brokers, topic, prod := lingerTopic(ctx, t)
 	var fetches fetchCounter
 	cons, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.WithHooks(&fetches))
 	if err != nil {

@@ -44,24 +44,20 @@ type bare struct {
 	all, proc, broker, pg float64
 }
 
-func (res results) bare() bare {
-	in := int64(orNaN(res.ceil, "inserted"))
-	if !res.ceilOK || in <= 0 {
-		return bare{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
-	}
-	b := bare{proc: us(orNaN(res.ceil, "cpu_secs"), in), broker: us(res.ceilWin.cpu["broker"], in), pg: us(res.ceilWin.cpu["postgres"], in)}
-	b.all = b.proc + b.broker + b.pg
-	return b
-}
+func (res results) bare() bare { return bareOf(res.ceil, res.ceilWin, res.ceilOK) }
 
 // pacedBare is bare for the paced run of the ceiling (ceiling1000): the
 // bare parts in the writers' light-load shape.
-func (res results) pacedBare() bare {
-	in := int64(orNaN(res.paced, "inserted"))
-	if !res.pacedOK || in <= 0 {
+func (res results) pacedBare() bare { return bareOf(res.paced, res.pacedWin, res.pacedOK) }
+
+// bareOf is a ceiling run's CPU per record: kv is its output, win the
+// broker's and Postgres' CPU over its window.
+func bareOf(kv map[string]float64, win window, ok bool) bare {
+	in := int64(orNaN(kv, "inserted"))
+	if !ok || in <= 0 {
 		return bare{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
 	}
-	b := bare{proc: us(orNaN(res.paced, "cpu_secs"), in), broker: us(res.pacedWin.cpu["broker"], in), pg: us(res.pacedWin.cpu["postgres"], in)}
+	b := bare{proc: us(orNaN(kv, "cpu_secs"), in), broker: us(win.cpu["broker"], in), pg: us(win.cpu["postgres"], in)}
 	b.all = b.proc + b.broker + b.pg
 	return b
 }
