@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
 )
@@ -89,7 +90,7 @@ func TestLingerFillsTheBatch(t *testing.T) {
 type fetchCounter struct{ n atomic.Int64 }
 
 func (h *fetchCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
-	if key == 1 { // Fetch
+	if key == kmsg.Fetch.Int16() {
 		h.n.Add(1)
 	}
 }

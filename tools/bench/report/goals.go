@@ -50,6 +50,13 @@ func (res results) bare() bare { return bareOf(res.ceil, res.ceilWin, res.ceilOK
 // bare parts in the writers' light-load shape.
 func (res results) pacedBare() bare { return bareOf(res.paced, res.pacedWin, res.pacedOK) }
 
+// pacedFor is pacedBare for a run offered the paced ceiling's rate; ok is
+// false for any other run, or when the paced ceiling was not measured.
+func (res results) pacedFor(r runFig) (b bare, ok bool) {
+	b = res.pacedBare()
+	return b, r.ok && !math.IsNaN(b.all) && r.rep.Rate == orNaN(res.paced, "rate")
+}
+
 // bareOf is a ceiling run's CPU per record: kv is its output, win the
 // broker's and Postgres' CPU over its window.
 func bareOf(kv map[string]float64, win window, ok bool) bare {
@@ -220,7 +227,7 @@ func behindWhy(res results, r runFig) string {
 		// carries; the bare parts carry 50 records in one.
 		w += fmt.Sprintf("; %s events per Kafka transaction (the ceiling: %.0f records)", num(d.eventsPerTxn()), orNaN(ceilKV(dir), "batch"))
 	}
-	if pb := res.pacedBare(); r.name == "lat1000" && !math.IsNaN(pb.all) {
+	if pb, ok := res.pacedFor(r); ok {
 		w += fmt.Sprintf("; the bare parts paced at this rate in the writers' shape (a producer per vshard, one record per transaction, same run) cost %s µs per record, so this is %s× them (see the ceiling section)", num(pb.all), ratio(r.sumUS(behindRoles...), pb.all))
 	}
 	return w + "; see the profile tops and the Postgres section"
@@ -239,7 +246,7 @@ func pgWhy(res results, r runFig) string {
 	if pw.ok {
 		s += fmt.Sprintf(", %s transactions per message in pg_stat_database", num(per(pw.commits[chatpipeDB], r.rep.Accepted)))
 	}
-	if pb := res.pacedBare(); r.name == "lat1000" && !math.IsNaN(pb.pg) {
+	if pb, ok := res.pacedFor(r); ok {
 		s += fmt.Sprintf("; the bare parts paced at this rate in the writers' shape cost Postgres %s µs per record (same run)", num(pb.pg))
 	}
 	return s + "; see the Postgres section"
