@@ -337,3 +337,50 @@ func TestTooManyDeadLettersStops(t *testing.T) {
 		t.Errorf("stored offset %d, want 3: the consumer must stop at the fourth bad record", offs[0])
 	}
 }
+
+// TestSalvageWritesWhatItCan: a record dead-lettered is written with the
+// first salvage whose transaction commits: one that Postgres refuses for
+// good (here a division by zero, class 22) is skipped, the next is kept, and
+// a record no salvage can write is dead-lettered alone. Each is one dead
+// letter, and the partition moves past both.
+func TestSalvageWritesWhatItCan(t *testing.T) {
+	s := newSink(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := s.db.Exec(ctx, `CREATE TABLE salvaged (off bigint PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	var committed []int64
+	s.c.cfg.Salvage = []Salvage{
+		{What: "nothing it can", Handle: func(_ context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
+			b.Queue(`SELECT 1 / 0`)
+			return Queued{}, nil
+		}},
+		{What: "its offset", Handle: func(_ context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error) {
+			if bytes.Contains(recs[0].Value, []byte("\x01")) {
+				b.Queue(`SELECT 'x' || $1::text`, string(recs[0].Value)) // refused like the record itself
+			}
+			b.Queue(`INSERT INTO salvaged VALUES ($1)`, recs[0].Offset)
+			return Queued{Committed: func() { committed = append(committed, recs[0].Offset) }}, nil
+		}},
+	}
+	recs := records(1, 5, map[[2]int][]byte{{0, 1}: []byte("a\x00b"), {0, 3}: []byte("\x01\x00")})
+	if err := s.c.Settle(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := s.db.QueryRow(ctx, `SELECT (SELECT string_agg(off::text, ' ' ORDER BY off) FROM sink) || ' | ' ||
+		(SELECT string_agg(off::text, ' ' ORDER BY off) FROM salvaged) || ' | ' ||
+		(SELECT string_agg(log_offset::text, ' ' ORDER BY log_offset) FROM dead_letters)`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := "0 2 4 | 1 | 1 3"; got != want {
+		t.Errorf("written | salvaged | dead letters = %q, want %q", got, want)
+	}
+	if fmt.Sprint(committed) != "[1]" {
+		t.Errorf("salvages committed for offsets %v, want [1]", committed)
+	}
+	if offs, err := Offsets(ctx, s.db, "sink", testTopic); err != nil || offs[0] != 5 {
+		t.Errorf("offsets = %v, %v; want partition 0 at 5", offs, err)
+	}
+}

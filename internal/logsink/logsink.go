@@ -1,5 +1,5 @@
 // Package logsink is the skeleton of chatpipe's exactly-once consumers of
-// the log (persist, projection): a read_committed consumer group member
+// the log (persist): a read_committed consumer group member
 // that keeps its offsets in Postgres, written in the same transaction as
 // what it derives from the records, and starts from them — never from
 // Kafka's committed group offsets.
@@ -16,7 +16,8 @@
 //     retried a few times, then the batch is bisected until the records
 //     that fail alone are found; the others are written as usual and each
 //     culprit goes to dead_letters in the same transaction as the stored
-//     offset moving past it. The partition moves on;
+//     offset moving past it, with what Config.Salvage can still write of
+//     it. The partition moves on;
 //   - halt (a record of a newer schema version, logrecord.ErrUnsupportedVersion):
 //     never dead-lettered, since upgrading this consumer makes it readable.
 //     The consumer stops there, logs an error at every retry (every 5 s),
@@ -78,8 +79,8 @@ const (
 )
 
 // PersistConsumer is persist's name in consumer_offsets and dead_letters:
-// the projection waits for its offsets, a shard writer reads them and its
-// dead letters, and the run checks wait for it.
+// a shard writer reads its offsets and its dead letters, and the run
+// checks wait for it.
 const PersistConsumer = "persist"
 
 // Config configures a Consumer.
@@ -122,6 +123,11 @@ type Config struct {
 	BatchTimeout time.Duration
 	// Tick, if set, runs after every poll (housekeeping).
 	Tick func(ctx context.Context)
+	// Salvage are the ways to write part of a record that is dead-lettered,
+	// tried in order in the dead letter's transaction: the first whose
+	// transaction commits is kept; when each fails for good, the dead
+	// letter is written alone.
+	Salvage []Salvage
 	// MaxDeadLetters caps the records dead-lettered in any minute (default
 	// 100; negative: no cap). Past it the fault is taken for systemic (a
 	// writer or schema bug, not one bad record): the consumer stops at the
@@ -130,6 +136,13 @@ type Config struct {
 
 	// KafkaOpts are appended to the consumer's options (TLS, SASL).
 	KafkaOpts []kgo.Opt
+}
+
+// Salvage is one way to write part of a record that is dead-lettered.
+type Salvage struct {
+	What string // what it writes, for the log: "its event row"
+	// Handle queues it, as Config.Handle does, for the one record.
+	Handle func(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (Queued, error)
 }
 
 // Queued is what Config.Handle queued on a batch.

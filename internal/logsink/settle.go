@@ -215,7 +215,8 @@ func (c *Consumer) setHalted(err error) {
 }
 
 // deadLetter writes r to dead_letters and moves the consumer's stored offset
-// past it, in one transaction, retrying until that works or ctx ends.
+// past it, in one transaction, with the first of Config.Salvage that can be
+// written with them, retrying until that works or ctx ends.
 func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, sqlstate string) {
 	var conv *string
 	var seq *int64
@@ -230,36 +231,37 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 		state = &sqlstate
 	}
 	text := sanitize(cause.Error())
+	salvage := c.cfg.Salvage
 	backoff := 100 * time.Millisecond
 	for {
-		err := pgx.BeginFunc(ctx, c.cfg.DB, func(tx pgx.Tx) error {
-			if err := storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r}); err != nil {
-				return err // first: see storeOffsetsSQL
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq,
-				sqlstate, error, record_key, record_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-				ON CONFLICT DO NOTHING`,
-				c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
-				return fmt.Errorf("insert dead letter: %w", err)
-			}
-			if c.cfg.Announce != "" {
-				// The offset moved: a listener waiting for it is told.
-				if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, []*kgo.Record{r})); err != nil {
-					return fmt.Errorf("dead letter: notify: %w", err)
-				}
-			}
-			return nil
-		})
+		var part *Salvage
+		if len(salvage) > 0 {
+			part = &salvage[0]
+		}
+		committed, err := c.writeDeadLetter(ctx, r, part, conv, seq, state, text)
 		if err == nil {
+			if committed != nil {
+				committed()
+			}
 			c.deadLetters.Inc()
 			c.dead.Add(1)
+			salvaged := "nothing"
+			if part != nil {
+				salvaged = part.What
+			}
 			c.cfg.Log.Error("DEAD LETTER: a record this consumer can never write was moved to dead_letters; the partition moves on",
 				"consumer", c.cfg.Consumer, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
-				"sqlstate", sqlstate, "err", cause)
+				"sqlstate", sqlstate, "err", cause, "salvaged", salvaged)
 			return
 		}
 		if ctx.Err() != nil {
 			return
+		}
+		if part != nil {
+			if class, _ := classify(err); class != transient {
+				salvage = salvage[1:] // it cannot be written either: the next way
+				continue
+			}
 		}
 		c.cfg.Log.Warn("writing a dead letter failed; retrying", "consumer", c.cfg.Consumer,
 			"partition", r.Partition, "offset", r.Offset, "err", err)
@@ -268,6 +270,56 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// writeDeadLetter is one try of deadLetter's transaction, with part (if not
+// nil) of the record written too; it returns part's Committed.
+func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Salvage, conv *string, seq *int64, state *string, text string) (func(), error) {
+	var committed func()
+	err := pgx.BeginFunc(ctx, c.cfg.DB, func(tx pgx.Tx) error {
+		if err := storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r}); err != nil {
+			return err // first: see storeOffsetsSQL
+		}
+		if part != nil {
+			var b pgx.Batch
+			q, err := part.Handle(ctx, &b, []*kgo.Record{r})
+			if err != nil {
+				return err
+			}
+			n := b.Len()
+			if err := readBatch(tx.SendBatch(ctx, &b), func(br pgx.BatchResults) error {
+				if q.Read != nil {
+					return q.Read(br)
+				}
+				for range n {
+					if _, err := br.Exec(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return fmt.Errorf("dead letter: %s: %w", part.What, err)
+			}
+			committed = q.Committed
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq,
+			sqlstate, error, record_key, record_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+			ON CONFLICT DO NOTHING`,
+			c.cfg.Consumer, r.Topic, r.Partition, r.Offset, conv, seq, state, text, r.Key, r.Value); err != nil {
+			return fmt.Errorf("insert dead letter: %w", err)
+		}
+		if c.cfg.Announce != "" {
+			// The offset moved: a listener waiting for it is told.
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, []*kgo.Record{r})); err != nil {
+				return fmt.Errorf("dead letter: notify: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return committed, nil
 }
 
 // sanitize makes s storable as Postgres text: valid UTF-8 without NUL.
