@@ -234,7 +234,7 @@ func TestComposePrometheusScrapesEveryRole(t *testing.T) {
 			}
 		}
 	}
-	roles := map[string]bool{"gateway": true, "worker": true, "persist": true, "projection": true}
+	roles := map[string]bool{"gateway": true, "worker": true, "persist": true}
 	seen := 0
 	for name, s := range c.Services {
 		if len(s.Command) == 0 || !roles[s.Command[0]] {

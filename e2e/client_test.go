@@ -552,13 +552,13 @@ func TestClientCommandLine(t *testing.T) {
 // `chatpipe client`'s read without SEQ marks the conversation read up to
 // its last seq also before the client has any of its events (as the first
 // command, before the sync at connect is done), and convs right after read
-// shows the marker just set although the read model, its projection
-// slowed here, has it only later.
+// shows the marker just set although the read model, persist slowed here,
+// has it only later.
 func TestClientReadMarker(t *testing.T) {
 	sharing(t, 10, 12)
-	dev := startDev(t, t.TempDir(), "--projection=false")
-	stacktest.StartProc(t, dev.Dir, "projection", []string{"CHATPIPE_FAULT_PROJECTION_SLEEP_BEFORE_COMMIT=300ms"},
-		"projection", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--log-level", "warn")
+	dev := startDev(t, t.TempDir(), "--persist=false")
+	stacktest.StartProc(t, dev.Dir, "persist", []string{"CHATPIPE_FAULT_PERSIST_SLEEP_BEFORE_COMMIT=300ms"},
+		"persist", "--endpoints", filepath.Join(dev.Dir, "endpoints.json"), "--log-level", "warn")
 	out := runCLI(t, dev, "alice", "create rm-1 bob carol\nsend rm-1 one\nsend rm-1 two\nquit\n")
 	if !strings.Contains(out, "accepted send to rm-1 seq 3") {
 		t.Fatalf("alice's sends were not accepted:\n%s", out)

@@ -16,8 +16,9 @@ import (
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
-// waitProjected waits until the projection has applied every event
-// Postgres holds, and Postgres holds n events.
+// waitProjected waits until Postgres holds n events and the read model
+// covers every event it holds (each conversation's last_seq is its last
+// event).
 func waitProjected(t *testing.T, ep endpoints, n int) {
 	t.Helper()
 	waitProjectedFor(t, ep, n, 90*time.Second)
@@ -46,16 +47,16 @@ func waitProjectedFor(t *testing.T, ep endpoints, n int, bound time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("projection not caught up: %d of %d events in Postgres, %d conversations behind: %s", have, n, behind, projectionBehind(ep))
+			t.Fatalf("read model not caught up: %d of %d events in Postgres, %d conversations behind: %s", have, n, behind, readModelBehind(ep))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-// projectionBehind says which conversations the projection has not
-// caught up with (up to ten: the projected and the stored last seq), then
-// the consumers' stored offsets.
-func projectionBehind(ep endpoints) string {
+// readModelBehind says which conversations the read model has not caught
+// up with (up to ten: its last_seq and the last stored seq), then persist's
+// stored offsets.
+func readModelBehind(ep endpoints) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, ep.Postgres)
@@ -408,15 +409,14 @@ func deliveryConverges(t *testing.T, dev *devProc) {
 
 // TestSecuredDeliveryConverges is TestDeliveryConverges in the secured
 // mode: pushes to devices and sync over a gateway whose link to the worker
-// is mutual TLS, from a projection and persist reading with their own
-// users. The gateway and the worker export the time left on their link
-// certificates (made valid for 24 h).
+// is mutual TLS, from persist reading with its own user. The gateway and
+// the worker export the time left on their link certificates (made valid
+// for 24 h).
 func TestSecuredDeliveryConverges(t *testing.T) {
 	sharing(t, 40, 21)
 	s := startSecuredForChecks(t)
 	s.startWorker("w1")
 	s.startRole(clustersec.RolePersist)
-	s.startRole(clustersec.RoleProjection)
 	stacktest.WaitFor(t, 60*time.Second, "w1 to register", func() bool { _, ok := stacktest.EtcdView(t, s.dev.EP).Workers["w1"]; return ok })
 	for role, url := range map[string]string{"gateway": s.dev.EP.Admin + "/metrics", "worker": stacktest.AdminURL(t, s.dev.EP, "w1")} {
 		left := time.Duration(stacktest.Metric(t, url, `chatpipe_link_cert_expiry_seconds{role="`+role+`"}`) * float64(time.Second))

@@ -267,10 +267,10 @@ func TestIsolateUnderLoad(t *testing.T) {
 	// The watcher's device converges on the log, moved records included.
 	waitProjected(t, dev.EP, len(logRows))
 
-	// The read model agrees with the log across both moves: the
-	// projection applied the conversation's events of three partitions in
-	// seq order, so every membership period — the kicked member's above
-	// all — is the log's.
+	// The read model agrees with the log across both moves: persist
+	// applied the conversation's events of three partitions in seq order,
+	// so every membership period — the kicked member's above all — is the
+	// log's.
 	if got, want := projectedPeriods(t, dev.EP)[hot], periods(mine)[hot]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("%s's membership periods in Postgres differ from the log's:\n got %v\nwant %v", hot, got, want)
 	}

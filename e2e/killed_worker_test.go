@@ -26,9 +26,9 @@ func TestKilledWriterBetweenProduceAndCommit(t *testing.T) {
 // other worker is alive: the open transactions hold their partitions' last
 // stable offset until the broker aborts them (the 5 s transaction
 // timeout), and nothing is accepted until a worker returns. Once one does,
-// it takes every vshard over, clients' sends are accepted again, persist and
-// the projection catch up within a bound, nothing accepted is lost and the
-// world check holds.
+// it takes every vshard over, clients' sends are accepted again, persist
+// (the events and the read model) catches up within a bound, nothing
+// accepted is lost and the world check holds.
 func TestKilledOnlyWorker(t *testing.T) {
 	sharing(t, 15, 24)
 	dev := startDev(t, t.TempDir(), "--workers", "0")
@@ -51,15 +51,15 @@ func TestKilledOnlyWorker(t *testing.T) {
 	resumed := time.Since(back)
 	accepted := load.Finish()
 	// The bound: the lease of the killed worker runs out (4 s), wb takes
-	// over (its markers fence and abort what is still open), and the
-	// consumers read on; with the load it sent meanwhile, well under 60 s.
+	// over (its markers fence and abort what is still open), and persist
+	// reads on; with the load it sent meanwhile, well under 60 s.
 	logRows := readLog(t, dev.EP)
 	readDB(t, dev.EP, len(logRows))
 	waitProjected(t, dev.EP, len(logRows))
 	caughtUp := time.Since(back)
-	t.Logf("%d sends accepted; after the worker returned: sends accepted again within %v, persist and the projection caught up with the log within %v", len(accepted), resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
+	t.Logf("%d sends accepted; after the worker returned: sends accepted again within %v, persist (events and read model) caught up with the log within %v", len(accepted), resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
 	if caughtUp > 60*time.Second {
-		t.Errorf("persist and the projection caught up %v after a worker returned, want within 60 s", caughtUp)
+		t.Errorf("persist caught up %v after a worker returned, want within 60 s", caughtUp)
 	}
 	checkWorld(t, dev.EP, accepted)
 }

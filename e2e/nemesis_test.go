@@ -26,15 +26,15 @@ import (
 )
 
 // TestNemesis runs a seeded random schedule of faults against a stack
-// whose roles are separate processes — three workers, persist, projection
-// and the broker beside chatpipe dev (etcd, Postgres, the gateway) — while
+// whose roles are separate processes — three workers, persist and the
+// broker beside chatpipe dev (etcd, Postgres, the gateway) — while
 // clients send, then heals everything and runs the world check
 // (internal/worldcheck): every accepted message in the log and exactly
 // once in Postgres, no seq used twice, no client_message_id stored twice,
 // and the rest of countViolationsOf. The faults: kill -9 of a
 // worker, a worker paused past its lease (so it is fenced when it
-// resumes), a graceful worker restart, kill -9 of persist or of the
-// projection, and a graceful broker restart.
+// resumes), a graceful worker restart, kill -9 of persist (which stores
+// the events and the read model), and a graceful broker restart.
 //
 // Beside the load, in three conversations of their own, an owner kicks a
 // member (or the member leaves) and joins them again over and over while
@@ -98,7 +98,7 @@ func TestNemesis(t *testing.T) {
 		return p
 	}
 	broker := startBroker()
-	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port), "--workers", "0", "--persist=false", "--projection=false",
+	dev := startDev(t, dir, "--kafka", fmt.Sprintf("127.0.0.1:%d", port), "--workers", "0", "--persist=false",
 		"--vshards", "64") // dev's own: the faults land on as many writers as a dev stack has
 	ep := filepath.Join(dev.Dir, "endpoints.json")
 	t.Cleanup(func() {
@@ -118,14 +118,12 @@ func TestNemesis(t *testing.T) {
 		}
 	}
 	procs := map[string]*proc{}
-	for _, r := range []string{"w1", "w2", "w3", "persist", "projection"} {
+	for _, r := range []string{"w1", "w2", "w3", "persist"} {
 		procs[r] = start(r)
 	}
 	t.Cleanup(func() { // (runs before the processes are stopped)
 		if t.Failed() {
-			for _, r := range []string{"persist", "projection"} {
-				t.Logf("%s's log:\n%s", procs[r].Name, stacktest.Tail(procs[r].Log))
-			}
+			t.Logf("%s's log:\n%s", procs["persist"].Name, stacktest.Tail(procs["persist"].Log))
 		}
 	})
 	stacktest.WaitFor(t, 120*time.Second, "the workers to own every vshard", func() bool {
@@ -153,22 +151,22 @@ func TestNemesis(t *testing.T) {
 	// pause moves its vshards and the resumed writer meets the fence.
 	pausedAt := map[string]time.Time{}
 	const pastLease = 12 * time.Second
-	// A consumer is killed again only once the one started after its last
+	// persist is killed again only once the one started after its last
 	// kill has been in the group for a while. The stand-in broker (kfake)
 	// may never expire a member that joined and died before it was
 	// answered, unless it was the leader (docs/reliability.md,
 	// Assumptions), so a second kill during the rebalance the first one
 	// began can leave that member holding its partitions for good; Kafka
 	// expires it after the session timeout.
-	consumerStarted := map[string]time.Time{}
-	const consumerSettle = 20 * time.Second
-	killConsumer := func(role string) bool {
-		if at, ok := consumerStarted[role]; ok && time.Since(at) < consumerSettle {
+	var persistStarted time.Time
+	const persistSettle = 20 * time.Second
+	killPersist := func() bool {
+		if !persistStarted.IsZero() && time.Since(persistStarted) < persistSettle {
 			return false
 		}
-		procs[role].Kill9()
-		procs[role] = start(role)
-		consumerStarted[role] = time.Now()
+		procs["persist"].Kill9()
+		procs["persist"] = start("persist")
+		persistStarted = time.Now()
 		return true
 	}
 	type fault struct {
@@ -176,8 +174,8 @@ func TestNemesis(t *testing.T) {
 		do   func() bool
 	}
 	// do reports whether the fault was injected (a pause of a worker
-	// already paused, a resume with no pause past the lease, or a consumer
-	// kill within consumerSettle of its last one, is not).
+	// already paused, a resume with no pause past the lease, or a kill of
+	// persist within persistSettle of its last one, is not).
 	faults := []fault{
 		{"kill -9 a worker, start it again", func() bool {
 			w := workers[rng.IntN(len(workers))]
@@ -216,8 +214,7 @@ func TestNemesis(t *testing.T) {
 			procs[w] = start(w)
 			return true
 		}},
-		{"kill -9 persist, start it again", func() bool { return killConsumer("persist") }},
-		{"kill -9 the projection, start it again", func() bool { return killConsumer("projection") }},
+		{"kill -9 persist, start it again", killPersist},
 		{"restart the broker gracefully", func() bool {
 			broker.Stop()
 			broker = startBroker()
@@ -421,7 +418,7 @@ func (r *nemesisReport) zeros() []namedCount {
 		{"stale epoch after a newer one", z.StaleEpoch}, {"unwritable conversations", z.Unwritable}}
 }
 
-// countViolations reads the committed log and Postgres (once the projection
+// countViolations reads the committed log and Postgres (once the read model
 // has caught up) and counts every violation of I1–I6 it can see in them,
 // in the accepted answers and in the devices' views after a final sync
 // (TestReconnectStorm; TestNemesis checks more with countViolationsOf).
@@ -447,7 +444,7 @@ type nemesisRun struct {
 // `chatpipe check` runs of a loadgen run and checkWorld of the other fault
 // tests) over everything run holds and counts its violations under the
 // must-be-zero counts; a violation no count takes fails the test. It
-// reads the committed log and Postgres, waits for the projection, syncs
+// reads the committed log and Postgres, waits for the read model, syncs
 // every device once more, and reads what sync and history give each
 // removed user from a new device; then the check: every accepted event in
 // the log and Postgres once, as answered; no seq collision, gap or
@@ -461,9 +458,9 @@ func countViolationsOf(t *testing.T, ep endpoints, run nemesisRun) *nemesisRepor
 	rep := &nemesisReport{Devices: len(run.devs)}
 	world := readWorld(t, ep)
 	rep.LogEvents = len(world.Log)
-	// A schedule may end with persist and the projection killed and
-	// started again: each killed member holds its partitions until its
-	// consumer group session times out (45 s), one after the other.
+	// A schedule may end with persist killed and started again: the
+	// killed member holds its partitions until its consumer group session
+	// times out (45 s).
 	waitProjectedFor(t, ep, len(world.Log), 3*time.Minute)
 
 	// Every device syncs once more (a few at a time: each sync is a

@@ -228,11 +228,11 @@ func (l advertisedListener) Addr() net.Addr { return l.addr }
 
 // TestNetworkFaultsBroker: latency, then a black hole longer than the
 // worker's commit timeout (10 s, the shard writers' per-transaction bound)
-// and the consumers' group session timeout (10 s), on the links to the
-// broker. The broker runs in this process and advertises the proxy, so
-// every Kafka connection — the worker's producers, persist's and
-// projection's consumers — goes through it (Kafka clients dial the address
-// in the metadata, not the bootstrap one).
+// and persist's group session timeout (10 s), on the links to the broker.
+// The broker runs in this process and advertises the proxy, so every Kafka
+// connection — the worker's producers, persist's consumer — goes through
+// it (Kafka clients dial the address in the metadata, not the bootstrap
+// one).
 func TestNetworkFaultsBroker(t *testing.T) {
 	sharing(t, 15, 21)
 	dir := t.TempDir()

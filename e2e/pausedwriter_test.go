@@ -106,12 +106,11 @@ func TestReversedTakeoverOrderIsCaught(t *testing.T) {
 // TestSecuredPausedWriterIsFenced is TestPausedWriterIsFenced in the
 // secured mode: the workers' transactional ids are theirs by ACL, and the
 // new owner's fencing of the paused one goes through the same broker
-// checks; persist and projection run with their own users.
+// checks; persist runs with its own user.
 func TestSecuredPausedWriterIsFenced(t *testing.T) {
 	sharing(t, 15, 37)
 	s := startSecuredForChecks(t)
 	s.startRole(clustersec.RolePersist)
-	s.startRole(clustersec.RoleProjection)
 	accepted, fenced := pausedWriterOn(t, s.dev, s.startWorker)
 	checkPausedWriterFenced(t, s.dev, accepted, fenced)
 }

@@ -25,8 +25,8 @@ import (
 // securedStack is the e2e stack in secured mode: a kfake broker serving TLS
 // with SASL and ACLs enforced, an etcd member serving TLS that wants client
 // certificates, and `chatpipe dev` running the gateway (with the gateway's
-// Kafka credentials and link certificate) against both. Workers, persist
-// and projection run as their own processes with their own credentials
+// Kafka credentials and link certificate) against both. Workers and
+// persist run as their own processes with their own credentials
 // (startRole); the gateway↔worker link is mutual TLS from the link CA that
 // `chatpipe init --link-certs` made.
 type securedStack struct {
@@ -42,12 +42,11 @@ type securedStack struct {
 // securedUsers are the SASL users of the secured broker: one per role, with
 // a mechanism each, so every mechanism kfake knows is used.
 var securedUsers = map[string]string{
-	clustersec.RoleWorker:     "SCRAM-SHA-512",
-	clustersec.RolePersist:    "SCRAM-SHA-256",
-	clustersec.RoleProjection: "PLAIN",
-	clustersec.RoleGateway:    "SCRAM-SHA-256",
-	clustersec.RoleReader:     "SCRAM-SHA-256",
-	clustersec.RoleInit:       "SCRAM-SHA-256",
+	clustersec.RoleWorker:  "SCRAM-SHA-512",
+	clustersec.RolePersist: "SCRAM-SHA-256",
+	clustersec.RoleGateway: "SCRAM-SHA-256",
+	clustersec.RoleReader:  "PLAIN",
+	clustersec.RoleInit:    "SCRAM-SHA-256",
 }
 
 // startSecured starts the secured stack. The topic is created by the
@@ -124,7 +123,7 @@ func startSecured(t *testing.T) *securedStack {
 	if err := os.MkdirAll(devDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--kafka", s.broker, "--etcd", s.etcd, "--workers", "0", "--persist=false", "--projection=false"}
+	args := []string{"--kafka", s.broker, "--etcd", s.etcd, "--workers", "0", "--persist=false"}
 	args = append(append(args, s.roleFlags(clustersec.RoleGateway)...), s.linkFlags(clustersec.RoleGateway)...)
 	s.dev = startDev(t, devDir, args...)
 	return s
@@ -240,7 +239,6 @@ func TestSecuredWritePath(t *testing.T) {
 	s := startSecured(t)
 	s.startRole(clustersec.RoleWorker)
 	s.startRole(clustersec.RolePersist)
-	s.startRole(clustersec.RoleProjection)
 
 	alice := s.dev.Dial(t, "alice")
 	alice.Must(map[string]any{"op": "create", "conversation_id": "sec", "members": []string{"bob"}})
@@ -318,7 +316,7 @@ func TestSecuredWrongCredentials(t *testing.T) {
 
 // TestSecuredLeastPrivilege: with the roles' own users, persist cannot
 // produce to the log or take a writer's transactional id, and a worker
-// cannot read or commit persist's consumer group.
+// cannot read or commit persist's consumer group's offsets, nor join it.
 func TestSecuredLeastPrivilege(t *testing.T) {
 	parallel(t)
 	s := startSecured(t)
@@ -359,12 +357,12 @@ func TestSecuredLeastPrivilege(t *testing.T) {
 	if !errors.Is(err, kerr.GroupAuthorizationFailed) {
 		t.Fatalf("worker reads persist's offsets: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
-	wg := s.roleClient(clustersec.RoleWorker, kgo.ConsumerGroup(clustersec.ProjectionGroup), kgo.ConsumeTopics(logrecord.DefaultTopic))
+	wg := s.roleClient(clustersec.RoleWorker, kgo.ConsumerGroup(clustersec.PersistGroup), kgo.ConsumeTopics(logrecord.DefaultTopic))
 	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer pcancel()
 	fs := wg.PollFetches(pctx)
 	if err := fs.Err(); !errors.Is(err, kerr.GroupAuthorizationFailed) {
-		t.Fatalf("worker joins projection's group: %v, want GROUP_AUTHORIZATION_FAILED", err)
+		t.Fatalf("worker joins persist's group: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
 	// Persist's own group is its to use.
 	pc := kadm.NewClient(s.roleClient(clustersec.RolePersist))

@@ -153,7 +153,8 @@ func readDB(t *testing.T, ep endpoints, n int) []row {
 	return out
 }
 
-// storedOffsets lists the consumers' stored offsets, for a failure message.
+// storedOffsets lists the offsets stored in consumer_offsets, for a
+// failure message.
 func storedOffsets(ep endpoints) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -12,7 +12,7 @@ import (
 	"github.com/chatpipe/chatpipe/protocol"
 )
 
-// The feed pushes in bursts. After the projection or persist was down for a
+// The feed pushes in bursts. After persist was down for a
 // while, one read of the outbox carries everything that piled up, often more
 // frames for one user than a send buffer holds, to devices that read as fast
 // as they can. Closing them all would answer an outage with a reconnect

@@ -13,7 +13,7 @@ import (
 // Read-your-writes: after one of a session's writes is accepted at seq N in
 // a conversation, that session's history, sync and conversations include
 // it. The write is committed to the log when it is accepted, but the read
-// model (persist, then the projection) applies it a little later; a read
+// model (persist) applies it a little later; a read
 // that comes first waits, at most Config.ReadYourWrites, until the read
 // model covers N, and is answered unavailable with retry_after_ms if it
 // does not in time. Only the session's own writes are waited for: other

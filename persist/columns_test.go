@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/projection"
 )
 
 // TestDecodeColumns: each event becomes one row of the columns, in record
@@ -27,8 +28,12 @@ func TestDecodeColumns(t *testing.T) {
 	recs := []*kgo.Record{record(t, create, 10), record(t, takeover, 11), record(t, msg, 12), record(t, join, 13)}
 	recs[3].Partition = 5
 
+	events, err := projection.Decode(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var c columns
-	if err := c.decode(recs); err != nil {
+	if err := c.decode(recs, events); err != nil {
 		t.Fatal(err)
 	}
 	if c.len() != 3 {
@@ -72,8 +77,7 @@ func TestDecodeStopsAtUnreadableRecord(t *testing.T) {
 		{[]byte(`{"v":99,"kind":"message","conversation_id":"c1","seq":2}`), logrecord.ErrUnsupportedVersion},
 	} {
 		recs := []*kgo.Record{record(t, message("c1", 1, "m1", "k1"), 0), {Partition: 2, Offset: 7, Value: c.value}}
-		var cols columns
-		err := cols.decode(recs)
+		_, err := projection.Decode(recs)
 		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), "2/7") {
 			t.Errorf("decode(%s) = %v, want %v at 2/7", c.value, err, c.want)
 		}

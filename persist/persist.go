@@ -1,9 +1,11 @@
-// Package persist copies the committed log into Postgres, exactly once.
+// Package persist copies the committed log into Postgres, exactly once:
+// its events, and the read model they make (package projection).
 //
 // It is a read_committed consumer group member. Each poll's records are
-// written in one Postgres transaction together with the next offset of
-// every partition they came from; on (re)assignment it starts from the
-// offsets stored in Postgres, never from Kafka's committed group offsets.
+// written in one Postgres transaction together with their read-model
+// changes and the next offset of every partition they came from; on
+// (re)assignment it starts from the offsets stored in Postgres, never from
+// Kafka's committed group offsets.
 // Inserts skip rows that exist (a replay after a crash); a row whose
 // (conversation_id, seq) or (conversation_id, client_message_id) is taken by
 // a different message is a broken invariant: it is counted, logged loudly
@@ -11,8 +13,10 @@
 //
 // A record it can never write (Postgres refuses a value, e.g. a NUL byte in
 // a body, or the record is not a record of any version) goes to
-// dead_letters and the partition moves on; a record of a newer schema
-// version stops it until it is upgraded (logsink decides both).
+// dead_letters and the partition moves on, with what can be written of it:
+// its read-model changes (a kick whose row cannot be stored still ends the
+// membership), else its event row. A record of a newer schema version stops
+// it until it is upgraded (logsink decides both).
 package persist
 
 import (
@@ -33,6 +37,7 @@ import (
 	"github.com/chatpipe/chatpipe/internal/logsink"
 	"github.com/chatpipe/chatpipe/internal/pglisten"
 	"github.com/chatpipe/chatpipe/logrecord"
+	"github.com/chatpipe/chatpipe/projection"
 )
 
 // Config configures a Persister.
@@ -44,8 +49,9 @@ type Config struct {
 	DB       *pgxpool.Pool
 	MaxBatch int // records per Postgres transaction (default 5000)
 	// Pace is the consumer's group commit (logsink.Pace; zero: defaults).
-	Pace logsink.Pace
-	Log  *slog.Logger
+	Pace   logsink.Pace
+	Retain time.Duration // how long delivery rows are kept (default projection.DefaultRetain)
+	Log    *slog.Logger
 
 	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
 }
@@ -65,6 +71,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 5000
+	}
+	if c.Retain <= 0 {
+		c.Retain = projection.DefaultRetain
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -88,6 +97,8 @@ type Persister struct {
 	batchSize    prometheus.Histogram
 	batchSeconds prometheus.Histogram
 	consumer     *logsink.Consumer
+	readModel    *projection.ReadModel
+	eventsOnly   bool // write the event rows alone (a rebuild's first pass)
 }
 
 // New returns a Persister; Run starts it.
@@ -95,23 +106,29 @@ func New(cfg Config) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newPersister(cfg, cfg.DB, faultSleepBeforeCommit), nil
+	return newPersister(cfg, cfg.DB, faultSleepBeforeCommit, false), nil
 }
 
 // newPersister is New on a validated cfg, writing through db (cfg.DB, or a
 // stand-in in tests) with each transaction held open hold before its
-// commit (fault tests).
-func newPersister(cfg Config, db logsink.DB, hold time.Duration) *Persister {
-	p := &Persister{cfg: cfg,
+// commit (fault tests); eventsOnly writes the event rows alone (a
+// rebuild's first pass).
+func newPersister(cfg Config, db logsink.DB, hold time.Duration, eventsOnly bool) *Persister {
+	p := &Persister{cfg: cfg, readModel: projection.New(), eventsOnly: eventsOnly,
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
+	salvage := []logsink.Salvage{{What: "its read-model changes", Handle: p.readModel.Handle}, {What: "its event row", Handle: p.handleEvents}}
+	if eventsOnly {
+		salvage = salvage[1:]
+	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle,
+		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim,
+		Salvage:  salvage,
 		Announce: pglisten.Persisted, HoldBeforeCommit: hold},
-		"chatpipe_persist", "Records of a partition not yet in Postgres, as of the last fetch.")
+		"chatpipe_persist", "Records of a partition not yet in Postgres (events and read model), as of the last fetch.")
 	return p
 }
 
@@ -136,7 +153,14 @@ func (p *Persister) Collectors() []prometheus.Collector {
 		counter("chatpipe_persist_skipped_total", "Events already stored (replayed after a restart).", &p.stats.Skipped),
 		counter("chatpipe_persist_seq_conflicts_total", "Events whose seq or client_message_id is held by another message: broken invariants.", &p.stats.Conflicts),
 		p.batchSize, p.batchSeconds,
-	}, p.consumer.Collectors()...)
+	}, append(p.consumer.Collectors(), p.readModel.Collectors()...)...)
+}
+
+// trim deletes delivery rows older than Retain, once a minute.
+func (p *Persister) trim(ctx context.Context) {
+	if err := p.readModel.Trim(ctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
+		p.cfg.Log.Warn("persist: trimming the delivery outbox failed", "err", err)
+	}
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
@@ -203,10 +227,11 @@ func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
 // DeadLetters is the number of records dead-lettered by this Persister.
 func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 
-// handle queues one poll's rows on b; logsink queues the partitions' next
-// offsets and the announcement on pglisten.Persisted after them and sends
-// it all as one transaction, in one round trip. Once it is committed, the
-// rows are counted, the conflicts logged and the batch timed.
+// handle queues one poll's rows and their read-model changes on b; logsink
+// queues the partitions' next offsets before them and the announcement on
+// pglisten.Persisted after them and sends it all as one transaction, in one
+// round trip. Once it is committed, the rows are counted, the conflicts
+// logged and the batch timed.
 //
 // ON CONFLICT DO NOTHING has no target on purpose: events has two unique
 // keys and a clash on either must neither abort the batch (which would stall
@@ -214,9 +239,46 @@ func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 // compared with the row holding its (conversation_id, seq) and any
 // difference is reported as a conflict.
 func (p *Persister) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
+	if p.eventsOnly {
+		return p.handleEvents(ctx, b, recs)
+	}
+	events, err := projection.Decode(recs)
+	if err != nil {
+		// Never skipped: a newer version stops persist until it is
+		// upgraded, a malformed record becomes a dead letter (logsink).
+		return logsink.Queued{}, fmt.Errorf("persist: %w", err)
+	}
+	rows, err := p.queueEvents(b, recs, events)
+	if err != nil {
+		return logsink.Queued{}, err
+	}
+	model := p.readModel.Queue(b, events)
+	return logsink.Queued{
+		Read: func(br pgx.BatchResults) error {
+			if err := rows.Read(br); err != nil {
+				return err
+			}
+			return model.Read(br)
+		},
+		Committed: func() { rows.Committed(); model.Committed() },
+	}, nil
+}
+
+// handleEvents queues recs' event rows alone (a dead-lettered record's,
+// when its read-model changes cannot be written).
+func (p *Persister) handleEvents(_ context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
+	events, err := projection.Decode(recs)
+	if err != nil {
+		return logsink.Queued{}, fmt.Errorf("persist: %w", err)
+	}
+	return p.queueEvents(b, recs, events)
+}
+
+// queueEvents queues the event rows of recs (decoded: events) on b.
+func (p *Persister) queueEvents(b *pgx.Batch, recs []*kgo.Record, events []*logrecord.Event) (logsink.Queued, error) {
 	start := time.Now()
 	var cols columns
-	if err := cols.decode(recs); err != nil {
+	if err := cols.decode(recs, events); err != nil {
 		return logsink.Queued{}, err
 	}
 	if cols.len() > 0 {
@@ -292,9 +354,9 @@ type columns struct {
 
 func (c *columns) len() int { return len(c.conv) }
 
-// decode decodes each record once and appends its event to the columns;
-// takeover markers are no rows.
-func (c *columns) decode(recs []*kgo.Record) error {
+// decode appends each record's event (events[i] is recs[i] decoded) to the
+// columns; takeover and read markers are no rows.
+func (c *columns) decode(recs []*kgo.Record, events []*logrecord.Event) error {
 	// Three allocations, not fifteen: the columns of a type share one
 	// array, each capped to its part of it.
 	n := len(recs)
@@ -306,13 +368,8 @@ func (c *columns) decode(recs []*kgo.Record) error {
 		conv: str(0), kind: str(1), mid: str(2), cmid: str(3), sender: str(4), body: str(5), user: str(6), members: str(7), verdicts: str(8),
 		seq: i64(0), epoch: i64(1), offset: i64(2), created: make([]time.Time, 0, n), vshard: i32(0), part: i32(1), to: i32(2),
 	}
-	for _, r := range recs {
-		e, err := logrecord.Unmarshal(r.Value)
-		if err != nil {
-			// Never skipped: a newer version stops persist until it is
-			// upgraded, a malformed record becomes a dead letter (logsink).
-			return fmt.Errorf("persist: record at %d/%d: %w", r.Partition, r.Offset, err)
-		}
+	for i, r := range recs {
+		e := events[i]
 		if !e.HasSeq() {
 			continue // a takeover or read marker: the projection keeps markers
 		}

@@ -431,7 +431,7 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 			if err := cfg.validate(); err != nil {
 				t.Fatal(err)
 			}
-			slow, other := newPersister(cfg, held, 0), newTestPersister(t, db)
+			slow, other := newPersister(cfg, held, 0, false), newTestPersister(t, db)
 			recs := []*kgo.Record{
 				record(t, message("c1", 1, "m-a", "k-a"), 1),
 				record(t, message("c1", 2, "m-b", "k-b"), 2),
@@ -475,5 +475,66 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 				t.Errorf("persist offsets = %v, %v; want partition 0 at 3", offs, err)
 			}
 		})
+	}
+}
+
+// TestWriteAppliesTheReadModel: a batch's events and its read-model changes
+// (membership periods, the conversation's last seq, the delivery row) are
+// written in the one transaction that stores the offsets.
+func TestWriteAppliesTheReadModel(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	at := time.Unix(1, 0).UTC()
+	create := &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u2"}, CreatedAt: at}
+	leave := &logrecord.Event{Kind: logrecord.KindLeave, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u2", UserID: "u2", CreatedAt: at}
+	if err := p.Write(ctx, []*kgo.Record{record(t, create, 0), record(t, message("c1", 2, "m2", "k2"), 1), record(t, leave, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := db.QueryRow(ctx, `SELECT (SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events) || ' | ' ||
+		(SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships) || ' | ' ||
+		(SELECT last_seq::text FROM conversations WHERE conversation_id = 'c1') || ' | ' ||
+		(SELECT string_agg(array_to_string(from_seqs, ',') || '-' || array_to_string(to_seqs, ','), ' ') FROM delivery_outbox)`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := "1 2 3 | u1:1-open u2:1-3 | 3 | 1-3"; got != want {
+		t.Errorf("events | memberships | last seq | delivery = %q, want %q", got, want)
+	}
+}
+
+// TestKickPersistCannotStoreStillEndsTheMembership: a kick whose event row
+// Postgres refuses (a NUL byte in its message id) is dead-lettered, and its
+// read-model changes are written with the dead letter: the kicked user is no
+// longer a member, and the conversation's last seq and delivery row move past
+// it. The records around it are written as usual.
+func TestKickPersistCannotStoreStillEndsTheMembership(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	at := time.Unix(1, 0).UTC()
+	create := &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u2"}, CreatedAt: at}
+	kick := &logrecord.Event{Kind: logrecord.KindKick, ConversationID: "c1", Seq: 2, MessageID: "m\x002", Sender: "u1", UserID: "u2", CreatedAt: at}
+	if err := p.Settle(ctx, []*kgo.Record{record(t, create, 0), record(t, kick, 1), record(t, message("c1", 3, "m3", "k3"), 2)}); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := db.QueryRow(ctx, `SELECT (SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events) || ' | ' ||
+		(SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships) || ' | ' ||
+		(SELECT last_seq::text FROM conversations WHERE conversation_id = 'c1') || ' | ' ||
+		(SELECT string_agg(log_offset::text || ' ' || consumer, ',') FROM dead_letters)`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := "1 3 | u1:1-open u2:1-2 | 3 | 1 persist"; got != want {
+		t.Errorf("events | memberships | last seq | dead letters = %q, want %q", got, want)
+	}
+	var covered bool
+	if err := db.QueryRow(ctx, `SELECT bool_and(EXISTS (SELECT 1 FROM delivery_outbox o, unnest(o.from_seqs, o.to_seqs) AS r(f, t) WHERE s BETWEEN f AND t))
+		FROM generate_series(1, 3) AS s`).Scan(&covered); err != nil || !covered {
+		t.Errorf("delivery rows cover seqs 1–3: %v, %v", covered, err)
+	}
+	offs, err := logsink.Offsets(ctx, db, "persist", logrecord.DefaultTopic)
+	if err != nil || offs[0] != 3 {
+		t.Errorf("persist offsets = %v, %v; want partition 0 at 3", offs, err)
 	}
 }

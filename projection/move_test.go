@@ -34,7 +34,8 @@ func movedConversation() (old, moved []*logrecord.Event) {
 }
 
 // storeAsPersist writes events into events (partition part, offsets from
-// 0) and persist's offset past them, as persist would have.
+// 0) and persist's offset past them, as persist, or a rebuild's first
+// pass, stores them.
 func storeAsPersist(t *testing.T, ctx context.Context, db *pgxpool.Pool, part int32, evs []*logrecord.Event) []*kgo.Record {
 	t.Helper()
 	recs := make([]*kgo.Record, len(evs))
@@ -69,8 +70,9 @@ func periods(t *testing.T, ctx context.Context, db *pgxpool.Pool) string {
 }
 
 // TestMovedConversationProjectsInSeqOrder: after a move a conversation's
-// events are on two partitions, which the projection may apply in either
-// order, or together in one batch with the new partition's records first.
+// events are on two partitions, which a rebuild projects in the order it
+// reads them: either first, or together in one batch with the new
+// partition's records first.
 // Whatever the order, the membership periods are those of the events in
 // seq order: u3, kicked at 6 on the new partition, is not left a member by
 // the old partition's join at 2 applied after it.

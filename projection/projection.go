@@ -1,28 +1,27 @@
-// Package projection maintains the read model of the committed log in
-// Postgres, exactly once: membership periods, each conversation's last seq
-// and activity time (a user's conversation list), and the delivery outbox
-// that tells gateways which events to push.
+// Package projection is the read model of the committed log in Postgres:
+// membership periods, each conversation's last seq and activity time (a
+// user's conversation list), read markers, and the delivery outbox that
+// tells gateways which events to push.
 //
-// It is a read_committed consumer group member like persist, with its own
-// group and its own rows in consumer_offsets, written in the same
-// transaction as the read model. It never gets ahead of persist: a batch is
-// applied only once persist has stored every record in it, so a delivery
-// row always names events that are already in Postgres (docs/architecture.md,
-// rule 12), and sync and history, which never read past a conversation's
-// projected last_seq, agree with the membership periods they check.
+// persist applies it: each batch's read-model changes go into the same
+// Postgres transaction as the batch's events and its stored offsets, in one
+// round trip. So a delivery row never names an event that is not in
+// Postgres (docs/architecture.md, rule 12), the read model is exactly as far
+// along the log as events, and sync and history, which never read past a
+// conversation's projected last_seq, agree with the membership periods they
+// check. This package plans and queues those changes; it reads nothing
+// itself and owns no consumer.
 package projection
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -32,242 +31,106 @@ import (
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
-// Config configures a Projector.
-type Config struct {
-	Brokers  []string
-	Topic    string
-	Group    string // consumer group (default chatpipe-projection)
-	Consumer string // name in consumer_offsets (default projection)
-	After    string // consumer whose stored offsets this one waits for (default persist)
-	DB       *pgxpool.Pool
-	MaxBatch int // records per transaction (default 5000)
-	// Pace is the consumer's group commit (logsink.Pace; zero: defaults).
-	Pace   logsink.Pace
-	Retain time.Duration // how long delivery rows are kept (default 1 h)
-	Log    *slog.Logger
+// DefaultRetain is how long delivery rows are kept by default.
+const DefaultRetain = time.Hour
 
-	KafkaOpts []kgo.Opt // appended to the consumer's options (TLS, SASL)
-	// NoListen: do not LISTEN for persist's commits (for connection
-	// poolers that do not pass LISTEN through); waiting for persist then
-	// only polls.
-	NoListen bool
+// ReadModel queues the read model's changes for batches of the log and
+// counts what it applied. Its zero value is not usable; New makes one.
+type ReadModel struct {
+	batches, events, memberOps, reads atomic.Int64
+	batchSeconds                      prometheus.Histogram
+	lastTrim                          time.Time
 }
 
-func (c *Config) validate() error {
-	if len(c.Brokers) == 0 || c.DB == nil {
-		return errors.New("projection: Brokers and DB are required")
-	}
-	if c.Topic == "" {
-		c.Topic = logrecord.DefaultTopic
-	}
-	if c.Group == "" {
-		c.Group = "chatpipe-projection"
-	}
-	if c.Consumer == "" {
-		c.Consumer = "projection"
-	}
-	if c.After == "" {
-		c.After = logsink.PersistConsumer
-	}
-	if c.MaxBatch <= 0 {
-		c.MaxBatch = 5000
-	}
-	if c.Retain <= 0 {
-		c.Retain = time.Hour
-	}
-	if c.Log == nil {
-		c.Log = slog.Default()
-	}
-	return nil
-}
-
-// Projector is one member of the projection consumer group.
-type Projector struct {
-	cfg Config
-
-	batches, events, memberOps, waits, reads atomic.Int64
-	batchSeconds                             prometheus.Histogram
-	waitSeconds                              prometheus.Histogram
-	consumer                                 *logsink.Consumer
-	lastTrim                                 time.Time
-	offsetReads                              atomic.Int64
-
-	// persisted holds persist's stored next offsets as far as the
-	// projector knows them (from its announcements and its own reads of
-	// consumer_offsets): a batch they cover needs no read.
-	persisted *logsink.Announced
-}
-
-// New returns a Projector; Run starts it.
-func New(cfg Config) (*Projector, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	p := &Projector{cfg: cfg, persisted: logsink.NewAnnounced(cfg.Topic),
+// New returns a ReadModel.
+func New() *ReadModel {
+	return &ReadModel{
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
-			Help: "Time to apply one batch (one Postgres transaction), waiting for persist excluded.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_persist_wait_seconds",
-			Help: "Time a batch waited for persist to store its records.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+			Help: "Time to plan one batch's read-model changes and commit them with persist's transaction.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
-	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: cfg.DB, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim, HoldBeforeCommit: faultSleepBeforeCommit},
-		"chatpipe_projection", "Records of a partition not yet projected, as of the last fetch.")
-	return p, nil
 }
 
-// Collectors returns the projector's Prometheus metrics.
-func (p *Projector) Collectors() []prometheus.Collector {
+// Collectors returns the read model's Prometheus metrics.
+func (p *ReadModel) Collectors() []prometheus.Collector {
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
-	return append([]prometheus.Collector{
-		counter("chatpipe_projection_batches_total", "Postgres transactions written.", &p.batches),
-		counter("chatpipe_projection_events_total", "Events applied.", &p.events),
+	return []prometheus.Collector{
+		counter("chatpipe_projection_batches_total", "Batches whose read-model changes were committed.", &p.batches),
+		counter("chatpipe_projection_events_total", "Events applied to the read model.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
-		counter("chatpipe_projection_persist_waits_total", "Batches that had to wait for persist.", &p.waits),
-		counter("chatpipe_projection_persist_offset_reads_total", "Reads of persist's stored offsets (a batch its announcements cover needs none).", &p.offsetReads),
 		counter("chatpipe_projection_read_markers_total", "Read markers applied (one per conversation and user per batch; a lower one than stored changes nothing).", &p.reads),
-		p.batchSeconds, p.waitSeconds,
-	}, p.consumer.Collectors()...)
-}
-
-// CaughtUp reports whether the projector has joined its group and no
-// partition lagged by more than maxLag records at its last fetch.
-func (p *Projector) CaughtUp(maxLag int64) error { return p.consumer.CaughtUp(maxLag) }
-
-// Degraded describes the projection's dead letters, "" if there are none.
-func (p *Projector) Degraded(ctx context.Context) string { return p.consumer.Degraded(ctx) }
-
-// Run consumes until ctx ends.
-func (p *Projector) Run(ctx context.Context) error {
-	if !p.cfg.NoListen && p.cfg.After == logsink.PersistConsumer {
-		lctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); p.listen(lctx) }()
-		defer func() { cancel(); <-done }()
-	}
-	return p.consumer.Run(ctx)
-}
-
-// listen follows persist's announcements until ctx ends. Without it (or
-// while it reconnects) waitForPersist polls.
-func (p *Projector) listen(ctx context.Context) {
-	p.persisted.Listen(ctx, p.cfg.DB, pglisten.Persisted, p.cfg.Log,
-		"projection: LISTEN connection lost; polling for persist until it is back")
-}
-
-// trim deletes delivery rows older than Retain, once a minute.
-func (p *Projector) trim(ctx context.Context) {
-	if time.Since(p.lastTrim) < time.Minute {
-		return
-	}
-	p.lastTrim = time.Now()
-	if _, err := p.cfg.DB.Exec(ctx, `DELETE FROM delivery_outbox WHERE created_at < now() - $1::interval`,
-		strconv.FormatInt(int64(p.cfg.Retain/time.Second), 10)+" seconds"); err != nil && ctx.Err() == nil {
-		p.cfg.Log.Warn("projection: trimming the delivery outbox failed", "err", err)
+		p.batchSeconds,
 	}
 }
 
-// handle decodes the batch, waits until persist has stored it, then queues
-// its changes on b (logsink adds the offsets and commits). Decoding comes
-// first so that a record this build cannot read stops the projection itself
-// (visibly), not only persist.
-func (p *Projector) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
+// Decode decodes a batch's records. A record this build cannot read is an
+// error: a newer version stops the consumer until it is upgraded, a
+// malformed record becomes a dead letter (logsink).
+func Decode(recs []*kgo.Record) ([]*logrecord.Event, error) {
 	events := make([]*logrecord.Event, 0, len(recs))
 	for _, r := range recs {
 		e, err := logrecord.Unmarshal(r.Value)
 		if err != nil {
-			// Never skipped: a newer version stops the projection until it
-			// is upgraded, a malformed record becomes a dead letter (logsink).
-			return logsink.Queued{}, fmt.Errorf("projection: record at %d/%d: %w", r.Partition, r.Offset, err)
+			return nil, fmt.Errorf("record at %d/%d: %w", r.Partition, r.Offset, err)
 		}
 		events = append(events, e)
 	}
-	if err := p.faultHold(ctx, recs); err != nil {
-		return logsink.Queued{}, err
-	}
-	// A record persist dead-lettered is covered by its stored offset like
-	// any other: the projection applies what it can read of it.
-	if err := p.waitForPersist(ctx, logsink.NextOffsets(recs)); err != nil {
-		return logsink.Queued{}, err
-	}
-	return p.queue(b, events), nil
+	return events, nil
 }
 
-// listenPoll is how long waitForPersist waits for an announcement while
-// listening before it reads consumer_offsets anyway.
-const listenPoll = time.Second
-
-// waitForPersist returns once persist's stored offsets reach next for every
-// partition of the batch. Persist's announcements usually say so already.
-// consumer_offsets is read when they cannot: while not listening (then
-// polling, backing off), once after each LISTEN or an announcement without
-// offsets, and after listenPoll without one.
-func (p *Projector) waitForPersist(ctx context.Context, next map[int32]int64) error {
-	start := time.Now()
-	waited, timedOut := false, false
-	delay := 2 * time.Millisecond
-	for {
-		if !p.persisted.Covered(next) && (timedOut || p.persisted.Stale()) {
-			have, err := logsink.Offsets(ctx, p.cfg.DB, p.cfg.After, p.cfg.Topic)
-			if err != nil {
-				p.persisted.MarkStale()
-				return fmt.Errorf("projection: %w", err)
-			}
-			p.offsetReads.Add(1)
-			p.persisted.Learn(have)
-		}
-		if p.persisted.Covered(next) {
-			if waited {
-				p.waits.Add(1)
-				p.waitSeconds.Observe(time.Since(start).Seconds())
-			}
-			return nil
-		}
-		waited = true
-		// Woken by persist's commit notification, or polling (backing off)
-		// when none comes: a notification that came before the read above
-		// is still queued, so none is missed.
-		wait := delay
-		if p.persisted.Listening() {
-			wait = listenPoll
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return ctx.Err()
-		case <-p.persisted.Woken():
-			timedOut = false
-		case <-timer.C:
-			timedOut = true
-		}
-		timer.Stop()
-		delay = min(delay*2, 50*time.Millisecond)
+// Handle queues the read-model changes of recs on b, alone: a
+// logsink.Config.Handle (persist uses Queue within its own; this applies a
+// dead-lettered record's read model, and tests apply batches with it).
+func (p *ReadModel) Handle(_ context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
+	events, err := Decode(recs)
+	if err != nil {
+		return logsink.Queued{}, fmt.Errorf("projection: %w", err)
 	}
+	return p.Queue(b, events), nil
+}
+
+// Execer is what Trim needs: a pool or a connection.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Trim deletes delivery rows older than retain, at most once a minute; it
+// returns at once otherwise.
+func (p *ReadModel) Trim(ctx context.Context, db Execer, retain time.Duration) error {
+	if time.Since(p.lastTrim) < time.Minute {
+		return nil
+	}
+	p.lastTrim = time.Now()
+	if _, err := db.Exec(ctx, `DELETE FROM delivery_outbox WHERE created_at < now() - $1::interval`,
+		strconv.FormatInt(int64(retain/time.Second), 10)+" seconds"); err != nil {
+		return fmt.Errorf("projection: trimming the delivery outbox: %w", err)
+	}
+	return nil
 }
 
 // Statements of a batch, in the order apply queues them.
 const (
 	// gapSQL keeps the rule that a conversation's membership periods are
 	// those of its events in seq order, through every seq up to its
-	// projected last_seq, when a move spreads its events over two
-	// partitions that the projection may apply in either order. For each
-	// conversation of the batch ($1/$2: one row per event with a seq)
-	// whose seqs after its projected last_seq leave a hole below the
-	// batch's highest seq (hi) — a newer partition applied before the
-	// older one's tail — it writes every period from the events persist
-	// stored up to hi. Those are all there: the vshard a conversation
+	// projected last_seq, when a batch's seqs after a conversation's
+	// projected last_seq leave a hole below the batch's highest seq (hi).
+	// While persist runs, a move leaves none: the vshard a conversation
 	// moved to decides nothing for it until Postgres holds its moved
-	// record, and persist stores each partition in log order, so every
-	// earlier seq was stored before the first one on the new partition
-	// was written; and the projection applies a batch only once persist
-	// stored it. The batch's own changes then apply over it (they are
-	// idempotent), and the older partition's tail, applied later, changes
-	// nothing. The periods it writes are readmodel.LogPeriods's, the one
-	// definition of the rule, done here in SQL so that the fill stays in
-	// the batch's one round trip; TestGapFillMatchesLogPeriods holds the
-	// two together.
+	// record, and persist stores and projects each partition in log order
+	// in one transaction, so the old partition's tail is projected before
+	// the first event on the new one is written. A hole comes from a
+	// rebuild, which projects a log whose events are all stored already
+	// with the partitions' records interleaved as they are read, or from a
+	// record dead-lettered whole. For each conversation of the batch
+	// ($1/$2: one row per event with a seq) with a hole, it writes every
+	// period from the events stored up to hi: the batch's own, queued
+	// before it, and every earlier one persist stored. The batch's own
+	// changes then apply over it (they are idempotent), and an older
+	// partition's tail, applied later, changes nothing. The periods it
+	// writes are readmodel.LogPeriods's, the one definition of the rule,
+	// done here in SQL so that the fill stays in the batch's one round
+	// trip; TestGapFillMatchesLogPeriods holds the two together.
 	gapSQL = `WITH b AS (
 		  SELECT * FROM unnest($1::text[], $2::bigint[]) AS b(c, s)
 		), per AS (
@@ -340,11 +203,11 @@ const (
 		SELECT pg_notify($4, id::text) FROM outbox`
 )
 
-// queue queues one batch's read-model changes (events are its records
-// decoded) and its delivery row on b; logsink queues the partitions' next
-// offsets after them and sends it all as one transaction, in one round
-// trip.
-func (p *Projector) queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
+// Queue queues one batch's read-model changes (events are its records
+// decoded, in offset order per partition) and its delivery row on b, to be
+// sent with the rest of the batch's transaction; the Queued reads their
+// results, in order, and counts them once committed.
+func (p *ReadModel) Queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
 	start := time.Now()
 	plan := readmodel.PlanBatch(events)
 	gap := len(plan.Seqs) > 0

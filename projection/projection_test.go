@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/logsink"
@@ -22,13 +21,22 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func newTestProjector(t *testing.T, db *pgxpool.Pool) *Projector {
+// testProjector applies batches to the read model alone, through a logsink
+// consumer as persist does (offsets first, one transaction).
+type testProjector struct {
+	consumer *logsink.Consumer
+	model    *ReadModel
+}
+
+// testConsumer is the test projector's name in consumer_offsets.
+const testConsumer = "read-model-test"
+
+func newTestProjector(t testing.TB, db logsink.DB) *testProjector {
 	t.Helper()
-	p, err := New(Config{Brokers: []string{"127.0.0.1:1"}, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	m := New()
+	c := logsink.New(logsink.Config{Brokers: []string{"127.0.0.1:1"}, Topic: logrecord.DefaultTopic, Consumer: testConsumer, DB: db,
+		Handle: m.Handle, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, "test_projection", "lag")
+	return &testProjector{consumer: c, model: m}
 }
 
 func rec(t *testing.T, e *logrecord.Event, off int64) *kgo.Record {
@@ -40,36 +48,9 @@ func rec(t *testing.T, e *logrecord.Event, off int64) *kgo.Record {
 	return &kgo.Record{Topic: logrecord.DefaultTopic, Partition: 0, Offset: off, Value: b}
 }
 
-// TestDeadLetteredByPersistDoesNotHang: persist dead-lettered the record at
-// offset 1 (a NUL in its body) and stored its offset past it; the
-// projection sees the batch covered and applies it.
-func TestDeadLetteredByPersistDoesNotHang(t *testing.T) {
-	db := pgtest.DB(t, pgtest.Options{}) // before the clock starts: a cold Postgres may take a while
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 3)`,
-		logrecord.DefaultTopic); err != nil {
-		t.Fatal(err)
-	}
-	at := time.Unix(1, 0).UTC()
-	recs := []*kgo.Record{
-		rec(t, &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u1"}, CreatedAt: at}, 0),
-		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 2, MessageID: "m2", Sender: "u1", Body: "a\x00b", CreatedAt: at}, 1),
-		rec(t, &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: "c1", Seq: 3, MessageID: "m3", Sender: "u1", Body: "ok", CreatedAt: at}, 2),
-	}
-	p := newTestProjector(t, db)
-	if err := p.consumer.Write(ctx, recs); err != nil {
-		t.Fatal(err)
-	}
-	var last int64
-	if err := db.QueryRow(ctx, `SELECT last_seq FROM conversations WHERE conversation_id = 'c1'`).Scan(&last); err != nil || last != 3 {
-		t.Errorf("last_seq = %d, %v; want 3", last, err)
-	}
-}
-
 // TestNewerVersionStopsProjection: a record of a newer schema version fails
-// the batch at once (the projection stops visibly, not only waiting behind
-// persist), and nothing is applied.
+// the batch (the consumer stops there until it is upgraded), and nothing
+// is applied.
 func TestNewerVersionStopsProjection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -102,10 +83,6 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	}
 	defer listener.Release()
 	if _, err := listener.Exec(ctx, "LISTEN "+pglisten.Delivery); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
-		logrecord.DefaultTopic); err != nil {
 		t.Fatal(err)
 	}
 	at := time.Unix(1, 0).UTC()
@@ -148,9 +125,9 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	if err != nil || n.Channel != pglisten.Delivery || n.Payload != "1" {
 		t.Errorf("notification = %+v, %v; want %s 1", n, err, pglisten.Delivery)
 	}
-	offs, err := logsink.Offsets(ctx, db, "projection", logrecord.DefaultTopic)
+	offs, err := logsink.Offsets(ctx, db, testConsumer, logrecord.DefaultTopic)
 	if err != nil || offs[0] != 4 {
-		t.Errorf("projection offsets = %v, %v; want partition 0 at 4", offs, err)
+		t.Errorf("stored offsets = %v, %v; want partition 0 at 4", offs, err)
 	}
 
 	// A second batch takes the next id.
@@ -163,18 +140,13 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 	}
 }
 
-// TestBatchIsOneRoundTrip: a batch persist is known to have stored (here
-// from the first batch's read of persist's offsets; in a running pipeline
-// from persist's announcements) costs one round trip: the batch (read
-// model, delivery row, offsets, commit).
+// TestBatchIsOneRoundTrip: a batch's read-model changes cost no round trip
+// of their own: the batch (read model, delivery row, offsets, commit) is
+// one, and persist sends its event rows in the same one.
 func TestBatchIsOneRoundTrip(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	base := pgtest.DB(t, pgtest.Options{})
-	if _, err := base.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
-		logrecord.DefaultTopic); err != nil {
-		t.Fatal(err)
-	}
 	var writes atomic.Int64
 	db := countingPool(t, base, &writes)
 	p := newTestProjector(t, db)
@@ -202,10 +174,6 @@ func TestReadMarkers(t *testing.T) {
 	db := pgtest.DB(t, pgtest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := db.Exec(ctx, `INSERT INTO consumer_offsets (consumer, topic, log_partition, next_offset) VALUES ('persist', $1, 0, 100)`,
-		logrecord.DefaultTopic); err != nil {
-		t.Fatal(err)
-	}
 	at := time.Unix(1, 0).UTC()
 	read := func(user string, seq, off int64) *kgo.Record {
 		return rec(t, &logrecord.Event{Kind: logrecord.KindRead, ConversationID: "c1", Sender: user, UserID: user, ReadSeq: seq, CreatedAt: at}, off)

@@ -46,10 +46,11 @@
 //	            or was kicked), kicks, joins and leaves (keyed three times in
 //	            four), and sends to conversations nobody created (refused:
 //	            writers remember verdicts for many conversations).
-//	projection.go the projection and its read model (projection/projection.go):
-//	            one transaction per batch of one partition or several, taken
+//	projection.go the read model (projection/projection.go): one
+//	            transaction per batch of one partition or several, taken
 //	            only from what persist stored, each partition lagging on its
-//	            own; PlanBatch's changes by conversation and seq, the gap
+//	            own (persist applies it with the events, never behind them;
+//	            lagging covers that and a rebuild's order); PlanBatch's changes by conversation and seq, the gap
 //	            fill of docs/architecture.md rule 25 (gapSQL), joinSQL,
 //	            leaveSQL and the projected last seqs.
 //	device.go   devices syncing as delivery.Store.Sync answers: membership

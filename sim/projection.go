@@ -8,21 +8,26 @@ import (
 	"github.com/chatpipe/chatpipe/logrecord"
 )
 
-// Projection is the stand-in for the projection consumer and its read
-// model (projection/projection.go): membership periods (memberships) and
-// each conversation's projected last seq (conversations). Each batch is
-// one Postgres transaction that reads the log read_committed from the
-// partitions' stored offsets and is applied only once persist has stored
-// every record in it (waitForPersist: here, it takes only records below
-// persist's offset). A batch holds one partition's records, or several
-// partitions' one after the other, as a consumer that owns them fetches
-// them; each partition lags on its own (and a partition's consumer may
-// stop polling for a few ticks: a rebalance, a slow member), so after a
-// move a conversation's newer events may be applied before its older
-// partition's tail.
+// Projection is the stand-in for the read model (projection/projection.go)
+// and whoever applies it: membership periods (memberships) and each
+// conversation's projected last seq (conversations). Each batch is one
+// Postgres transaction over records persist has stored (it takes only
+// records below persist's offset), from the partitions' own offsets. A
+// batch holds one partition's records, or several partitions' one after
+// the other, as a consumer that owns them fetches them; each partition
+// lags on its own (and may stop for a few ticks: a rebalance, a slow
+// member), so after a move a conversation's newer events may be applied
+// before its older partition's tail.
+//
+// persist applies the read model in the transaction that stores a batch,
+// so a running pipeline's read model never lags persist: its orderings
+// (each partition applied in log order, with its events) are among those
+// explored here, and the lagging ones are those of a rebuild
+// (persist/rebuild.go), which projects a stored log in the order it reads
+// it.
 //
 // The batch's plan is readmodel.PlanBatch's (membership changes by
-// conversation and seq); then, as projection.queue does: gapSQL (a
+// conversation and seq); then, as projection.ReadModel.Queue does: gapSQL (a
 // conversation whose seqs leave a hole above its projected last seq gets
 // every period rewritten from the events persist stored up to the batch's
 // highest seq, docs/architecture.md rule 25), joinSQL and leaveSQL for
@@ -89,7 +94,7 @@ func (p *Projection) Poll(w *World, parts []int32, max int) []string {
 	return touched
 }
 
-// apply is one batch's changes to the read model (projection.queue).
+// apply is one batch's changes to the read model (projection.ReadModel.Queue).
 func (p *Projection) apply(events []*logrecord.Event, s *Sink, recordOrder bool, st *Stats) []string {
 	plan := readmodel.PlanBatch(events)
 	members := plan.Members

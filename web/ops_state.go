@@ -24,7 +24,7 @@ type State struct {
 	Totals    Totals          `json:"totals"`
 	// Gateway is this gateway's websocket side (from its own /metrics).
 	Gateway map[string]float64 `json:"gateway,omitempty"`
-	// Consumers are the log's Postgres consumers (persist, projection) with
+	// Consumers are the log's Postgres consumers (persist) with
 	// their offsets against the topic's end offsets.
 	Consumers []ConsumerState `json:"consumers"`
 	// PersistLagRecords is chatpipe_persist_lag_records summed over

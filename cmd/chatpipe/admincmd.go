@@ -344,12 +344,12 @@ func topicProblems(ctx context.Context, brokers []string, topic string, minRF in
 func newDeadLettersCommand() *command {
 	fs := newFlagSet("admin dead-letters")
 	inf := addInfraFlags(fs)
-	consumer := fs.String("consumer", "", "only this consumer's (persist, projection); default all")
+	consumer := fs.String("consumer", "", "only this consumer's (persist; a database upgraded from an older version may hold projection's too); default all")
 	limit := fs.Int("limit", 100, "at most this many rows, oldest first")
 	width := fs.Int("value-width", 60, "bytes of each record value shown (quoted)")
 	fs.check(atLeast("limit", 1), notNegative("value-width"))
 	level, format := logFlags(fs)
-	return newCommand(fs, "records persist or the projection could never write (dead_letters), oldest first", func(ctx context.Context, _ []string) error {
+	return newCommand(fs, "records persist could never write (dead_letters), oldest first", func(ctx context.Context, _ []string) error {
 		if _, err := inf.setup(level, format); err != nil {
 			return err
 		}

@@ -181,7 +181,7 @@ func newCommandTree() *commandTree {
 			t.nodes(newDevCommand(), newGatewayCommand(), newWorkerCommand(), newPersistCommand(), newKafkaCommand(),
 				newEtcdCommand(), newTokenCommand(), newInitCommand()),
 			[]*ffcli.Command{newVersionCommand(), t.newAdminCommand()},
-			t.nodes(newExportCommand(), newCheckCommand(), newClientCommand(), loadgen, newProbeCommand(), newProjectionCommand()),
+			t.nodes(newExportCommand(), newCheckCommand(), newClientCommand(), loadgen, newProbeCommand()),
 		),
 	}
 	t.known = knownFlags(t)

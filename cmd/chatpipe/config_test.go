@@ -165,7 +165,7 @@ func TestRangeChecks(t *testing.T) {
 func TestCommandTree(t *testing.T) {
 	tree := newCommandTree()
 	for _, path := range [][]string{
-		{"worker"}, {"gateway"}, {"persist"}, {"projection"}, {"dev"}, {"init"}, {"kafka"}, {"etcd"}, {"token"}, {"export"},
+		{"worker"}, {"gateway"}, {"persist"}, {"dev"}, {"init"}, {"kafka"}, {"etcd"}, {"token"}, {"export"},
 		{"check"}, {"client"}, {"probe"}, {"loadgen"}, {"loadgen", "merge"}, {"loadgen", "report"},
 		{"admin", "shards"}, {"admin", "check-config"}, {"admin", "rebuild"}, {"admin", "handoff"}, {"admin", "dead-letters"},
 		{"admin", "kafka-acls"}, {"admin", "hot"}, {"admin", "isolate"}, {"admin", "unisolate"},
@@ -211,7 +211,7 @@ func TestUsage(t *testing.T) {
 	root := rootUsage(tree.root)
 	for _, want := range []string{
 		"Commands:\n  dev       run everything in one process", "\n  version   print the version\n",
-		"\n  admin     operator commands", "\n  projection maintain the read model", "\nRun 'chatpipe <command> -h'",
+		"\n  admin     operator commands", "\n  persist   copy the committed log into Postgres", "\nRun 'chatpipe <command> -h'",
 	} {
 		if !strings.Contains(root, want) {
 			t.Errorf("chatpipe's usage lacks %q:\n%s", want, root)

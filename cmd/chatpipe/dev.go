@@ -36,7 +36,7 @@ func newDevCommand() *command {
 
 // runDev runs the whole pipeline in one process. On exit it stops, in
 // this order: endpoints.json, the admin server, the gateway, the other
-// roles (delivery feed, workers, persist, projection), then Postgres
+// roles (delivery feed, workers, persist), then Postgres
 // connections, etcd client and the embedded Postgres, Kafka and etcd.
 func runDev(ctx context.Context, f devFlags) error {
 	if *f.kafka == "" && f.sec.kafka.On() {
@@ -128,7 +128,7 @@ func devTopicPartitions() int {
 type devFlags struct {
 	dataDir, httpAddr, dbURL, kafka, etcd, admin        *string
 	workers, vshards, partitions, dedicated, cacheConvs *int
-	persist, projection, opsPublic, metricsPublic       *bool
+	persist, opsPublic, metricsPublic                   *bool
 	pgStats                                             *bool
 	linger                                              *time.Duration
 	leaseTTL                                            *int64
@@ -151,8 +151,7 @@ func addDevFlags(fs *flagSet) devFlags {
 	f.pgStats = fs.Bool("postgres-stats", false, "load pg_stat_statements into the private Postgres and create the extension, to count each statement's calls (costs Postgres a few per cent)")
 	f.kafka = fs.String("kafka", "", "use these Kafka brokers (comma separated) instead of an embedded broker")
 	f.etcd = fs.String("etcd", "", "use these etcd endpoints (comma separated) instead of an embedded member")
-	f.persist = fs.Bool("persist", true, "run persist in this process (false: run 'chatpipe persist' yourself)")
-	f.projection = fs.Bool("projection", true, "run projection in this process (false: run 'chatpipe projection' yourself)")
+	f.persist = fs.Bool("persist", true, "run persist (the events and the read model) in this process (false: run 'chatpipe persist' yourself)")
 	f.tokens = addTokenFlags(fs, "JWT HS256 secret (default: --jwt-secret-file, else CHATPIPE_JWT_SECRET, else generated once into the data dir)")
 	f.linger = fs.Duration("linger", 0, "extra time a shard writer waits for a batch to fill before committing")
 	f.cacheConvs = fs.Int("cache-convs", 20000, "conversations a shard writer keeps in memory (more while persist lags)")
@@ -308,7 +307,7 @@ func (s *devStack) prepare(ctx context.Context, f devFlags) error {
 	return nil
 }
 
-// startBackends starts persist, projection and the shard workers that f
+// startBackends starts persist and the shard workers that f
 // asks for, waits until every vshard has a writer accepting commands, and
 // returns their metrics.
 func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGroup, log *slog.Logger) ([]prometheus.Collector, error) {
@@ -332,31 +331,18 @@ func (s *devStack) startBackends(ctx context.Context, f devFlags, roles *roleGro
 	return metrics, nil
 }
 
-// startConsumers starts persist and projection (with chatpipe
-// projection's defaults) unless f turns them off, and returns their
-// metrics.
+// startConsumers starts persist (with chatpipe persist's defaults) unless f
+// turns it off, and returns its metrics.
 func (s *devStack) startConsumers(f devFlags, roles *roleGroup, log *slog.Logger) ([]prometheus.Collector, error) {
-	consumers := []struct {
-		name  string
-		on    bool
-		build func(consumerDeps) (logConsumer, error)
-	}{
-		{"persist", *f.persist, newPersist},
-		{"projection", *f.projection, func(d consumerDeps) (logConsumer, error) { return newProjection(d, 0, false) }},
+	if !*f.persist {
+		return nil, nil
 	}
-	var metrics []prometheus.Collector
-	for _, c := range consumers {
-		if !c.on {
-			continue
-		}
-		lc, err := c.build(consumerDeps{Brokers: s.brokers, KafkaOpts: s.kopts, Topic: s.cfg.Topic, DB: s.db, Log: log.With("role", c.name)})
-		if err != nil {
-			return nil, err
-		}
-		metrics = append(metrics, lc.Collectors()...)
-		roles.start(c.name, lc.Run)
+	lc, err := newPersist(consumerDeps{Brokers: s.brokers, KafkaOpts: s.kopts, Topic: s.cfg.Topic, DB: s.db, Log: log.With("role", "persist")})
+	if err != nil {
+		return nil, err
 	}
-	return metrics, nil
+	roles.start("persist", lc.Run)
+	return lc.Collectors(), nil
 }
 
 // webDeps are the web pages' dependencies in dev: the dev-only endpoints

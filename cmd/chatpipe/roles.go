@@ -147,7 +147,7 @@ func newWorkerCommand() *command {
 	})
 }
 
-// logConsumer is what persist and projection have in common as roles.
+// logConsumer is what the persist role runs.
 type logConsumer interface {
 	Run(ctx context.Context) error
 	Collectors() []prometheus.Collector
@@ -162,6 +162,7 @@ type consumerDeps struct {
 	Topic     string
 	DB        *pgxpool.Pool
 	Pace      logsink.Pace
+	Retain    time.Duration // delivery outbox rows (0: the default)
 	Log       *slog.Logger
 }
 
@@ -221,12 +222,21 @@ func newLogConsumerCommand(name, help string, addFlags func(*flagSet), build fun
 
 // newPersistCommand makes chatpipe persist.
 func newPersistCommand() *command {
-	return newLogConsumerCommand("persist", "copy the committed log into Postgres", nil, newPersist)
+	var retain *time.Duration
+	return newLogConsumerCommand("persist", "copy the committed log into Postgres: its events and the read model (memberships, conversation list, delivery outbox)",
+		func(fs *flagSet) {
+			retain = fs.Duration("retain", 0, "how long delivery outbox rows are kept for gateways (default 1h)")
+			fs.check(notNegative("retain"))
+		},
+		func(d consumerDeps) (logConsumer, error) {
+			d.Retain = *retain
+			return newPersist(d)
+		})
 }
 
 // newPersist makes the persist role's consumer.
 func newPersist(d consumerDeps) (logConsumer, error) {
-	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Pace: d.Pace, Log: d.Log})
+	return persist.New(persist.Config{Brokers: d.Brokers, KafkaOpts: d.KafkaOpts, Topic: d.Topic, DB: d.DB, Pace: d.Pace, Retain: d.Retain, Log: d.Log})
 }
 
 // newGatewayCommand makes chatpipe gateway.

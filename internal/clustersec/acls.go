@@ -11,26 +11,22 @@ import (
 
 // Roles that talk to Kafka, as ACLs names them.
 const (
-	RoleWorker     = "worker"     // shard workers: transactional producers
-	RolePersist    = "persist"    // the persist consumer group
-	RoleProjection = "projection" // the projection consumer group
-	RoleGateway    = "gateway"    // the gateway's /ops page (topic end offsets)
-	RoleReader     = "reader"     // check and admin rebuild: read the topic without a group
-	RoleInit       = "init"       // init: creates the topic
+	RoleWorker  = "worker"  // shard workers: transactional producers
+	RolePersist = "persist" // the persist consumer group
+	RoleGateway = "gateway" // the gateway's /ops page (topic end offsets)
+	RoleReader  = "reader"  // check and admin rebuild: read the topic without a group
+	RoleInit    = "init"    // init: creates the topic
 )
 
 // Roles lists the roles ACLs knows, in a fixed order.
-var Roles = []string{RoleWorker, RolePersist, RoleProjection, RoleGateway, RoleReader, RoleInit}
+var Roles = []string{RoleWorker, RolePersist, RoleGateway, RoleReader, RoleInit}
 
 // TransactionalIDPrefix is the prefix of every shard writer's transactional
 // id (logrecord.TransactionalID).
 const TransactionalIDPrefix = "chatpipe-vshard-"
 
-// Default consumer groups of persist and projection.
-const (
-	PersistGroup    = "chatpipe-persist"
-	ProjectionGroup = "chatpipe-projection"
-)
+// PersistGroup is persist's default consumer group.
+const PersistGroup = "chatpipe-persist"
 
 // ACL is one allow rule: operations on a resource.
 type ACL struct {
@@ -45,7 +41,7 @@ type ACL struct {
 //   - worker: WRITE and READ (replay) on the topic; WRITE and DESCRIBE on
 //     the transactional ids prefixed chatpipe-vshard-. A transactional
 //     producer needs no IDEMPOTENT_WRITE on the cluster.
-//   - persist, projection: READ on the topic and on their own group.
+//   - persist: READ on the topic and on its own group.
 //   - gateway: DESCRIBE on the topic (the /ops page reads end offsets).
 //   - reader (check, admin rebuild): READ on the topic.
 //   - init: CREATE and DESCRIBE on the topic, DESCRIBE_CONFIGS to check it.
@@ -67,8 +63,6 @@ func ACLs(role, topic string) ([]ACL, error) {
 		}, nil
 	case RolePersist:
 		return []ACL{t(kmsg.ACLOperationRead), group(PersistGroup)}, nil
-	case RoleProjection:
-		return []ACL{t(kmsg.ACLOperationRead), group(ProjectionGroup)}, nil
 	case RoleGateway:
 		return []ACL{t(kmsg.ACLOperationDescribe)}, nil
 	case RoleReader:

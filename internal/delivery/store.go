@@ -1,7 +1,6 @@
 // Package delivery is the read side of chatpipe: it pushes persisted events
 // to the devices of the members (Feed) and answers sync and history
-// (Store), all from the Postgres read model that persist and projection
-// maintain. Who may see what is decided by membership periods (periods.go,
+// (Store), all from the Postgres read model that persist maintains. Who may see what is decided by membership periods (periods.go,
 // pure); the rest is queries.
 package delivery
 

@@ -13,8 +13,8 @@ import (
 
 // Announced follows the offsets a consumer stored (persist's, which it
 // announces with each batch: AnnouncePayload) from its announcements, so
-// that whoever waits for them (the projection) or bounds its memory by
-// them (a writer) need not read consumer_offsets each time.
+// that whoever bounds its memory by them (a writer) need not read
+// consumer_offsets each time.
 //
 // The offsets it knows only grow, and each was committed: they may lag
 // what is stored, never lead it. While its LISTEN is in effect every

@@ -1,5 +1,5 @@
 // Package pglisten holds a Postgres LISTEN connection and reports its
-// notifications: the wake-up the delivery feed and the projection use
+// notifications: the wake-up the delivery feed and the shard writers use
 // instead of polling (polling stays their fallback).
 package pglisten
 
@@ -16,11 +16,11 @@ import (
 // listeners share one name without importing each other.
 const (
 	// Persisted announces each batch persist committed (its offsets
-	// moved): the projection, which waits for persist, wakes on it
-	// instead of polling. The payload names the offsets stored
-	// (logsink.AnnouncePayload), or is empty.
+	// moved): the shard writers, which bound their memory by persist's
+	// offsets, learn them from it instead of reading them. The payload
+	// names the offsets stored (logsink.AnnouncePayload), or is empty.
 	Persisted = "chatpipe_persisted"
-	// Delivery announces a delivery row the projection committed; the
+	// Delivery announces a delivery row persist committed; the
 	// payload is its id. Gateways' delivery feeds listen on it.
 	Delivery = "chatpipe_delivery"
 )

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Long nemesis run: e2e TestNemesis (a seeded random schedule of worker
-# kills, pauses past the lease, graceful worker restarts, persist and
-# projection kills and broker restarts while clients send, with members
-# kicked and joined again over and over in conversations isolated to
+# kills, pauses past the lease, graceful worker restarts, persist kills
+# and broker restarts while clients send, with members kicked and joined
+# again over and over in conversations isolated to
 # dedicated vshards and released again, and devices that reconnect and
 # sync), then the table of what it injected and of every count that must be
 # zero, from the report the test writes (CHATPIPE_E2E_NEMESIS_REPORT).

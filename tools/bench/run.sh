@@ -3,8 +3,8 @@
 #
 # The roles run as separate processes, as in tools/bench/soak.sh: a broker
 # (`chatpipe kafka`), `chatpipe dev` hosting etcd and a private Postgres
-# only (its own roles off), and `chatpipe persist`, `chatpipe projection`,
-# `chatpipe worker` ×2 (w1, w2) and `chatpipe gateway` on its
+# only (its own roles off), and `chatpipe persist` (the events and the
+# read model), `chatpipe worker` ×2 (w1, w2) and `chatpipe gateway` on its
 # endpoints.json. `chatpipe loadgen` drives the separate gateway. Everything
 # shares the machine's cores. Rate limits are off (the load is the point).
 #
@@ -194,9 +194,9 @@ start_roles() {
   KAFKA=$(wait_for "$L/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')
   add_proc broker "$kpid" "$(wait_for "$L/kafka.log" 's/.*kafka admin listening.* admin=\([0-9.:]*\).*/\1/p')"
 
-  log "dev (etcd, Postgres; no gateway traffic, workers, persist or projection in it)"
-  echo "$BIN dev --data-dir $d/dev --kafka $KAFKA --workers 0 --persist=false --projection=false --postgres-stats" >> "$R/commands.txt"
-  "$BIN" dev --data-dir "$d/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false --projection=false --postgres-stats \
+  log "dev (etcd, Postgres; no gateway traffic, workers or persist in it)"
+  echo "$BIN dev --data-dir $d/dev --kafka $KAFKA --workers 0 --persist=false --postgres-stats" >> "$R/commands.txt"
+  "$BIN" dev --data-dir "$d/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false --postgres-stats \
     --log-level warn > "$L/dev.out" 2> "$L/dev.log" &
   PIDS+=($!)
   local dpid=$!
@@ -207,7 +207,6 @@ start_roles() {
   local a; a=$(jq -r .admin "$EP"); add_proc dev "$dpid" "${a#http://}"
 
   start_role persist 's/.*persist starting.* admin=\([0-9.:]*\).*/\1/p' persist
-  start_role projection 's/.*projection starting.* admin=\([0-9.:]*\).*/\1/p' projection
   start_role w1 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w1 "${NOLIMIT[@]}"
   start_role w2 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w2 "${NOLIMIT[@]}"
   start_role gateway 's/.*gateway admin listening.* admin=\([0-9.:]*\).*/\1/p' gateway --http 127.0.0.1:0 --data-dir "$d/dev" "${NOLIMIT[@]}"
@@ -309,7 +308,7 @@ pgstat() {
 PROF_PIDS=()
 profile() {
   local role a
-  for role in gateway w1 w2 persist projection dev; do
+  for role in gateway w1 w2 persist dev; do
     a=$(admin_of "$role")
     [ -n "$a" ] || continue
     curl -s -m $((PROF_SECS + 30)) -o "$R/prof/$role.pb.gz" "http://$a/debug/pprof/profile?seconds=$PROF_SECS" &

@@ -7,7 +7,8 @@
 # Processes: a standalone broker (`chatpipe kafka`), `chatpipe dev` with its
 # in-process roles off (it hosts etcd and a private Postgres; its own
 # gateway stays idle), and separate `chatpipe gateway`, `chatpipe worker`
-# ×2, `chatpipe persist` and `chatpipe projection` on its endpoints.json.
+# ×2 and `chatpipe persist` (the events and the read model) on its
+# endpoints.json.
 # `chatpipe loadgen` drives the separate gateway; afterwards `chatpipe check`
 # verifies the run against the log and Postgres.
 #
@@ -96,8 +97,8 @@ KAFKA=$(wait_for "$L/kafka.out" 's/^\(127\.0\.0\.1:[0-9]*\)$/\1/p')
 KAFKA_ADMIN=$(wait_for "$L/kafka.log" 's/.*kafka admin listening.* admin=\([0-9.:]*\).*/\1/p')
 add_proc kafka "$KAFKA_PID" "http://$KAFKA_ADMIN/metrics"
 
-log "dev (etcd, Postgres; no workers, persist or projection in it)"
-"$BIN" dev --data-dir "$W/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false --projection=false \
+log "dev (etcd, Postgres; no workers or persist in it)"
+"$BIN" dev --data-dir "$W/dev" --kafka "$KAFKA" --http 127.0.0.1:0 --workers 0 --persist=false \
   --log-level warn > "$L/dev.out" 2> "$L/dev.log" &
 PIDS+=($!); DEV_PID=$!
 for _ in $(seq 1 600); do [ -f "$W/dev/endpoints.json" ] && break; sleep 0.2; done
@@ -114,9 +115,8 @@ start_role() { # NAME LOG-PATTERN ARGS…
   addr=$(wait_for "$L/$name.log" "$pat")
   add_proc "$name" "$pid" "http://$addr/metrics"
 }
-log "roles: persist, projection, worker ×2, gateway"
+log "roles: persist, worker ×2, gateway"
 start_role persist 's/.*persist starting.* admin=\([0-9.:]*\).*/\1/p' persist
-start_role projection 's/.*projection starting.* admin=\([0-9.:]*\).*/\1/p' projection
 start_role w1 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w1
 start_role w2 's/.*worker starting.* admin=\([0-9.:]*\).*/\1/p' worker --id w2
 # --metrics-public: the soak samples the gateway's /metrics on the address
@@ -232,7 +232,7 @@ lg_row() { # the value of a row of loadgen's report.md
   echo "\`tools/bench/soak.sh\` (SOAK_SECS=$SOAK_SECS SOAK_SAMPLE=$SOAK_SAMPLE SOAK_RATE=$SOAK_RATE SOAK_CHURN=$SOAK_CHURN" \
     "SOAK_RECONNECTS=$SOAK_RECONNECTS SOAK_POISON=$SOAK_POISON), $(sed -n 's/^date: //p' "$RESULTS/machine.txt")," \
     "commit $(sed -n 's/^commit: //p' "$RESULTS/machine.txt"); $(sed -n 's/^cpu: //p' "$RESULTS/machine.txt"), shared by every process" \
-    "(broker, etcd + Postgres in \`chatpipe dev\`, gateway, 2 workers, persist, projection, loadgen)."
+    "(broker, etcd + Postgres in \`chatpipe dev\`, gateway, 2 workers, persist, loadgen)."
   echo
   echo "Load: peak profile mix, open loop; membership churn ${SOAK_CHURN}/s, ${SOAK_RECONNECTS} deliberate reconnects/s."
   for k in "sent / accepted" "accepted/s (run), best second" "accepted latency p50 / p90 / p99 / p99.9 / max" \

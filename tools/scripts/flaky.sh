@@ -56,8 +56,6 @@ tests=(
   TestUnisolateWhilePersistIsBehind
   TestMoveFromBusyVShard
   TestMoveWithMergedLoads
-  TestMoveProjectsInSeqOrder
-  TestKilledProjectionResumes
   TestKilledPersistResumes
   TestKickVersusSend
 )

@@ -45,8 +45,6 @@
     const cons = (name) => (s.consumers || []).find((c) => c.consumer === name);
     const persist = cons('persist');
     $('#t-persist').textContent = persist ? lag(persist) : s.persist_lag_records !== undefined ? `${fmt(s.persist_lag_records)} records` : '–';
-    const projection = cons('projection');
-    $('#t-projection').textContent = projection ? lag(projection) : 'not running';
     $('#t-coordinator').textContent = s.coordinator || '–';
   }
 

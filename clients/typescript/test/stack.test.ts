@@ -226,7 +226,7 @@ test("an offline device converges through sync and duplicates are dropped", { sk
   assert.equal(bob.messages(conv).length, 1 + online, "bob got events while offline");
   const want = 1 + online + offline;
   // A sync returns what the read model holds and sets the cursor there;
-  // what the projection applies later comes as pushes, which move no
+  // what persist applies to it later comes as pushes, which move no
   // cursor (docs/architecture.md, rule 15). Bob comes back once it holds
   // every send, so that his sync is the one that converges him.
   await waitUntil("alice's history to hold every send", async () => (await alice.historyAll(conv, { pageSize: 200 })).length === want);

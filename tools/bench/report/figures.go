@@ -16,7 +16,8 @@ import (
 // and runFig, which the report's sections read them from.
 
 // The chatpipe roles, each its own process; their sum is "chatpipe".
-var chatpipeRoles = []string{"gateway", "w1", "w2", "persist", "projection"}
+// persist stores the events and applies the read model.
+var chatpipeRoles = []string{"gateway", "w1", "w2", "persist"}
 
 // The other measured processes: dev hosts etcd (and Postgres, counted
 // apart); broker is `chatpipe kafka`.
