@@ -238,7 +238,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 		if len(salvage) > 0 {
 			part = &salvage[0]
 		}
-		committed, err := c.writeDeadLetter(ctx, r, part, conv, seq, state, text)
+		committed, wrote, err := c.writeDeadLetter(ctx, r, part, conv, seq, state, text)
 		if err == nil {
 			if committed != nil {
 				committed()
@@ -246,7 +246,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 			c.deadLetters.Inc()
 			c.dead.Add(1)
 			salvaged := "nothing"
-			if part != nil {
+			if wrote {
 				salvaged = part.What
 			}
 			c.cfg.Log.Error("DEAD LETTER: a record this consumer can never write was moved to dead_letters; the partition moves on",
@@ -273,9 +273,18 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 }
 
 // writeDeadLetter is one try of deadLetter's transaction, with part (if not
-// nil) of the record written too; it returns part's Committed.
-func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Salvage, conv *string, seq *int64, state *string, text string) (func(), error) {
+// nil) of the record written too, bounded by BatchTimeout as a batch is (it
+// may hold the locks a batch takes). It returns part's Committed, and
+// whether part wrote anything.
+func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Salvage, conv *string, seq *int64, state *string, text string) (func(), bool, error) {
+	timeout := c.cfg.BatchTimeout
+	if timeout <= 0 {
+		timeout = DefaultBatchTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var committed func()
+	wrote := false
 	err := pgx.BeginFunc(ctx, c.cfg.DB, func(tx pgx.Tx) error {
 		if err := storeOffsets(ctx, tx, c.cfg.Consumer, c.cfg.Topic, []*kgo.Record{r}); err != nil {
 			return err // first: see storeOffsetsSQL
@@ -300,7 +309,7 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Sal
 			}); err != nil {
 				return fmt.Errorf("dead letter: %s: %w", part.What, err)
 			}
-			committed = q.Committed
+			committed, wrote = q.Committed, n > 0
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO dead_letters (consumer, topic, log_partition, log_offset, conversation_id, seq,
 			sqlstate, error, record_key, record_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
@@ -317,9 +326,9 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Sal
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return committed, nil
+	return committed, wrote, nil
 }
 
 // sanitize makes s storable as Postgres text: valid UTF-8 without NUL.
