@@ -50,6 +50,15 @@ func TestAdminRebuild(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("rebuilt database differs from the live one: %d vs %d rows", len(got), len(want))
 	}
+	// The read model too: persist applies it in the transaction that stores
+	// the events, so the live one is complete once its events are.
+	const readModel = `SELECT 'member ' || conversation_id || ' ' || user_id || ' ' || joined_seq || '-' || coalesce(left_seq::text, 'open')
+		FROM memberships UNION ALL
+		SELECT 'conversation ' || conversation_id || ' ' || last_seq || ' ' || last_activity_at FROM conversations UNION ALL
+		SELECT 'offsets ' || consumer || ' ' || log_partition || ' ' || next_offset FROM consumer_offsets ORDER BY 1`
+	if live, rebuilt := queryRows(t, dev.EP.Postgres, readModel), queryRows(t, target, readModel); !reflect.DeepEqual(rebuilt, live) {
+		t.Errorf("rebuilt read model differs from the live one:\n%s\nlive:\n%s", strings.Join(rebuilt, "\n"), strings.Join(live, "\n"))
+	}
 	// a second rebuild into a non-empty database is refused
 	if out, err := exec.Command(binary, "admin", "rebuild", "--kafka", strings.Join(dev.EP.Kafka, ","), "--database-url", target).CombinedOutput(); err == nil {
 		t.Errorf("rebuild into a non-empty database succeeded:\n%s", out)
@@ -81,6 +90,27 @@ func readEvents(t *testing.T, url string, n int) []string {
 	}
 	rows, err := conn.Query(ctx, `SELECT concat_ws('|', conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id,
 		array_to_string(members, ','), created_at, vshard, epoch, log_partition, log_offset) FROM events ORDER BY conversation_id, seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// queryRows returns the one text column of sql's rows at url.
+func queryRows(t *testing.T, url, sql string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, sql)
 	if err != nil {
 		t.Fatal(err)
 	}

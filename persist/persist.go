@@ -81,6 +81,15 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// writes is what a Persister writes of each batch.
+type writes int
+
+const (
+	writeAll       writes = iota // event rows and read model (persist)
+	writeEvents                  // event rows alone (a rebuild's first pass)
+	writeReadModel               // the read model alone (a rebuild's second pass)
+)
+
 // Stats are the persister's counters.
 type Stats struct {
 	Batches   atomic.Int64
@@ -98,7 +107,7 @@ type Persister struct {
 	batchSeconds prometheus.Histogram
 	consumer     *logsink.Consumer
 	readModel    *projection.ReadModel
-	eventsOnly   bool // write the event rows alone (a rebuild's first pass)
+	writes       writes // what a batch writes: everything, except in a rebuild's passes
 }
 
 // New returns a Persister; Run starts it.
@@ -106,23 +115,22 @@ func New(cfg Config) (*Persister, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newPersister(cfg, cfg.DB, faultSleepBeforeCommit, false), nil
+	return newPersister(cfg, cfg.DB, faultSleepBeforeCommit, writeAll), nil
 }
 
 // newPersister is New on a validated cfg, writing through db (cfg.DB, or a
 // stand-in in tests) with each transaction held open hold before its
-// commit (fault tests); eventsOnly writes the event rows alone (a
-// rebuild's first pass).
-func newPersister(cfg Config, db logsink.DB, hold time.Duration, eventsOnly bool) *Persister {
-	p := &Persister{cfg: cfg, readModel: projection.New(), eventsOnly: eventsOnly,
+// commit (fault tests), writing w of each batch.
+func newPersister(cfg Config, db logsink.DB, hold time.Duration, w writes) *Persister {
+	p := &Persister{cfg: cfg, readModel: projection.New(), writes: w,
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
 			Help: "Time to write one batch (one Postgres transaction).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
-	salvage := []logsink.Salvage{{What: "its read-model changes", Handle: p.readModel.Handle}, {What: "its event row", Handle: p.handleEvents}}
-	if eventsOnly {
-		salvage = salvage[1:]
+	var salvage []logsink.Salvage // a rebuild's pass writes one part only: nothing else to salvage
+	if w == writeAll {
+		salvage = []logsink.Salvage{{What: "its read-model changes", Handle: p.readModel.Handle}, {What: "its event row", Handle: p.handleEvents}}
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim,
@@ -239,8 +247,11 @@ func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
 // compared with the row holding its (conversation_id, seq) and any
 // difference is reported as a conflict.
 func (p *Persister) handle(ctx context.Context, b *pgx.Batch, recs []*kgo.Record) (logsink.Queued, error) {
-	if p.eventsOnly {
+	switch p.writes {
+	case writeEvents:
 		return p.handleEvents(ctx, b, recs)
+	case writeReadModel:
+		return p.readModel.Handle(ctx, b, recs)
 	}
 	events, err := projection.Decode(recs)
 	if err != nil {

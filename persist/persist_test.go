@@ -431,7 +431,7 @@ func TestOverlappingMembersRecordNoConflict(t *testing.T) {
 			if err := cfg.validate(); err != nil {
 				t.Fatal(err)
 			}
-			slow, other := newPersister(cfg, held, 0, false), newTestPersister(t, db)
+			slow, other := newPersister(cfg, held, 0, writeAll), newTestPersister(t, db)
 			recs := []*kgo.Record{
 				record(t, message("c1", 1, "m-a", "k-a"), 1),
 				record(t, message("c1", 2, "m-b", "k-b"), 2),
