@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,35 +70,19 @@ func TestAdminRebuild(t *testing.T) {
 // (conversation_id, seq) order, once the table holds n rows.
 func readEvents(t *testing.T, url string, n int) []string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	deadline := time.Now().Add(time.Minute)
 	for {
-		var have int
-		conn.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&have)
+		have, _ := strconv.Atoi(queryRows(t, url, `SELECT count(*)::text FROM events`)[0])
 		if have >= n {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d events", have, n)
-		case <-time.After(100 * time.Millisecond):
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	rows, err := conn.Query(ctx, `SELECT concat_ws('|', conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id,
+	return queryRows(t, url, `SELECT concat_ws('|', conversation_id, seq, kind, message_id, client_message_id, sender, body, user_id,
 		array_to_string(members, ','), created_at, vshard, epoch, log_partition, log_offset) FROM events ORDER BY conversation_id, seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // queryRows returns the one text column of sql's rows at url.

@@ -491,13 +491,8 @@ func TestWriteAppliesTheReadModel(t *testing.T) {
 	if err := p.Write(ctx, []*kgo.Record{record(t, create, 0), record(t, message("c1", 2, "m2", "k2"), 1), record(t, leave, 2)}); err != nil {
 		t.Fatal(err)
 	}
-	var got string
-	if err := db.QueryRow(ctx, `SELECT (SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events) || ' | ' ||
-		(SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships) || ' | ' ||
-		(SELECT last_seq::text FROM conversations WHERE conversation_id = 'c1') || ' | ' ||
-		(SELECT string_agg(array_to_string(from_seqs, ',') || '-' || array_to_string(to_seqs, ','), ' ') FROM delivery_outbox)`).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
+	got := summary(t, db, eventSeqs, memberPeriods, lastSeq,
+		`SELECT string_agg(array_to_string(from_seqs, ',') || '-' || array_to_string(to_seqs, ','), ' ') FROM delivery_outbox`)
 	if want := "1 2 3 | u1:1-open u2:1-3 | 3 | 1-3"; got != want {
 		t.Errorf("events | memberships | last seq | delivery = %q, want %q", got, want)
 	}
@@ -518,13 +513,7 @@ func TestKickPersistCannotStoreStillEndsTheMembership(t *testing.T) {
 	if err := p.Settle(ctx, []*kgo.Record{record(t, create, 0), record(t, kick, 1), record(t, message("c1", 3, "m3", "k3"), 2)}); err != nil {
 		t.Fatal(err)
 	}
-	var got string
-	if err := db.QueryRow(ctx, `SELECT (SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events) || ' | ' ||
-		(SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships) || ' | ' ||
-		(SELECT last_seq::text FROM conversations WHERE conversation_id = 'c1') || ' | ' ||
-		(SELECT string_agg(log_offset::text || ' ' || consumer, ',') FROM dead_letters)`).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
+	got := summary(t, db, eventSeqs, memberPeriods, lastSeq, `SELECT string_agg(log_offset::text || ' ' || consumer, ',') FROM dead_letters`)
 	if want := "1 3 | u1:1-open u2:1-2 | 3 | 1 persist"; got != want {
 		t.Errorf("events | memberships | last seq | dead letters = %q, want %q", got, want)
 	}
@@ -537,4 +526,21 @@ func TestKickPersistCannotStoreStillEndsTheMembership(t *testing.T) {
 	if err != nil || offs[0] != 3 {
 		t.Errorf("persist offsets = %v, %v; want partition 0 at 3", offs, err)
 	}
+}
+
+// Queries of one text value each, for summary.
+const (
+	eventSeqs     = `SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events`
+	memberPeriods = `SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships`
+	lastSeq       = `SELECT last_seq::text FROM conversations WHERE conversation_id = 'c1'`
+)
+
+// summary is the values of queries, each one text value, joined by " | ".
+func summary(t *testing.T, db *pgxpool.Pool, queries ...string) string {
+	t.Helper()
+	var got string
+	if err := db.QueryRow(context.Background(), "SELECT concat_ws(' | ', ("+strings.Join(queries, "), (")+"))").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
