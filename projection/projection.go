@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -90,14 +90,9 @@ func (p *ReadModel) Handle(_ context.Context, b *pgx.Batch, recs []*kgo.Record) 
 	return p.Queue(b, events), nil
 }
 
-// Execer is what Trim needs: a pool or a connection.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Trim deletes delivery rows older than retain, at most once a minute; it
 // returns at once otherwise.
-func (p *ReadModel) Trim(ctx context.Context, db Execer, retain time.Duration) error {
+func (p *ReadModel) Trim(ctx context.Context, db *pgxpool.Pool, retain time.Duration) error {
 	if time.Since(p.lastTrim) < time.Minute {
 		return nil
 	}

@@ -161,6 +161,29 @@ type Queued struct {
 // DefaultBatchTimeout is Config.BatchTimeout's default.
 const DefaultBatchTimeout = 30 * time.Second
 
+// batchTimeout is Config.BatchTimeout, or its default.
+func (c *Consumer) batchTimeout() time.Duration {
+	if c.cfg.BatchTimeout <= 0 {
+		return DefaultBatchTimeout
+	}
+	return c.cfg.BatchTimeout
+}
+
+// read reads the results of the n statements q's Handle queued: with
+// q.Read, or each with Exec (its error prefixed with consumer) when it is
+// nil.
+func (q Queued) read(br pgx.BatchResults, n int, consumer string) error {
+	if q.Read != nil {
+		return q.Read(br)
+	}
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("%s: %w", consumer, err)
+		}
+	}
+	return nil
+}
+
 // Consumer runs Config.Handle over the log and tracks its lag.
 type Consumer struct {
 	cfg         Config

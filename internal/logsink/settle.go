@@ -101,26 +101,14 @@ func (c *Consumer) Write(ctx context.Context, recs []*kgo.Record) error {
 	if c.cfg.Announce != "" {
 		b.Queue(`SELECT pg_notify($1, $2)`, c.cfg.Announce, AnnouncePayload(c.cfg.Topic, recs)) // delivered at commit
 	}
-	timeout := c.cfg.BatchTimeout
-	if timeout <= 0 {
-		timeout = DefaultBatchTimeout
-	}
-	cctx, cancel := context.WithTimeout(ctx, timeout+c.cfg.HoldBeforeCommit)
+	cctx, cancel := context.WithTimeout(ctx, c.batchTimeout()+c.cfg.HoldBeforeCommit)
 	defer cancel()
 	err = commit(cctx, c.cfg.DB, &b, c.cfg.HoldBeforeCommit, func(br pgx.BatchResults) error {
 		if err := execOffsets(br, c.cfg.Consumer); err != nil {
 			return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
 		}
-		if q.Read != nil {
-			if err := q.Read(br); err != nil {
-				return err
-			}
-		} else {
-			for range queued {
-				if _, err := br.Exec(); err != nil {
-					return fmt.Errorf("%s: %w", c.cfg.Consumer, err)
-				}
-			}
+		if err := q.read(br, queued, c.cfg.Consumer); err != nil {
+			return err
 		}
 		if c.cfg.Announce != "" {
 			if _, err := br.Exec(); err != nil {
@@ -277,11 +265,7 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, cause error, s
 // may hold the locks a batch takes). It returns part's Committed, and
 // whether part wrote anything.
 func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Salvage, conv *string, seq *int64, state *string, text string) (func(), bool, error) {
-	timeout := c.cfg.BatchTimeout
-	if timeout <= 0 {
-		timeout = DefaultBatchTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.batchTimeout())
 	defer cancel()
 	var committed func()
 	wrote := false
@@ -296,17 +280,7 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, part *Sal
 				return err
 			}
 			n := b.Len()
-			if err := readBatch(tx.SendBatch(ctx, &b), func(br pgx.BatchResults) error {
-				if q.Read != nil {
-					return q.Read(br)
-				}
-				for range n {
-					if _, err := br.Exec(); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
+			if err := readBatch(tx.SendBatch(ctx, &b), func(br pgx.BatchResults) error { return q.read(br, n, c.cfg.Consumer) }); err != nil {
 				return fmt.Errorf("dead letter: %s: %w", part.What, err)
 			}
 			committed, wrote = q.Committed, n > 0
