@@ -143,6 +143,12 @@ func projectedPeriods(t *testing.T, ep endpoints) map[string]map[string][][2]int
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
+	return readPeriods(ctx, t, conn)
+}
+
+// readPeriods is projectedPeriods on an open connection.
+func readPeriods(ctx context.Context, t *testing.T, conn *pgx.Conn) map[string]map[string][][2]int64 {
+	t.Helper()
 	got := map[string]map[string][][2]int64{}
 	var conv, user string
 	var joined int64

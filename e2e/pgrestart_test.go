@@ -453,7 +453,7 @@ func checkReadModel(t *testing.T, ep endpoints) []row {
 	}
 	defer conn.Close(context.Background())
 
-	got := projectedPeriods(t, ep)
+	got := readPeriods(ctx, t, conn)
 	if g, w := fmt.Sprint(sortedPeriods(got)), fmt.Sprint(sortedPeriods(periods(rows))); g != w {
 		t.Errorf("membership periods in Postgres differ from the log's:\n got %s\nwant %s", g, w)
 	}
