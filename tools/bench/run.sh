@@ -243,7 +243,19 @@ start_role() { # NAME LOG-PATTERN ARGS…
 # children. Every process's /proc files are read in one pass: a fork per
 # process (Postgres alone has dozens of backends) spread one snapshot over
 # seconds on a loaded machine, and the metrics taken after it with it.
+# The postmaster is read first and again last: a backend that exits and is
+# reaped in between is in neither its waited-for CPU nor the live children
+# (a client closing its connections as its window ends took a whole
+# backend's CPU out of a window, which came out negative), so a read whose
+# two postmaster counts differ is taken again.
 snap() {
+  local try
+  for try in 1 2 3 4 5; do
+    snap_once "$@" && return 0
+  done
+  log "snap $1: the postmaster reaped a backend during each of 5 reads; the last is kept"
+}
+snap_once() {
   local i p map= wall
   local stats=() tasks=()
   for i in "${!NAMES[@]}"; do
@@ -263,15 +275,17 @@ snap() {
     stats+=("/proc/$2/stat")
     tasks+=(/proc/"$2"/task/*/status)
   fi
+  [ -z "$PM" ] || [ ! -d "/proc/$PM" ] || stats+=("/proc/$PM/stat")
   wall=$(date +%s.%N)
   # /proc/PID/stat: after the command's ")", field 12 is utime, 13 stime,
   # 14 and 15 the waited-for children's. (grep fails on a process gone:
-  # it is left out.)
+  # it is left out.) Exit status 3: the postmaster's two reads differ.
   { grep -s -H '' "${stats[@]}" || true; } | awk -v map="$map" -v t="$TCK" -v pm="${PM:-}" -v wall="$wall" '
     BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
     { split($0, f, "/"); pid = f[3]; sub(/^.*\) /, ""); split($0, x, " ")
-      c = x[12] + x[13]; if (pid == pm) c += x[14] + x[15]; s[name[pid]] += c }
-    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t }' > "$1"
+      if (pid == pm && seen++) { torn = x[14] + x[15] != reaped; next }
+      c = x[12] + x[13]; if (pid == pm) { reaped = x[14] + x[15]; c += reaped }; s[name[pid]] += c }
+    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t; if (torn) exit 3 }' > "$1" || return 1
   { grep -s -H -E '^(non)?voluntary_ctxt_switches:' "${tasks[@]}" || true; } | awk -v map="$map" -v wall="$wall" '
     BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
     { split($1, f, "/"); s[name[f[3]]] += $2 }

@@ -55,7 +55,19 @@ func readSnap(path string) (float64, map[string]float64, error) {
 	return wall, m, nil
 }
 
-func cpuWindow(dir, run string) (window, bool) { return snapWindow(dir, "cpu", run) }
+// cpuWindow is the CPU of each process over run's window (cpu/RUN.send and
+// .end). CPU counts never fall: a window where one does (a process's CPU
+// left the count between the reads) is not measured, rather than priced
+// below nothing.
+func cpuWindow(dir, run string) (window, bool) {
+	w, ok := snapWindow(dir, "cpu", run)
+	for _, v := range w.cpu {
+		if v < 0 {
+			return window{}, false
+		}
+	}
+	return w, ok
+}
 
 // switchWindow is the context switches of each process over run's window
 // (switches/RUN.send and .end), in window's cpu field.
