@@ -33,7 +33,9 @@
 #   floor       what one small loopback TCP write costs here (tools/bench/floor),
 #               once at one frame per write and once at BENCH_FLOOR_BATCH,
 #               paced like r3000's deliveries, after the stack is stopped;
-#               and a bare websocket server (floor -ws), one message per frame
+#               and a bare websocket server (floor -ws), one message per frame,
+#               at that rate and in lat1000's and r3000's shapes (their
+#               devices and event frames a second: goal 7's anchors)
 # and, with BENCH_SWEEP=1, the group-commit trade-off (vshards × linger
 # budget, each a fresh all-in-one stack).
 #
@@ -467,6 +469,16 @@ log "floor: a bare websocket server, one message per frame to $FLOOR_CONNS conne
 echo "$W/floor -ws -conns $FLOOR_CONNS -rate $FLOOR_RATE -duration ${FLOOR_SECS}s" >> "$R/commands.txt"
 "$W/floor" -ws -conns "$FLOOR_CONNS" -rate "$FLOOR_RATE" -duration "${FLOOR_SECS}s" \
   > "$R/floor-ws.txt" 2> "$L/floor-ws.log" || log "websocket floor failed (see $L/floor-ws.log)"
+# Goal 7's anchor for lat1000 and r3000: the same bare server in each run's
+# shape, its devices and the event frames a second the gateway wrote to them.
+for run in lat1000 r3000; do
+  shape=$(go run ./tools/bench/report -dir "$R" -shape "$run" 2> "$L/floor-ws-$run.log") || { log "websocket floor in $run's shape: not measured (see $L/floor-ws-$run.log)"; continue; }
+  read -r conns rate <<< "$shape"
+  log "floor: a bare websocket server in $run's shape, $conns connections, $rate frames/s, ${FLOOR_SECS}s"
+  echo "$W/floor -ws -conns $conns -rate $rate -duration ${FLOOR_SECS}s" >> "$R/commands.txt"
+  "$W/floor" -ws -conns "$conns" -rate "$rate" -duration "${FLOOR_SECS}s" \
+    > "$R/floor-ws-$run.txt" 2>> "$L/floor-ws-$run.log" || log "websocket floor in $run's shape failed (see $L/floor-ws-$run.log)"
+done
 
 if [ "$SWEEP" = 1 ]; then
   # Each row a fresh all-in-one stack (`chatpipe dev` with its roles in it):

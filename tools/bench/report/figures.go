@@ -222,6 +222,17 @@ func (r runFig) gatewayPerDelivery() float64 {
 	return us(r.win.cpu["gateway"], r.delivered)
 }
 
+// shape is what the gateway wrote in r, for a bare websocket server to
+// write the same: the devices connected and the event frames a second it
+// queued to them over the window.
+func (r runFig) shape() (conns int, framesPerSec float64, ok bool) {
+	conns = r.rep.Users * r.rep.Devices
+	if !r.ok || r.win.secs <= 0 || r.delivered <= 0 || conns <= 0 {
+		return 0, 0, false
+	}
+	return conns, float64(r.delivered) / r.win.secs, true
+}
+
 // cores is how many of the machine's cores the named processes kept busy
 // over the window.
 func (r runFig) cores(names ...string) float64 {

@@ -23,6 +23,14 @@ type floor struct {
 	secs      float64
 	ws        float64 // the bare websocket server's µs per frame (floor -ws)
 	wsSink    float64 // its reader's µs per frame
+	// wsAt is the bare websocket server in a run's shape (floor-ws-RUN.txt):
+	// as many connections and frames a second as the gateway wrote there.
+	wsAt map[string]wsShape
+}
+
+// wsShape is one run of the bare websocket server.
+type wsShape struct {
+	conns, rate, us, sink float64
 }
 
 // readFloor reads results/floor-1.txt and the other floor-N.txt.
@@ -30,6 +38,15 @@ func readFloor(dir string) floor {
 	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN()}
 	ws := keyValues(filepath.Join(dir, "floor-ws.txt"))
 	f.ws, f.wsSink = orNaN(ws, "floor_writer_us_per_frame"), orNaN(ws, "floor_sink_us_per_frame")
+	f.wsAt = map[string]wsShape{}
+	shaped, _ := filepath.Glob(filepath.Join(dir, "floor-ws-*.txt"))
+	for _, n := range shaped {
+		kv := keyValues(n)
+		s := wsShape{conns: orNaN(kv, "conns"), rate: orNaN(kv, "floor_writes_per_sec"), us: orNaN(kv, "floor_writer_us_per_frame"), sink: orNaN(kv, "floor_sink_us_per_frame")}
+		if !math.IsNaN(s.us) {
+			f.wsAt[strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-ws-"), ".txt")] = s
+		}
+	}
 	one := keyValues(filepath.Join(dir, "floor-1.txt"))
 	f.one, f.sinkOne = orNaN(one, "floor_writer_us_per_write"), orNaN(one, "floor_sink_us_per_frame")
 	f.rate, f.conns, f.bytes, f.secs = orNaN(one, "floor_writes_per_sec"), orNaN(one, "conns"), orNaN(one, "frame_bytes"), orNaN(one, "window_secs")
@@ -77,6 +94,15 @@ func (f floor) readsUS(r runFig) float64 {
 	return r.writesPerMsg() * f.linear(r.framesPerWrite(), f.sinkOne, f.sinkBatch*float64(f.batch))
 }
 
+// wsFor is the bare websocket server's µs per frame in run's shape, else
+// at the floor's own rate, and which of the two it is.
+func (f floor) wsFor(run string) (us float64, shaped bool) {
+	if s, ok := f.wsAt[run]; ok {
+		return s.us, true
+	}
+	return f.ws, false
+}
+
 // batchedPerFrame is the writer's µs per frame at f.batch frames per write.
 func (f floor) batchedPerFrame() float64 {
 	if f.batch < 1 {
@@ -118,9 +144,18 @@ func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 	if !math.IsNaN(f.ws) {
 		fmt.Fprintf(b, "| 1, a bare websocket server (`floor -ws`) | %s | %s | %s |\n", num(f.ws), num(f.ws), num(f.wsSink))
 	}
+	shaped := make([]string, 0, len(f.wsAt))
+	for n := range f.wsAt {
+		shaped = append(shaped, n)
+	}
+	sort.Strings(shaped)
+	for _, n := range shaped {
+		s := f.wsAt[n]
+		fmt.Fprintf(b, "| 1, the bare websocket server in %s's shape (%.0f connections, %s frames/s) | %s | %s | %s |\n", n, s.conns, num(s.rate), num(s.us), num(s.us), num(s.sink))
+	}
 	b.WriteString("\n")
-	if !math.IsNaN(f.ws) {
-		b.WriteString("The websocket row is a bare server on the gateway's websocket library (github.com/coder/websocket): one goroutine per connection, fed by a channel, and one websocket message per frame, no protocol; its reader is the library's client, one goroutine per connection. It is the anchor of goal 7.\n\n")
+	if !math.IsNaN(f.ws) || len(f.wsAt) > 0 {
+		b.WriteString("The websocket rows are a bare server on the gateway's websocket library (github.com/coder/websocket): one goroutine per connection, fed by a channel, and one websocket message per frame, no protocol; its reader is the library's client, one goroutine per connection. A run's shape is its devices and the event frames a second the gateway queued to them over its window (`chatpipe_delivery_frames_total`): a write costs more per frame when fewer come a second, since fewer find their goroutine and thread awake. The row in a run's shape is the anchor of goal 7 for that run; the first row, when a run has none.\n\n")
 	}
 	var rows []string
 	for _, r := range runs {

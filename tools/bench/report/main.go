@@ -5,7 +5,9 @@
 // group-commit trade-off when it was swept, the machine and the commands.
 // `report -batch PREFIX` prints the events per Kafka transaction between
 // the workers' metrics snapshots PREFIX.w1.before and PREFIX.w1.after (and
-// w2's), which run.sh feeds to the produce ceiling.
+// w2's), which run.sh feeds to the produce ceiling. `report -dir DIR -shape
+// RUN` prints the devices and the event frames a second the gateway wrote
+// in RUN, which run.sh gives a bare websocket server to write the same.
 package main
 
 import (
@@ -33,7 +35,16 @@ func main() {
 	dir := flag.String("dir", "", "results directory of tools/bench/run.sh")
 	out := flag.String("out", "BENCHMARKS.md", "file to write")
 	batch := flag.String("batch", "", "print events per transaction between the workers' snapshots PREFIX.<worker>.before and .after, and exit")
+	shape := flag.String("shape", "", "print the devices and event frames a second the gateway wrote in this run of -dir, and exit")
 	flag.Parse()
+	if *shape != "" {
+		conns, rate, ok := readRun(*dir, *shape).shape()
+		if !ok {
+			fail(fmt.Errorf("run %q: no window or no delivered events in %s", *shape, *dir))
+		}
+		fmt.Println(conns, int(math.Round(rate)))
+		return
+	}
 	if *batch != "" {
 		d, err := metricDelta(*batch)
 		if err != nil {
