@@ -176,7 +176,8 @@ func (p *Persister) trim(ctx context.Context) {
 func (p *Persister) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
 
 // insertSQL inserts a batch in one statement, records in seq_conflicts
-// every row it did not insert that a different message holds, and returns
+// every row it did not insert that a different message holds (once: a
+// record stored again, after a crash, is not recorded again), and returns
 // every row it did not insert with the message_id of the row holding its seq
 // (NULL if none).
 //
@@ -212,8 +213,9 @@ WITH input AS (
 ), conflicts AS (
   INSERT INTO seq_conflicts (conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset)
   SELECT conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset
-  FROM not_inserted
+  FROM not_inserted n
   WHERE existing_message_id IS DISTINCT FROM incoming_message_id
+    AND NOT EXISTS (SELECT 1 FROM seq_conflicts s WHERE s.log_partition = n.log_partition AND s.log_offset = n.log_offset)
 )
 SELECT conversation_id, seq, existing_message_id, incoming_message_id, log_partition, log_offset FROM not_inserted`
 

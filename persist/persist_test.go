@@ -95,6 +95,11 @@ func TestSeqClashInOneBatch(t *testing.T) {
 	if got := p.Stats().Skipped.Load(); got != 2 {
 		t.Errorf("skipped after replay = %d, want 2", got)
 	}
+	// ... and recorded once: the conflict is the record's, not the replay's.
+	var rows int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM seq_conflicts`).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("seq_conflicts after replay: %d rows, %v; want 1", rows, err)
+	}
 }
 
 // TestClientMessageIDClashInOneBatch: two messages of one conversation with
