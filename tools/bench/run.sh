@@ -258,7 +258,7 @@ snap() {
   log "snap $1: the postmaster reaped a backend during each of 5 reads; the last is kept"
 }
 snap_once() {
-  local i p map= wall
+  local i p map= wall torn=0
   local stats=() tasks=()
   for i in "${!NAMES[@]}"; do
     map+="${PPIDS[i]} ${NAMES[i]};"
@@ -287,11 +287,12 @@ snap_once() {
     { split($0, f, "/"); pid = f[3]; sub(/^.*\) /, ""); split($0, x, " ")
       if (pid == pm && seen++) { torn = x[14] + x[15] != reaped; next }
       c = x[12] + x[13]; if (pid == pm) { reaped = x[14] + x[15]; c += reaped }; s[name[pid]] += c }
-    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t; if (torn) exit 3 }' > "$1" || return 1
+    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t; if (torn) exit 3 }' > "$1" || torn=1
   { grep -s -H -E '^(non)?voluntary_ctxt_switches:' "${tasks[@]}" || true; } | awk -v map="$map" -v wall="$wall" '
     BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
     { split($1, f, "/"); s[name[f[3]]] += $2 }
     END { print "wall", wall; for (k in s) print k, s[k] }' > "$R/switches/$(basename "$1")"
+  return "$torn"
 }
 # metrics SUFFIX RUN: every chatpipe role's /metrics, each in its own file
 # (metrics/RUN.ROLE.SUFFIX; tools/bench/report reads the workers' counters
