@@ -44,18 +44,23 @@ const rebuildConsumer = "rebuild"
 //
 // persist's offsets move only with the read model, so a rebuild stopped at
 // any point leaves persist to go on from them: it skips the event rows that
-// are there and applies the rest. It refuses a database that holds events.
+// are there and applies the rest. A rebuild stopped in its first pass can
+// also be run again: the first pass reads from the start once more and
+// skips what it stored. It refuses any other database that holds events.
 func Rebuild(ctx context.Context, cfg Config, idle time.Duration) (Rebuilt, error) {
 	var res Rebuilt
 	if err := cfg.validate(); err != nil {
 		return res, err
 	}
-	var n int64
-	if err := cfg.DB.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n); err != nil {
+	var n, persisted, firstPass int64
+	if err := cfg.DB.QueryRow(ctx, `SELECT (SELECT count(*) FROM events),
+		(SELECT count(*) FROM consumer_offsets WHERE consumer = $1 AND topic = $3),
+		(SELECT count(*) FROM consumer_offsets WHERE consumer = $2 AND topic = $3)`,
+		cfg.Consumer, rebuildConsumer, cfg.Topic).Scan(&n, &persisted, &firstPass); err != nil {
 		return res, fmt.Errorf("persist: count events: %w", err)
 	}
-	if n > 0 {
-		return res, fmt.Errorf("the target database holds %d events already; rebuild only into an empty one", n)
+	if n > 0 && (persisted > 0 || firstPass == 0) {
+		return res, fmt.Errorf("the target database holds %d events already; rebuild only into an empty one, or one a rebuild left in its first pass (`chatpipe persist` finishes one stopped later)", n)
 	}
 	start := time.Now()
 	first := cfg

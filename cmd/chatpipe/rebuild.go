@@ -24,7 +24,7 @@ func newRebuildCommand() *command {
 			return err
 		}
 		if *inf.kafka == "" || *inf.dbURL == "" {
-			return errors.New("need --kafka and --database-url (the database to rebuild; it must hold no events)")
+			return errors.New("need --kafka and --database-url (the database to rebuild: empty, or one a rebuild left in its first pass)")
 		}
 		kopts, err := inf.kafkaOpts(ctx)
 		if err != nil {
