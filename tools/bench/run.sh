@@ -245,8 +245,9 @@ start_role() { # NAME LOG-PATTERN ARGS…
 # children. Every process's /proc files are read in one pass: a fork per
 # process (Postgres alone has dozens of backends) spread one snapshot over
 # seconds on a loaded machine, and the metrics taken after it with it.
-# The postmaster is read first and again last: a backend that exits and is
-# reaped in between is in neither its waited-for CPU nor the live children
+# The postmaster is read before its backends and again after them: a
+# backend that exits and is reaped in between is in neither its
+# waited-for CPU nor the live children
 # (a client closing its connections as its window ends took a whole
 # backend's CPU out of a window, which came out negative), so a read whose
 # two postmaster counts differ is taken again.
@@ -258,26 +259,26 @@ snap() {
   log "snap $1: the postmaster reaped a backend during each of 5 reads; the last is kept"
 }
 snap_once() {
-  local i p map= wall torn=0
+  local i p map= wall st=0
   local stats=() tasks=()
   for i in "${!NAMES[@]}"; do
     map+="${PPIDS[i]} ${NAMES[i]};"
     stats+=("/proc/${PPIDS[i]}/stat")
     tasks+=(/proc/"${PPIDS[i]}"/task/*/status)
   done
+  if [ -n "${2:-}" ]; then
+    map+="$2 loadgen;"
+    stats+=("/proc/$2/stat")
+    tasks+=(/proc/"$2"/task/*/status)
+  fi
   if [ -n "$PM" ] && [ -d "/proc/$PM" ]; then
     for p in "$PM" $(pgrep -P "$PM" 2>/dev/null || true); do
       map+="$p postgres;"
       stats+=("/proc/$p/stat")
       tasks+=(/proc/"$p"/task/*/status)
     done
+    stats+=("/proc/$PM/stat") # (read again, last)
   fi
-  if [ -n "${2:-}" ]; then
-    map+="$2 loadgen;"
-    stats+=("/proc/$2/stat")
-    tasks+=(/proc/"$2"/task/*/status)
-  fi
-  [ -z "$PM" ] || [ ! -d "/proc/$PM" ] || stats+=("/proc/$PM/stat")
   wall=$(date +%s.%N)
   # /proc/PID/stat: after the command's ")", field 12 is utime, 13 stime,
   # 14 and 15 the waited-for children's. (grep fails on a process gone:
@@ -287,12 +288,16 @@ snap_once() {
     { split($0, f, "/"); pid = f[3]; sub(/^.*\) /, ""); split($0, x, " ")
       if (pid == pm && seen++) { torn = x[14] + x[15] != reaped; next }
       c = x[12] + x[13]; if (pid == pm) { reaped = x[14] + x[15]; c += reaped }; s[name[pid]] += c }
-    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t; if (torn) exit 3 }' > "$1" || torn=1
+    END { print "wall", wall; for (k in s) printf "%s %.2f\n", k, s[k] / t; if (torn) exit 3 }' > "$1" || st=$?
+  case $st in
+    0 | 3) ;;
+    *) log "snap $1: reading CPU failed (status $st)"; st=0 ;;
+  esac
   { grep -s -H -E '^(non)?voluntary_ctxt_switches:' "${tasks[@]}" || true; } | awk -v map="$map" -v wall="$wall" '
     BEGIN { n = split(map, m, ";"); for (i = 1; i <= n; i++) if (split(m[i], kv, " ") == 2) name[kv[1]] = kv[2] }
     { split($1, f, "/"); s[name[f[3]]] += $2 }
     END { print "wall", wall; for (k in s) print k, s[k] }' > "$R/switches/$(basename "$1")"
-  return "$torn"
+  [ "$st" = 0 ]
 }
 # metrics SUFFIX RUN: every chatpipe role's /metrics, each in its own file
 # (metrics/RUN.ROLE.SUFFIX; tools/bench/report reads the workers' counters
@@ -424,30 +429,32 @@ w3=$!
 sleep "$TAKEOVER_SECS"
 kill "$w3"; wait "$w3" 2>/dev/null || true
 
+# ceiling_run NAME ARGS…: tools/bench/ceiling with ARGS, its output in
+# NAME.txt; every process's CPU and Postgres' counts are read over the
+# tool's own window (its "window start" and "window end" lines), not its
+# setup, warm-up and teardown, as its records are counted.
+ceiling_run() {
+  local name=$1 cpid; shift
+  echo "$W/ceiling -kafka $KAFKA -pg $PG $*" >> "$R/commands.txt"
+  "$W/ceiling" -kafka "$KAFKA" -pg "$PG" "$@" > "$R/$name.txt" 2> "$L/$name.log" &
+  cpid=$!
+  PIDS+=("$cpid")
+  until grep -q "window start" "$L/$name.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
+  snap "$R/cpu/$name.send"; pgstat "$R/pgstat/$name.send"
+  until grep -q "window end" "$L/$name.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
+  snap "$R/cpu/$name.end"; pgstat "$R/pgstat/$name.end"
+  wait "$cpid" || log "$name failed (see $L/$name.log)"
+  unset 'PIDS[${#PIDS[@]}-1]' # (the ceiling, added last)
+}
+
 log "ceiling: bare pipeline, $CEIL_PRODUCERS producers × $CEIL_BATCH records per transaction → read_committed consumer → Postgres, ${CEIL_SECS}s"
-snap "$R/cpu/ceiling.send"; pgstat "$R/pgstat/ceiling.send"
-echo "$W/ceiling -kafka $KAFKA -pg $PG -producers $CEIL_PRODUCERS -batch $CEIL_BATCH -duration ${CEIL_SECS}s" >> "$R/commands.txt"
-"$W/ceiling" -kafka "$KAFKA" -pg "$PG" -producers "$CEIL_PRODUCERS" -batch "$CEIL_BATCH" -duration "${CEIL_SECS}s" \
-  > "$R/ceiling.txt" 2> "$L/ceiling.log" || log "ceiling failed (see $L/ceiling.log)"
-snap "$R/cpu/ceiling.end"; pgstat "$R/pgstat/ceiling.end"
+ceiling_run ceiling -producers "$CEIL_PRODUCERS" -batch "$CEIL_BATCH" -duration "${CEIL_SECS}s"
 
 # The same bare parts in the shape a light load gives the writers: a
 # producer per vshard, one record per transaction, paced at lat1000's rate.
-# CPU is read over the tool's own window (its "window start" and "window
-# end" lines), not its setup.
 vshards=$(jq -r .vshards "$EP")
 log "ceiling1000: bare pipeline paced at 1,000 records/s, $vshards producers × 1 record per transaction, ${CEIL_SECS}s"
-echo "$W/ceiling -kafka $KAFKA -pg $PG -producers $vshards -batch 1 -rate 1000 -duration ${CEIL_SECS}s" >> "$R/commands.txt"
-"$W/ceiling" -kafka "$KAFKA" -pg "$PG" -producers "$vshards" -batch 1 -rate 1000 -duration "${CEIL_SECS}s" \
-  > "$R/ceiling1000.txt" 2> "$L/ceiling1000.log" &
-cpid=$!
-PIDS+=("$cpid")
-until grep -q "window start" "$L/ceiling1000.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
-snap "$R/cpu/ceiling1000.send"
-until grep -q "window end" "$L/ceiling1000.log" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; do sleep 0.05; done
-snap "$R/cpu/ceiling1000.end"
-wait "$cpid" || log "paced ceiling failed (see $L/ceiling1000.log)"
-unset 'PIDS[${#PIDS[@]}-1]' # (the paced ceiling, added last)
+ceiling_run ceiling1000 -producers "$vshards" -batch 1 -rate 1000 -duration "${CEIL_SECS}s"
 
 if [ "$GOBENCH" = 1 ]; then
   log "go test -bench: produce and Postgres-write ceilings on the same broker and Postgres"
@@ -473,6 +480,7 @@ echo "$W/floor -ws -conns $FLOOR_CONNS -rate $FLOOR_RATE -duration ${FLOOR_SECS}
 # Goal 7's anchor for lat1000 and r3000: the same bare server in each run's
 # shape, its devices and the event frames a second the gateway wrote to them.
 for run in lat1000 r3000; do
+  rm -f "$R/floor-ws-$run.txt" # (an earlier run's, in a BENCH_DIR used again)
   shape=$(go run ./tools/bench/report -dir "$R" -shape "$run" 2> "$L/floor-ws-$run.log") || { log "websocket floor in $run's shape: not measured (see $L/floor-ws-$run.log)"; continue; }
   read -r conns rate <<< "$shape"
   log "floor: a bare websocket server in $run's shape, $conns connections, $rate frames/s, ${FLOOR_SECS}s"

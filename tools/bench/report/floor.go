@@ -9,8 +9,9 @@ import (
 	"strings"
 )
 
-// floor is tools/bench/floor's two runs: what one small loopback write costs
-// this machine at one frame per write, and at batch frames per write.
+// floor is tools/bench/floor's runs: what one small loopback write costs
+// this machine at one frame per write and at batch frames per write, and
+// what a bare websocket server costs per frame (floor -ws).
 type floor struct {
 	one       float64 // the writer's µs per write, one frame per write
 	sinkOne   float64 // the reader's µs per frame, one frame per write
@@ -21,39 +22,44 @@ type floor struct {
 	conns     float64
 	bytes     float64
 	secs      float64
-	ws        float64 // the bare websocket server's µs per frame (floor -ws)
-	wsSink    float64 // its reader's µs per frame
-	// wsAt is the bare websocket server in a run's shape (floor-ws-RUN.txt):
-	// as many connections and frames a second as the gateway wrote there.
+	// ws is the bare websocket server at the floor's own rate
+	// (floor-ws.txt); wsAt in a run's shape (floor-ws-RUN.txt), as many
+	// connections and frames a second as the gateway wrote there.
+	ws   wsShape
 	wsAt map[string]wsShape
 }
 
-// wsShape is one run of the bare websocket server.
+// wsShape is one run of the bare websocket server: its connections, frames
+// a second, and the writer's and reader's µs per frame (us NaN: not run).
 type wsShape struct {
 	conns, rate, us, sink float64
 }
 
-// readFloor reads results/floor-1.txt and the other floor-N.txt.
+// readWS reads one run of the bare websocket server.
+func readWS(path string) wsShape {
+	kv := keyValues(path)
+	return wsShape{conns: orNaN(kv, "conns"), rate: orNaN(kv, "floor_writes_per_sec"), us: orNaN(kv, "floor_writer_us_per_frame"), sink: orNaN(kv, "floor_sink_us_per_frame")}
+}
+
+// readFloor reads results/floor-1.txt, the other floor-N.txt, floor-ws.txt
+// and floor-ws-RUN.txt.
 func readFloor(dir string) floor {
-	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN()}
-	ws := keyValues(filepath.Join(dir, "floor-ws.txt"))
-	f.ws, f.wsSink = orNaN(ws, "floor_writer_us_per_frame"), orNaN(ws, "floor_sink_us_per_frame")
-	f.wsAt = map[string]wsShape{}
-	shaped, _ := filepath.Glob(filepath.Join(dir, "floor-ws-*.txt"))
-	for _, n := range shaped {
-		kv := keyValues(n)
-		s := wsShape{conns: orNaN(kv, "conns"), rate: orNaN(kv, "floor_writes_per_sec"), us: orNaN(kv, "floor_writer_us_per_frame"), sink: orNaN(kv, "floor_sink_us_per_frame")}
-		if !math.IsNaN(s.us) {
-			f.wsAt[strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-ws-"), ".txt")] = s
-		}
-	}
+	f := floor{one: math.NaN(), sinkOne: math.NaN(), batchW: math.NaN(), sinkBatch: math.NaN(), wsAt: map[string]wsShape{}}
+	f.ws = readWS(filepath.Join(dir, "floor-ws.txt"))
 	one := keyValues(filepath.Join(dir, "floor-1.txt"))
 	f.one, f.sinkOne = orNaN(one, "floor_writer_us_per_write"), orNaN(one, "floor_sink_us_per_frame")
 	f.rate, f.conns, f.bytes, f.secs = orNaN(one, "floor_writes_per_sec"), orNaN(one, "conns"), orNaN(one, "frame_bytes"), orNaN(one, "window_secs")
 	names, _ := filepath.Glob(filepath.Join(dir, "floor-*.txt"))
 	sort.Strings(names)
 	for _, n := range names {
-		b, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-"), ".txt"))
+		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "floor-"), ".txt")
+		if run, ok := strings.CutPrefix(name, "ws-"); ok {
+			if s := readWS(n); !math.IsNaN(s.us) {
+				f.wsAt[run] = s
+			}
+			continue
+		}
+		b, err := strconv.Atoi(name)
 		if err != nil || b <= 1 {
 			continue
 		}
@@ -94,11 +100,11 @@ func (f floor) readsUS(r runFig) float64 {
 	return r.writesPerMsg() * f.linear(r.framesPerWrite(), f.sinkOne, f.sinkBatch*float64(f.batch))
 }
 
-// wsFor is the bare websocket server's µs per frame in run's shape, else
-// at the floor's own rate, and which of the two it is.
-func (f floor) wsFor(run string) (us float64, shaped bool) {
+// wsFor is the bare websocket server in run's shape, else at the floor's
+// own rate, and which of the two it is.
+func (f floor) wsFor(run string) (s wsShape, shaped bool) {
 	if s, ok := f.wsAt[run]; ok {
-		return s.us, true
+		return s, true
 	}
 	return f.ws, false
 }
@@ -114,10 +120,11 @@ func (f floor) batchedPerFrame() float64 {
 // gatewayWhy says what a bare write costs beside the gateway in run r,
 // and what joining frames into one write would cost its devices in delay.
 func (f floor) gatewayWhy(r runFig) string {
-	if !f.ok() || f.batch < 2 || !r.ok || r.win.secs <= 0 || r.rep.Users*r.rep.Devices <= 0 {
+	conns, rate, ok := r.shape()
+	if !f.ok() || f.batch < 2 || !ok {
 		return ""
 	}
-	perDevice := float64(r.delivered) / r.win.secs / float64(r.rep.Users*r.rep.Devices)
+	perDevice := rate / float64(conns)
 	shared := ""
 	if k := r.framesPerWrite(); !math.IsNaN(k) {
 		shared = fmt.Sprintf("; the gateway's writes carried %s frames each in this run (what was queued for a device when its writer woke)", num(k))
@@ -141,8 +148,8 @@ func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 	if f.batch > 1 {
 		fmt.Fprintf(b, "| %d | %s | %s | %s |\n", f.batch, num(f.batchW), num(f.batchedPerFrame()), num(f.sinkBatch))
 	}
-	if !math.IsNaN(f.ws) {
-		fmt.Fprintf(b, "| 1, a bare websocket server (`floor -ws`) | %s | %s | %s |\n", num(f.ws), num(f.ws), num(f.wsSink))
+	if !math.IsNaN(f.ws.us) {
+		fmt.Fprintf(b, "| 1, a bare websocket server (`floor -ws`, %.0f connections, %s frames/s) | %s | %s | %s |\n", f.ws.conns, num(f.ws.rate), num(f.ws.us), num(f.ws.us), num(f.ws.sink))
 	}
 	shaped := make([]string, 0, len(f.wsAt))
 	for n := range f.wsAt {
@@ -154,8 +161,8 @@ func writeFloor(b *strings.Builder, f floor, runs ...runFig) {
 		fmt.Fprintf(b, "| 1, the bare websocket server in %s's shape (%.0f connections, %s frames/s) | %s | %s | %s |\n", n, s.conns, num(s.rate), num(s.us), num(s.us), num(s.sink))
 	}
 	b.WriteString("\n")
-	if !math.IsNaN(f.ws) || len(f.wsAt) > 0 {
-		b.WriteString("The websocket rows are a bare server on the gateway's websocket library (github.com/coder/websocket): one goroutine per connection, fed by a channel, and one websocket message per frame, no protocol; its reader is the library's client, one goroutine per connection. A run's shape is its devices and the event frames a second the gateway queued to them over its window (`chatpipe_delivery_frames_total`): a write costs more per frame when fewer come a second, since fewer find their goroutine and thread awake. The row in a run's shape is the anchor of goal 7 for that run; the first row, when a run has none.\n\n")
+	if !math.IsNaN(f.ws.us) || len(f.wsAt) > 0 {
+		b.WriteString("The websocket rows are a bare server on the gateway's websocket library (github.com/coder/websocket): one goroutine per connection, fed by a channel, and one websocket message per frame, no protocol; its reader is the library's client, one goroutine per connection. A run's shape is its devices and the event frames a second the gateway queued to them over its window (`chatpipe_delivery_frames_total`); what a frame costs depends on both (at a lower rate fewer frames find their goroutine and thread awake). The row in a run's shape is the anchor of goal 7 for that run; the `floor -ws` row, for a run that has none.\n\n")
 	}
 	var rows []string
 	for _, r := range runs {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/chatpipe/chatpipe/tools/loadgen"
@@ -30,5 +32,33 @@ func TestFloorPricesWritesByFramesPerWrite(t *testing.T) {
 	// Without the gateway's counters there is nothing to price.
 	if least, _ := f.writesUS(runFig{rep: &loadgen.Report{Accepted: 100}}); !math.IsNaN(least) {
 		t.Errorf("writesUS without counters = %v, want NaN", least)
+	}
+}
+
+// readFloor takes the bare websocket server at the floor's rate and in
+// each run's shape from their files; goal 7 prices a run by its own shape,
+// and by the floor's rate only for a run that has none.
+func TestFloorReadsTheWebsocketServerInEachShape(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"floor-1.txt":          "floor_writer_us_per_write 8\nfloor_sink_us_per_frame 9\nfloor_writes_per_sec 30000\nconns 1200\n",
+		"floor-10.txt":         "floor_writer_us_per_write 30\nfloor_sink_us_per_frame 2\n",
+		"floor-ws.txt":         "floor_writer_us_per_frame 10\nfloor_sink_us_per_frame 11\nfloor_writes_per_sec 29990\nconns 1200\n",
+		"floor-ws-lat1000.txt": "floor_writer_us_per_frame 13\nfloor_sink_us_per_frame 14\nfloor_writes_per_sec 9000\nconns 400\n",
+		"floor-ws-r3000.txt":   "floor_sink_us_per_frame 14\n", // the server did not run
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := readFloor(dir)
+	if f.one != 8 || f.batch != 10 || f.batchW != 30 {
+		t.Errorf("TCP floor = %v µs, batch %d at %v µs; want 8, 10 at 30", f.one, f.batch, f.batchW)
+	}
+	if s, shaped := f.wsFor("lat1000"); !shaped || s.us != 13 || s.conns != 400 || s.rate != 9000 {
+		t.Errorf("lat1000's anchor = %+v (shaped %v), want its own shape at 13 µs", s, shaped)
+	}
+	if s, shaped := f.wsFor("r3000"); shaped || s.us != 10 || s.rate != 29990 {
+		t.Errorf("r3000's anchor = %+v (shaped %v), want the floor -ws row at 10 µs", s, shaped)
 	}
 }

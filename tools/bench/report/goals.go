@@ -44,29 +44,31 @@ type bare struct {
 	all, proc, broker, pg float64
 }
 
-func (res results) bare() bare { return bareOf(res.ceil, res.ceilWin, res.ceilOK) }
+func (res results) bare() bare { return res.ceil.bare() }
 
-// pacedBare is bare for the paced run of the ceiling (ceiling1000): the
-// bare parts in the writers' light-load shape.
-func (res results) pacedBare() bare { return bareOf(res.paced, res.pacedWin, res.pacedOK) }
-
-// pacedFor is pacedBare for a run offered the paced ceiling's rate; ok is
-// false for any other run, or when the paced ceiling was not measured.
+// pacedFor is the paced ceiling's bare parts for a run offered its rate;
+// ok is false for any other run, or when the paced ceiling was not
+// measured.
 func (res results) pacedFor(r runFig) (b bare, ok bool) {
-	b = res.pacedBare()
-	return b, r.ok && !math.IsNaN(b.all) && r.rep.Rate == orNaN(res.paced, "rate")
+	b = res.paced.bare()
+	return b, r.ok && !math.IsNaN(b.all) && r.rep.Rate == orNaN(res.paced.kv, "rate")
 }
 
-// bareOf is a ceiling run's CPU per record: kv is its output, win the
-// broker's and Postgres' CPU over its window.
-func bareOf(kv map[string]float64, win window, ok bool) bare {
-	in := int64(orNaN(kv, "inserted"))
-	if !ok || in <= 0 {
+// bare is the run's CPU per record reaching Postgres (NaN when its CPU
+// window or its records are missing).
+func (c ceilRun) bare() bare {
+	in := int64(orNaN(c.kv, "inserted"))
+	if !c.ok || in <= 0 {
 		return bare{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
 	}
-	b := bare{proc: us(orNaN(kv, "cpu_secs"), in), broker: us(win.cpu["broker"], in), pg: us(win.cpu["postgres"], in)}
+	b := bare{proc: us(orNaN(c.kv, "cpu_secs"), in), broker: us(c.win.cpu["broker"], in), pg: us(c.win.cpu["postgres"], in)}
 	b.all = b.proc + b.broker + b.pg
 	return b
+}
+
+// parts names b's parts, for a sentence.
+func (b bare) parts() string {
+	return fmt.Sprintf("the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs", num(b.proc), num(b.broker), num(b.pg))
 }
 
 func (b bare) String() string {
@@ -136,7 +138,7 @@ func goalRows(res results) []goalRow {
 	rows = append(rows, goalRow{
 		figure:   "3. the whole stack (every process but loadgen) at 1,000 msg/s, cores kept busy",
 		measured: lat.cores(stackProcs...), unit: "cores", target: stackTarget, atMost: true,
-		beside: fmt.Sprintf("%s cores (%s) + 2 × the bare parts at 1,000 records/s (%s cores)", num(centrifugeCores1000()), centrifugeWhen, num(2*bp.all*1000/1e6)),
+		beside: fmt.Sprintf("%s cores (%s) + 2 × the flat-out bare parts' CPU per record × 1,000 records/s (%s cores)", num(centrifugeCores1000()), centrifugeWhen, num(2*bp.all*1000/1e6)),
 		why:    stackWhy(lat)})
 	idleCores := math.NaN()
 	if idle.ok {
@@ -174,15 +176,14 @@ func goalRows(res results) []goalRow {
 	// 7. The gateway stays at parity.
 	for _, r := range []runFig{lat, mid} {
 		ws, shaped := fl.wsFor(r.name)
-		beside := fmt.Sprintf("a bare websocket server's CPU per frame at %s frames a second, same run (\"Write floor\"; a bare TCP write: %s µs)", num(fl.rate), num(fl.one))
+		shape, also := "at the floor's rate", fmt.Sprintf("a bare TCP write: %s µs", num(fl.one))
 		if shaped {
-			s := fl.wsAt[r.name]
-			beside = fmt.Sprintf("a bare websocket server's CPU per frame in this run's shape (%.0f connections, %s frames/s), same run (\"Write floor\"; at %s frames/s: %s µs)", s.conns, num(s.rate), num(fl.rate), num(fl.ws))
+			shape, also = "in this run's shape", fmt.Sprintf("at %s frames/s to %.0f: %s µs", num(fl.ws.rate), fl.ws.conns, num(fl.ws.us))
 		}
 		rows = append(rows, goalRow{
 			figure:   fmt.Sprintf("7. gateway CPU per delivered event (all its work, accepting included), %s", rateName(r)),
-			measured: r.gatewayPerDelivery(), unit: "µs", target: ws, atMost: true,
-			beside: beside,
+			measured: r.gatewayPerDelivery(), unit: "µs", target: ws.us, atMost: true,
+			beside: fmt.Sprintf("a bare websocket server's CPU per frame %s (%.0f connections, %s frames/s), same run (\"Write floor\"; %s)", shape, ws.conns, num(ws.rate), also),
 			why:    fmt.Sprintf("the gateway's whole CPU is %s µs per accepted message; ", num(r.roleUS("gateway"))) + strings.TrimPrefix(fl.gatewayWhy(r), "; ")})
 	}
 	return rows
@@ -231,16 +232,13 @@ func behindWhy(res results, r runFig) string {
 		// Each Kafka transaction is at least three requests to the broker
 		// (add the partition, produce, end the transaction), whatever it
 		// carries; the bare parts carry 50 records in one.
-		w += fmt.Sprintf("; %s events per Kafka transaction (the ceiling: %.0f records)", num(d.eventsPerTxn()), orNaN(ceilKV(dir), "batch"))
+		w += fmt.Sprintf("; %s events per Kafka transaction (the ceiling: %.0f records)", num(d.eventsPerTxn()), orNaN(res.ceil.kv, "batch"))
 	}
 	if pb, ok := res.pacedFor(r); ok {
 		w += fmt.Sprintf("; the bare parts paced at this rate in the writers' shape (a producer per vshard, one record per transaction, same run) cost %s µs per record, so this is %s× them (see the ceiling section)", num(pb.all), ratio(r.sumUS(behindRoles...), pb.all))
 	}
 	return w + "; see the profile tops and the Postgres section"
 }
-
-// ceilKV is the ceiling's key values.
-func ceilKV(dir string) map[string]float64 { return keyValues(filepath.Join(dir, "ceiling.txt")) }
 
 func pgWhy(res results, r runFig) string {
 	trips := roleTrips(res.dir, r.name)

@@ -216,7 +216,7 @@ func writePostgres(b *strings.Builder, res results) {
 			num(per(pgCalls, r.rep.Accepted)), num(per(xact, r.rep.Accepted)))
 	}
 	if cw := readPGWindow(res.dir, "ceiling"); cw.ok {
-		in := int64(orNaN(res.ceil, "inserted"))
+		in := int64(orNaN(res.ceil.kv, "inserted"))
 		fmt.Fprintf(b, "| ceiling (per record) |%s — | — | %s | %s |\n", strings.Repeat(" — |", len(cols)),
 			num(per(cw.calls(notChatpipeDB), in)), num(per(cw.batches(notChatpipeDB), in)))
 	}

@@ -43,16 +43,24 @@ type results struct {
 	// saturation, 1:1 conversations and one hot conversation.
 	lat, mid, sat, one, hot runFig
 	floor                   floor
-	ceil                    map[string]float64 // ceiling.txt
-	ceilWin                 window             // CPU over the ceiling run
-	ceilOK                  bool
-	ceilRate                float64 // records reaching Postgres per second
-	// The same bare parts paced at lat1000's rate in the writers'
-	// light-load shape (ceiling1000.txt, and CPU over its own window).
-	paced       map[string]float64
-	pacedWin    window
-	pacedOK     bool
+	// The bare pipeline flat out (ceiling), and the same bare parts paced
+	// at lat1000's rate in the writers' light-load shape (ceiling1000).
+	ceil, paced ceilRun
 	profRunName string // the run the roles were profiled in
+}
+
+// ceilRun is one run of tools/bench/ceiling: its output (NAME.txt), and
+// every process's CPU over its window.
+type ceilRun struct {
+	kv  map[string]float64
+	win window
+	ok  bool // the CPU window was taken
+}
+
+func readCeiling(dir, name string) ceilRun {
+	r := ceilRun{kv: keyValues(filepath.Join(dir, name+".txt"))}
+	r.win, r.ok = cpuWindow(dir, name)
+	return r
 }
 
 // readResults reads the results directory dir; a file that is missing
@@ -61,10 +69,6 @@ func readResults(dir string) results {
 	machine, _ := os.ReadFile(filepath.Join(dir, "machine.txt"))
 	commands, _ := os.ReadFile(filepath.Join(dir, "commands.txt"))
 	bench, order, _ := benchLines(filepath.Join(dir, "bench.txt"))
-	ceil := keyValues(filepath.Join(dir, "ceiling.txt"))
-	ceilWin, ceilOK := cpuWindow(dir, "ceiling")
-	paced := keyValues(filepath.Join(dir, "ceiling1000.txt"))
-	pacedWin, pacedOK := cpuWindow(dir, "ceiling1000")
 	profRun, _ := os.ReadFile(filepath.Join(dir, "prof", "run.txt"))
 	return results{
 		dir:         dir,
@@ -79,13 +83,8 @@ func readResults(dir string) results {
 		one:         readRun(dir, "one1"),
 		hot:         readRun(dir, "hot"),
 		floor:       readFloor(dir),
-		ceil:        ceil,
-		ceilWin:     ceilWin,
-		ceilOK:      ceilOK,
-		ceilRate:    orNaN(ceil, "ceiling_msgs_per_sec"),
-		paced:       paced,
-		pacedWin:    pacedWin,
-		pacedOK:     pacedOK && len(paced) > 0,
+		ceil:        readCeiling(dir, "ceiling"),
+		paced:       readCeiling(dir, "ceiling1000"),
 		profRunName: strings.Fields(string(profRun) + " r3000")[0],
 	}
 }
@@ -234,7 +233,8 @@ func writeRuns(b *strings.Builder, res results) {
 // writeCeiling writes the bare pipeline's ceiling, measured in the same
 // run, beside chatpipe at saturation.
 func writeCeiling(b *strings.Builder, res results) {
-	ceil, ceilWin, ceilRate, sat := res.ceil, res.ceilWin, res.ceilRate, res.sat
+	ceil, sat := res.ceil.kv, res.sat
+	rate := orNaN(ceil, "ceiling_msgs_per_sec")
 	b.WriteString("## Bare-pipeline ceiling (same broker, same Postgres, same run)\n\n")
 	if len(ceil) == 0 {
 		b.WriteString("Not measured (see logs/ceiling.log).\n\n")
@@ -242,19 +242,18 @@ func writeCeiling(b *strings.Builder, res results) {
 		fmt.Fprintf(b, "`tools/bench/ceiling`: %.0f transactional producers, %.0f records of %.0f bytes per transaction, one partition each → the broker → persist's own consumer (read_committed group consumer, one multi-row `INSERT … ON CONFLICT` per poll plus the offsets in one Postgres transaction) → a scratch database with chatpipe's schema. Producers wait while Postgres is more than 20,000 records behind, so the rate is sustained.\n\n",
 			orNaN(ceil, "producers"), orNaN(ceil, "batch"), orNaN(ceil, "record_bytes"))
 		fmt.Fprintf(b, "| records reaching Postgres/s | produced/s | transactions/s | window | beside: chatpipe at saturation | chatpipe ÷ ceiling |\n|---|---|---|---|---|---|\n| **%s** | %s | %s | %.0f s | %s msg/s | %s |\n\n",
-			num(ceilRate), num(orNaN(ceil, "produced_per_sec")), num(orNaN(ceil, "txn_per_sec")), orNaN(ceil, "window_secs"), num(sat.rep.AcceptedPerSec), ratio(sat.rep.AcceptedPerSec, ceilRate))
-		if res.ceilOK {
-			in := int64(orNaN(ceil, "inserted"))
-			fmt.Fprintf(b, "CPU per record over the ceiling run: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs; the idle chatpipe roles %s µs.\n\n",
-				num(us(orNaN(ceil, "cpu_secs"), in)), num(us(ceilWin.cpu["broker"], in)), num(us(ceilWin.cpu["postgres"], in)), num(us(ceilWin.sum(chatpipeRoles...), in)))
+			num(rate), num(orNaN(ceil, "produced_per_sec")), num(orNaN(ceil, "txn_per_sec")), orNaN(ceil, "window_secs"), num(sat.rep.AcceptedPerSec), ratio(sat.rep.AcceptedPerSec, rate))
+		if bp := res.ceil.bare(); !math.IsNaN(bp.all) {
+			fmt.Fprintf(b, "CPU per record over the tool's own window (its setup, warm-up and teardown left out): %s; the idle chatpipe roles %s µs.\n\n",
+				bp.parts(), num(us(res.ceil.win.sum(chatpipeRoles...), int64(orNaN(ceil, "inserted")))))
 		}
 	}
-	if pb := res.pacedBare(); !math.IsNaN(pb.all) {
-		p := res.paced
-		fmt.Fprintf(b, "**Paced in the writers' light-load shape** (`-rate %s -producers %.0f -batch %.0f`): the same bare parts, a producer per vshard and one record per transaction, as lat1000 gives chatpipe's writers (each vshard sees a few messages a second, so nearly every transaction carries one). %s records reached Postgres a second in %s transactions over %.0f s. CPU per record over the tool's own window: the ceiling process (producers and consumer) %s µs, broker %s µs, Postgres %s µs: **%s µs in all**, %s× the flat-out ceiling's.\n\n",
+	if pb := res.paced.bare(); !math.IsNaN(pb.all) {
+		p := res.paced.kv
+		fmt.Fprintf(b, "**Paced in the writers' light-load shape** (`-rate %s -producers %.0f -batch %.0f`): the same bare parts, a producer per vshard and one record per transaction, as lat1000 gives chatpipe's writers (each vshard sees a few messages a second, so nearly every transaction carries one). %s records reached Postgres a second in %s transactions over %.0f s. CPU per record over the tool's own window: %s: **%s µs in all**, %s× the flat-out ceiling's.\n\n",
 			strconv.FormatFloat(orNaN(p, "rate"), 'f', -1, 64), orNaN(p, "producers"), orNaN(p, "batch"),
 			num(orNaN(p, "ceiling_msgs_per_sec")), num(orNaN(p, "txn_per_sec")), orNaN(p, "window_secs"),
-			num(pb.proc), num(pb.broker), num(pb.pg), num(pb.all), ratio(pb.all, res.bare().all))
+			pb.parts(), num(pb.all), ratio(pb.all, res.ceil.bare().all))
 	}
 }
 
