@@ -132,10 +132,17 @@ func newPersister(cfg Config, db logsink.DB, hold time.Duration, w writes) *Pers
 	if w == writeAll {
 		salvage = []logsink.Salvage{{What: "its read-model changes", Handle: p.readModel.Handle}, {What: "its event row", Handle: p.handleEvents}}
 	}
+	// Shard writers take what is announced on pglisten.Persisted for
+	// persist's offsets: a consumer storing its own (a rebuild's first
+	// pass) announces nothing.
+	announce := pglisten.Persisted
+	if cfg.Consumer != logsink.PersistConsumer {
+		announce = ""
+	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
 		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim,
 		Salvage:  salvage,
-		Announce: pglisten.Persisted, HoldBeforeCommit: hold},
+		Announce: announce, HoldBeforeCommit: hold},
 		"chatpipe_persist", "Records of a partition not yet in Postgres (events and read model), as of the last fetch.")
 	return p
 }
@@ -164,9 +171,13 @@ func (p *Persister) Collectors() []prometheus.Collector {
 	}, append(p.consumer.Collectors(), p.readModel.Collectors()...)...)
 }
 
-// trim deletes delivery rows older than Retain, once a minute.
+// trim deletes delivery rows older than Retain, once a minute. It runs
+// between batches, so it is bounded as a batch is: a Postgres that stops
+// answering holds the consumer no longer than a batch would.
 func (p *Persister) trim(ctx context.Context) {
-	if err := p.readModel.Trim(ctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
+	tctx, cancel := context.WithTimeout(ctx, logsink.DefaultBatchTimeout)
+	defer cancel()
+	if err := p.readModel.Trim(tctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
 		p.cfg.Log.Warn("persist: trimming the delivery outbox failed", "err", err)
 	}
 }
