@@ -57,7 +57,7 @@ func Rebuild(ctx context.Context, cfg Config, idle time.Duration) (Rebuilt, erro
 		(SELECT count(*) FROM consumer_offsets WHERE consumer = $1 AND topic = $3),
 		(SELECT count(*) FROM consumer_offsets WHERE consumer = $2 AND topic = $3)`,
 		cfg.Consumer, rebuildConsumer, cfg.Topic).Scan(&n, &persisted, &firstPass); err != nil {
-		return res, fmt.Errorf("persist: count events: %w", err)
+		return res, fmt.Errorf("persist: count the target's events and offsets: %w", err)
 	}
 	if n > 0 && (persisted > 0 || firstPass == 0) {
 		return res, fmt.Errorf("the target database holds %d events already; rebuild only into an empty one, or one a rebuild left in its first pass (`chatpipe persist` finishes one stopped later)", n)
@@ -132,6 +132,11 @@ func rebuildPass(ctx context.Context, cfg Config, p *Persister, idle time.Durati
 		}
 		recs := fs.Records()
 		if len(recs) == 0 {
+			if until != nil {
+				// The first pass read this far: the log is there, it did
+				// not come within idle.
+				return n, ends, fmt.Errorf("persist: the second pass read nothing for %v before reaching where the first ended (read %v of %v); `chatpipe persist` goes on from where it stopped", idle, ends, until)
+			}
 			return n, ends, nil
 		}
 		if until != nil {

@@ -25,15 +25,6 @@ import (
 func TestRebuildGoesOnFromAStoppedFirstPass(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(k.Close)
-	brokers, topic := []string{k.Addr()}, "rebuild-test"
-	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-		t.Fatal(err)
-	}
 	at := time.Unix(1, 0).UTC()
 	evs := []*logrecord.Event{
 		{Kind: logrecord.KindCreate, ConversationID: "c1", Seq: 1, MessageID: "m1", Sender: "u1", Members: []string{"u2", "u3"}, CreatedAt: at},
@@ -43,39 +34,17 @@ func TestRebuildGoesOnFromAStoppedFirstPass(t *testing.T) {
 		message("c1", 4, "m4", "k4"),
 		{Kind: logrecord.KindLeave, ConversationID: "c1", Seq: 5, MessageID: "m5", Sender: "u3", UserID: "u3", CreatedAt: at},
 	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	var recs []*kgo.Record
-	for _, e := range evs {
-		r := record(t, e, 0)
-		r.Topic = topic
-		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, r) // (ProduceSync set its offset)
-	}
+	brokers, topic, recs := rebuildLog(ctx, t, evs)
 
 	rebuild := func(db *pgxpool.Pool) error {
 		_, err := Rebuild(ctx, Config{Brokers: brokers, Topic: topic, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, 500*time.Millisecond)
 		return err
 	}
-	// Events, memberships, offsets, dead letters, seq conflicts ("-": none).
-	const state = `SELECT concat_ws(' | ',
-		coalesce((SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM events), '-'),
-		coalesce((SELECT string_agg(user_id || ':' || joined_seq || '-' || coalesce(left_seq::text, 'open'), ' ' ORDER BY user_id) FROM memberships), '-'),
-		coalesce((SELECT string_agg(consumer || ' ' || log_partition || ' ' || next_offset, ',' ORDER BY consumer) FROM consumer_offsets), '-'),
-		coalesce((SELECT string_agg(consumer || ' ' || log_offset, ',' ORDER BY consumer) FROM dead_letters), '-'),
-		(SELECT count(*)::text FROM seq_conflicts))`
 	read := func(db *pgxpool.Pool) string {
-		t.Helper()
-		var s string
-		if err := db.QueryRow(ctx, state).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return summary(t, db, eventSeqs, memberPeriods,
+			`SELECT string_agg(consumer || ' ' || log_partition || ' ' || next_offset, ',' ORDER BY consumer) FROM consumer_offsets`,
+			`SELECT string_agg(consumer || ' ' || log_offset, ',' ORDER BY consumer) FROM dead_letters`,
+			`SELECT count(*)::text FROM seq_conflicts`)
 	}
 
 	empty := pgtest.DB(t, pgtest.Options{})
@@ -112,5 +81,54 @@ func TestRebuildGoesOnFromAStoppedFirstPass(t *testing.T) {
 	// persist has written this one: not a rebuild's to go on with.
 	if err := rebuild(stopped); err == nil || !strings.Contains(err.Error(), "holds 4 events already") {
 		t.Errorf("rebuild into a database persist wrote: %v, want a refusal", err)
+	}
+}
+
+// rebuildLog starts a broker with a one-partition topic for the test (its
+// cleanup stops it) and produces evs to it, in order; recs are the records
+// as produced, offsets set.
+func rebuildLog(ctx context.Context, t *testing.T, evs []*logrecord.Event) (brokers []string, topic string, recs []*kgo.Record) {
+	t.Helper()
+	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	brokers, topic = []string{k.Addr()}, "rebuild-test"
+	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	for _, e := range evs {
+		r := record(t, e, 0)
+		r.Topic = topic
+		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r) // (ProduceSync set its offset)
+	}
+	return brokers, topic, recs
+}
+
+// TestRebuildSecondPassFallingShortFails: a second pass that reads
+// nothing for idle before reaching where the first pass ended is an
+// error, not a rebuild reported done with part of the read model.
+func TestRebuildSecondPassFallingShortFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	brokers, topic, _ := rebuildLog(ctx, t, []*logrecord.Event{message("c1", 1, "m1", "k1"), message("c1", 2, "m2", "k2")})
+	db := pgtest.DB(t, pgtest.Options{})
+	cfg := Config{Brokers: brokers, Topic: topic, DB: db, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	// The first pass ended at offset 5 (as if the log's tail were not served now).
+	n, _, err := rebuildPass(ctx, cfg, newPersister(cfg, db, 0, writeReadModel), 500*time.Millisecond, map[int32]int64{0: 5})
+	if err == nil || !strings.Contains(err.Error(), "before reaching where the first ended") {
+		t.Fatalf("second pass read %d records and ended with %v; want an error for falling short", n, err)
 	}
 }
