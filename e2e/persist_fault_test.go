@@ -138,12 +138,7 @@ func projectedPeriods(t *testing.T, ep endpoints) map[string]map[string][][2]int
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, ep.Postgres)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	return readPeriods(ctx, t, conn)
+	return readPeriods(ctx, t, connectPG(ctx, t, ep.Postgres))
 }
 
 // readPeriods is projectedPeriods on an open connection.

@@ -13,8 +13,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/chatpipe/chatpipe/internal/devstack"
 )
+
+// connectPG opens a connection to the database at dsn for the test; the
+// test's cleanup closes it.
+func connectPG(ctx context.Context, t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
 
 // testPG is a Postgres cluster run by the test itself (not by chatpipe
 // dev), so that the test can stop it and start it again on the same data

@@ -447,11 +447,7 @@ func checkReadModel(t *testing.T, ep endpoints) []row {
 	waitProjected(t, ep, len(rows))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, ep.Postgres)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connectPG(ctx, t, ep.Postgres)
 
 	got := readPeriods(ctx, t, conn)
 	if g, w := fmt.Sprint(sortedPeriods(got)), fmt.Sprint(sortedPeriods(periods(rows))); g != w {

@@ -94,7 +94,7 @@ func queryRows(t *testing.T, url, sql string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background())
+	defer conn.Close(context.Background()) // (called in a poll: one connection at a time)
 	rows, err := conn.Query(ctx, sql)
 	if err != nil {
 		t.Fatal(err)
