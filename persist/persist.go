@@ -245,9 +245,6 @@ func (p *Persister) Settle(ctx context.Context, recs []*kgo.Record) error {
 	return p.consumer.Settle(ctx, recs)
 }
 
-// DeadLetters is the number of records dead-lettered by this Persister.
-func (p *Persister) DeadLetters() int64 { return p.consumer.DeadLettered() }
-
 // handle queues one poll's rows and their read-model changes on b; logsink
 // queues the partitions' next offsets before them and the announcement on
 // pglisten.Persisted after them and sends it all as one transaction, in one

@@ -170,8 +170,8 @@ func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 	if err != nil || offs[0] != 5 {
 		t.Errorf("persist offsets = %v, %v; want partition 0 at 5", offs, err)
 	}
-	if p.DeadLetters() != 2 {
-		t.Errorf("DeadLetters = %d, want 2", p.DeadLetters())
+	if n := p.consumer.DeadLettered(); n != 2 {
+		t.Errorf("dead-lettered = %d, want 2", n)
 	}
 }
 

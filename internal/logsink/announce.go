@@ -9,15 +9,6 @@ import (
 
 // The NOTIFY payload a batch's commit announces: the offsets it stored.
 
-// NextOffsets is, per partition, the offset after the last of recs.
-func NextOffsets(recs []*kgo.Record) map[int32]int64 {
-	next := map[int32]int64{}
-	for _, r := range recs {
-		next[r.Partition] = r.Offset + 1
-	}
-	return next
-}
-
 // maxPayload keeps an announcement under Postgres's 8000-byte NOTIFY
 // payload limit: a larger one is sent empty.
 const maxPayload = 7000

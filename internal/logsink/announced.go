@@ -92,16 +92,3 @@ func (a *Announced) Offset(part int32) (off int64, ok bool) {
 	off, ok = a.known[part]
 	return off, ok
 }
-
-// Covered reports whether the known offsets reach next for every
-// partition in it.
-func (a *Announced) Covered(next map[int32]int64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for part, n := range next {
-		if a.known[part] < n {
-			return false
-		}
-	}
-	return true
-}

@@ -27,19 +27,6 @@ func Offsets(ctx context.Context, q Querier, consumer, topic string) (map[int32]
 	return out, nil
 }
 
-// Offset reads a consumer's stored next offset of one partition of topic;
-// ok is false when the consumer has stored none there yet.
-func Offset(ctx context.Context, q Querier, consumer, topic string, part int32) (off int64, ok bool, err error) {
-	rows, err := q.Query(ctx, `SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND log_partition = $3`, consumer, topic, part)
-	if err != nil {
-		return 0, false, fmt.Errorf("read %s offset: %w", consumer, err)
-	}
-	if _, err := pgx.ForEachRow(rows, []any{&off}, func() error { ok = true; return nil }); err != nil {
-		return 0, false, fmt.Errorf("read %s offset: %w", consumer, err)
-	}
-	return off, ok, nil
-}
-
 // StoredOffset is one row of consumer_offsets.
 type StoredOffset struct {
 	Consumer   string
@@ -111,7 +98,8 @@ func execOffsets(br pgx.BatchResults, consumer string) error {
 	return nil
 }
 
-// nextOffsetArrays is NextOffsets as the two arrays storeOffsetsSQL takes.
+// nextOffsetArrays is, per partition of recs, the offset after its last
+// record, as the two arrays storeOffsetsSQL takes.
 // recs are in offset order per partition, usually of one partition or few,
 // so a short scan finds a partition's slot without a map.
 func nextOffsetArrays(recs []*kgo.Record) ([]int32, []int64) {
