@@ -392,7 +392,7 @@ func (c *columns) decode(recs []*kgo.Record, events []*logrecord.Event) error {
 	for i, r := range recs {
 		e := events[i]
 		if !e.HasSeq() {
-			continue // a takeover or read marker: the projection keeps markers
+			continue // a takeover or read marker: no event row (the read model keeps read markers)
 		}
 		c.conv = append(c.conv, e.ConversationID)
 		c.seq = append(c.seq, e.Seq)

@@ -360,18 +360,26 @@ func TestTakeoverOnlyBatchMovesOffsets(t *testing.T) {
 	}
 }
 
-// TestWriteIsOneRoundTrip: a batch (rows, offsets, announcement, commit) is
-// sent to Postgres in one round trip, once its statements are prepared.
+// TestWriteIsOneRoundTrip: a batch (rows, read model with membership
+// changes, offsets, announcement, commit) is sent to Postgres in one round
+// trip, once its statements are prepared.
 func TestWriteIsOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	var writes atomic.Int64
 	db := countingPool(t, pgtest.DB(t, pgtest.Options{}), &writes)
 	p := newTestPersister(t, db)
-	if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", 1, "m1", "k1"), 0)}); err != nil {
+	at := time.Unix(1, 0).UTC()
+	create := func(conv string, seq int64) *logrecord.Event {
+		return &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: conv, Seq: seq, MessageID: conv + "-create", Sender: "u1", Members: []string{"u2"}, CreatedAt: at}
+	}
+	kick := func(conv string, seq int64) *logrecord.Event {
+		return &logrecord.Event{Kind: logrecord.KindKick, ConversationID: conv, Seq: seq, MessageID: conv + "-kick", Sender: "u1", UserID: "u2", CreatedAt: at}
+	}
+	if err := p.Write(ctx, []*kgo.Record{record(t, create("c0", 1), 0), record(t, message("c0", 2, "m1", "k1"), 1), record(t, kick("c0", 3), 2)}); err != nil {
 		t.Fatal(err) // connects and prepares
 	}
 	writes.Store(0)
-	if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", 2, "m2", "k2"), 1), record(t, message("c2", 1, "m3", "k3"), 2)}); err != nil {
+	if err := p.Write(ctx, []*kgo.Record{record(t, create("c1", 1), 3), record(t, message("c1", 2, "m2", "k2"), 4), record(t, kick("c1", 3), 5)}); err != nil {
 		t.Fatal(err)
 	}
 	if n := writes.Load(); n != 1 {
@@ -514,6 +522,9 @@ func TestWriteAppliesTheReadModel(t *testing.T) {
 		`SELECT string_agg(array_to_string(from_seqs, ',') || '-' || array_to_string(to_seqs, ','), ' ') FROM delivery_outbox`)
 	if want := "1 2 3 | u1:1-open u2:1-3 | 3 | 1-3"; got != want {
 		t.Errorf("events | memberships | last seq | delivery = %q, want %q", got, want)
+	}
+	if offs, err := logsink.Offsets(ctx, db, logsink.PersistConsumer, logrecord.DefaultTopic); err != nil || offs[0] != 3 {
+		t.Errorf("persist offsets = %v, %v; want partition 0 at 3", offs, err)
 	}
 }
 

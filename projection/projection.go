@@ -5,12 +5,12 @@
 //
 // persist applies it: each batch's read-model changes go into the same
 // Postgres transaction as the batch's events and its stored offsets, in one
-// round trip. So a delivery row never names an event that is not in
-// Postgres (docs/architecture.md, rule 12), the read model is exactly as far
-// along the log as events, and sync and history, which never read past a
-// conversation's projected last_seq, agree with the membership periods they
-// check. This package plans and queues those changes; it reads nothing
-// itself and owns no consumer.
+// round trip. So a delivery row never names an event persist has not
+// stored or dead-lettered (docs/architecture.md, rule 12), the read model is
+// exactly as far along the log as events, and sync and history, which never
+// read past a conversation's projected last_seq, agree with the membership
+// periods they check. This package plans and queues those changes, and
+// trims the outbox (Trim); it owns no consumer.
 package projection
 
 import (
@@ -104,7 +104,7 @@ func (p *ReadModel) Trim(ctx context.Context, db *pgxpool.Pool, retain time.Dura
 	return nil
 }
 
-// Statements of a batch, in the order apply queues them.
+// Statements of a batch, in the order Queue queues them.
 const (
 	// gapSQL keeps the rule that a conversation's membership periods are
 	// those of its events in seq order, through every seq up to its

@@ -142,7 +142,8 @@ func TestApplyWritesReadModelAndDelivery(t *testing.T) {
 
 // TestBatchIsOneRoundTrip: a batch's read-model changes cost no round trip
 // of their own: the batch (read model, delivery row, offsets, commit) is
-// one, and persist sends its event rows in the same one.
+// one. (persist's TestWriteIsOneRoundTrip counts its event rows and the
+// read model together.)
 func TestBatchIsOneRoundTrip(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -45,7 +45,7 @@ type Push struct {
 	Frame []byte // the encoded frame
 }
 
-// Feed follows the delivery outbox the projection writes and pushes each
+// Feed follows the delivery outbox persist writes and pushes each
 // batch's events to the local devices of the users who may see them.
 //
 // A device connected before the feed read a row gets that row's events
@@ -182,7 +182,7 @@ func (f *Feed) skip() bool {
 
 // listen signals wake on every delivery notification, and once after each
 // LISTEN took effect, until ctx ends. A notification's payload is the
-// outbox id its row got (the projection's pg_notify); one without an id
+// outbox id its row got (persist's pg_notify); one without an id
 // (the LISTEN taking effect, or another sender) asks for a read.
 func (f *Feed) listen(ctx context.Context, wake chan<- struct{}) {
 	pglisten.Run(ctx, f.DB, pglisten.Delivery, func(payload string) {

@@ -85,7 +85,7 @@ type SyncResult struct {
 
 // Sync returns the events of all the user's conversations after each
 // cursor (0 if absent), within the user's membership periods and no
-// further than the projection has applied, at most limit of them.
+// further than the read model has been applied, at most limit of them.
 func (s *Store) Sync(ctx context.Context, user string, cursors map[string]int64, limit int) (*SyncResult, error) {
 	return s.sync(ctx, user, cursors, nil, limit)
 }
@@ -292,8 +292,8 @@ func (s *Store) Conversations(ctx context.Context, user string, limit int) ([]*p
 }
 
 // OpenMemberships counts, for each of users, the conversations other than
-// except they are a member of now (as far as the projection has applied the
-// log). Leaving out the conversation at hand keeps a repeated join of a
+// except they are a member of now (as far as the read model has been
+// applied). Leaving out the conversation at hand keeps a repeated join of a
 // member answerable at the cap.
 func (s *Store) OpenMemberships(ctx context.Context, users []string, except string) (map[string]int, error) {
 	rows, err := s.DB.Query(ctx, `SELECT user_id, count(*) FROM memberships
@@ -311,10 +311,9 @@ func (s *Store) OpenMemberships(ctx context.Context, users []string, except stri
 }
 
 // Covered returns, for each of convs the read model knows, the seq up to
-// which the projection has applied it. The projection writes a
-// conversation's last_seq in the transaction that applies its events, and
-// only after persist stored them, so history, sync and conversations
-// answer everything up to that seq.
+// which the read model has been applied. persist writes a conversation's
+// last_seq in the transaction that stores its events and applies them, so
+// history, sync and conversations answer everything up to that seq.
 func (s *Store) Covered(ctx context.Context, convs []string) (map[string]int64, error) {
 	rows, err := s.DB.Query(ctx, `SELECT conversation_id, last_seq FROM conversations WHERE conversation_id = ANY($1)`, convs)
 	if err != nil {

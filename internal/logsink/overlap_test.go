@@ -20,8 +20,8 @@ import (
 // slow batch and still writes them). The second batch's statements run
 // only once the first batch has committed, and so see its rows: for
 // partitions with stored offsets and for their first batch alike
-// (docs/architecture.md rule 24; persist and the projection both write
-// through Write).
+// (docs/architecture.md rule 24; several persist members write through
+// Write).
 func TestOverlappingBatchesTakeTurns(t *testing.T) {
 	for _, stored := range []bool{true, false} {
 		t.Run(fmt.Sprintf("offsets stored %v", stored), func(t *testing.T) {
