@@ -120,8 +120,8 @@ func BenchmarkHandle(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(cpuTime(b)-cpu)/float64(b.N), "cpu-ns/op")
 			b.ReportMetric(float64(writes.Load())/float64(b.N), "roundtrips/batch")
-			if got, want := p.model.batches.Load(), int64(b.N+1); got != want {
-				b.Fatalf("batches %d, want %d", got, want)
+			if got, want := p.model.events.Load(), int64(b.N*n+max(n, 8)); got != want {
+				b.Fatalf("events applied %d, want %d", got, want)
 			}
 		})
 	}

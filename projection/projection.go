@@ -37,18 +37,14 @@ const DefaultRetain = time.Hour
 // ReadModel queues the read model's changes for batches of the log and
 // counts what it applied. Its zero value is not usable; New makes one.
 type ReadModel struct {
-	batches, events, memberOps, reads atomic.Int64
-	batchSeconds                      prometheus.Histogram
-	lastTrim                          time.Time
+	events, memberOps, reads atomic.Int64
+	lastTrim                 time.Time
 }
 
-// New returns a ReadModel.
-func New() *ReadModel {
-	return &ReadModel{
-		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_projection_batch_seconds",
-			Help: "Time to plan one batch's read-model changes and commit them with persist's transaction.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-	}
-}
+// New returns a ReadModel. (Its batches are persist's: they are counted
+// and timed by persist's chatpipe_persist_batches_total and
+// chatpipe_persist_batch_seconds.)
+func New() *ReadModel { return &ReadModel{} }
 
 // Collectors returns the read model's Prometheus metrics.
 func (p *ReadModel) Collectors() []prometheus.Collector {
@@ -56,11 +52,9 @@ func (p *ReadModel) Collectors() []prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
 	return []prometheus.Collector{
-		counter("chatpipe_projection_batches_total", "Batches whose read-model changes were committed.", &p.batches),
 		counter("chatpipe_projection_events_total", "Events applied to the read model.", &p.events),
 		counter("chatpipe_projection_membership_changes_total", "Membership periods opened or closed.", &p.memberOps),
 		counter("chatpipe_projection_read_markers_total", "Read markers applied (one per conversation and user per batch; a lower one than stored changes nothing).", &p.reads),
-		p.batchSeconds,
 	}
 }
 
@@ -203,7 +197,6 @@ const (
 // sent with the rest of the batch's transaction; the Queued reads their
 // results, in order, and counts them once committed.
 func (p *ReadModel) Queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
-	start := time.Now()
 	plan := readmodel.PlanBatch(events)
 	gap := len(plan.Seqs) > 0
 	if gap {
@@ -260,11 +253,9 @@ func (p *ReadModel) Queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 		return nil
 	}
 	committed := func() {
-		p.batches.Add(1)
 		p.events.Add(int64(len(events)))
 		p.reads.Add(int64(len(plan.Reads)))
 		p.memberOps.Add(int64(len(plan.Members)))
-		p.batchSeconds.Observe(time.Since(start).Seconds())
 	}
 	return logsink.Queued{Read: read, Committed: committed}
 }
