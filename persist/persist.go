@@ -108,7 +108,30 @@ type Persister struct {
 	consumer     *logsink.Consumer
 	readModel    *projection.ReadModel
 	writes       writes // what a batch writes: everything, except in a rebuild's passes
+
+	// analyzeAt are the counts of events stored at which the tables'
+	// statistics are refreshed (analyzeAt, the default); analyzed, how
+	// many of them have been reached. Only the consumer's goroutine (its
+	// Tick) touches them.
+	analyzeAt []int64
+	analyzed  int
 }
+
+// analyzeAt are the counts of events a Persister has stored since it
+// started at which it ANALYZEs the tables it writes. A young database's
+// tables grow from empty far faster than autovacuum, which looks once a
+// minute by default, analyzes them: until it does, Postgres plans the
+// writers' lookups, the delivery feed's reads and persist's own statements
+// for empty tables (scanning what has grown since), and keeps a cached
+// generic plan made then. Each ANALYZE also drops such plans. Past the last
+// count a table holds enough rows that its plans no longer change as it
+// grows, and autovacuum keeps its statistics. On an established database
+// they are a few ANALYZEs, each a sample, once per start.
+var analyzeAt = []int64{1000, 4000, 16000, 64000}
+
+// analyzeTables are the tables analyzeAt refreshes: those that grow with
+// the log and that the writers, the delivery feed and persist query.
+const analyzeTables = "events, memberships, conversations, delivery_outbox, read_markers"
 
 // New returns a Persister; Run starts it.
 func New(cfg Config) (*Persister, error) {
@@ -122,7 +145,7 @@ func New(cfg Config) (*Persister, error) {
 // stand-in in tests) with each transaction held open hold before its
 // commit (fault tests), writing w of each batch.
 func newPersister(cfg Config, db logsink.DB, hold time.Duration, w writes) *Persister {
-	p := &Persister{cfg: cfg, readModel: projection.New(), writes: w,
+	p := &Persister{cfg: cfg, readModel: projection.New(), writes: w, analyzeAt: analyzeAt,
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
@@ -140,7 +163,7 @@ func newPersister(cfg Config, db logsink.DB, hold time.Duration, w writes) *Pers
 		announce = ""
 	}
 	p.consumer = logsink.New(logsink.Config{Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.Topic, Group: cfg.Group, Consumer: cfg.Consumer,
-		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.trim,
+		DB: db, MaxBatch: cfg.MaxBatch, Pace: cfg.Pace, Log: cfg.Log, Handle: p.handle, Tick: p.tick,
 		Salvage:  salvage,
 		Announce: announce, HoldBeforeCommit: hold},
 		"chatpipe_persist", "Records of a partition not yet in Postgres (events and read model), as of the last fetch.")
@@ -171,15 +194,42 @@ func (p *Persister) Collectors() []prometheus.Collector {
 	}, append(p.consumer.Collectors(), p.readModel.Collectors()...)...)
 }
 
-// trim deletes delivery rows older than Retain, once a minute. It runs
-// between batches, so it is bounded as a batch is: a Postgres that stops
-// answering holds the consumer no longer than a batch would.
-func (p *Persister) trim(ctx context.Context) {
+// tick is the consumer's housekeeping after each poll: it deletes delivery
+// rows older than Retain, once a minute, and ANALYZEs the tables when the
+// events stored pass the next of analyzeAt. Each runs between batches, so
+// it is bounded as a batch is: a Postgres that stops answering holds the
+// consumer no longer than a batch would.
+func (p *Persister) tick(ctx context.Context) {
 	tctx, cancel := context.WithTimeout(ctx, logsink.DefaultBatchTimeout)
 	defer cancel()
 	if err := p.readModel.Trim(tctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
 		p.cfg.Log.Warn("persist: trimming the delivery outbox failed", "err", err)
 	}
+	p.analyzeYoung(ctx)
+}
+
+// analyzeYoung ANALYZEs the tables once the events stored have passed the
+// next of analyzeAt (see there). A failure is logged and not retried until
+// the count after; a role that does not own the tables gets Postgres'
+// warning, and autovacuum's statistics.
+func (p *Persister) analyzeYoung(ctx context.Context) {
+	stored := p.stats.Inserted.Load()
+	if p.analyzed >= len(p.analyzeAt) || stored < p.analyzeAt[p.analyzed] {
+		return
+	}
+	for p.analyzed < len(p.analyzeAt) && stored >= p.analyzeAt[p.analyzed] {
+		p.analyzed++
+	}
+	actx, cancel := context.WithTimeout(ctx, logsink.DefaultBatchTimeout)
+	defer cancel()
+	start := time.Now()
+	if _, err := p.cfg.DB.Exec(actx, "ANALYZE "+analyzeTables); err != nil {
+		if ctx.Err() == nil {
+			p.cfg.Log.Warn("persist: analyzing the young tables failed", "events_stored", stored, "err", err)
+		}
+		return
+	}
+	p.cfg.Log.Info("persist: analyzed the young tables", "events_stored", stored, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or

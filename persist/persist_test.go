@@ -575,3 +575,42 @@ func summary(t *testing.T, db *pgxpool.Pool, queries ...string) string {
 	}
 	return got
 }
+
+// TestYoungTablesAreAnalyzed: once the events stored pass a count of
+// analyzeAt, the consumer's next tick ANALYZEs the tables (so a young
+// database is not planned as empty until autovacuum comes), once per
+// count; below the first, a tick analyzes nothing.
+func TestYoungTablesAreAnalyzed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := pgtest.DB(t, pgtest.Options{})
+	p := newTestPersister(t, db)
+	p.analyzeAt = []int64{2, 4}
+	// analyze_count counts ANALYZE statements only (autovacuum's are
+	// autoanalyze_count).
+	analyzes := func() (n int64) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'events'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	step := func(seq int64, want int64) {
+		t.Helper()
+		if seq > 0 {
+			if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", seq, fmt.Sprint("m", seq), fmt.Sprint("k", seq)), seq-1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.tick(ctx)
+		if got := analyzes(); got != want {
+			t.Fatalf("after %d events stored: events analyzed %d times, want %d", p.stats.Inserted.Load(), got, want)
+		}
+	}
+	step(1, 0)
+	step(2, 1)
+	step(0, 1) // no new count passed
+	step(3, 1)
+	step(4, 2)
+	step(5, 2) // past the last count: autovacuum's
+}
