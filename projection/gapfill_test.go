@@ -116,3 +116,44 @@ func TestGapFillMatchesLogPeriods(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchChecksOnlyWhatMayHaveAHole: a batch queues gapSQL only for the
+// conversations whose seqs do not follow, without a hole, what this read
+// model's committed batches projected (or seq 0, for one it has not
+// seen); a batch that was not committed teaches it nothing.
+func TestBatchChecksOnlyWhatMayHaveAHole(t *testing.T) {
+	m := New()
+	msg := func(conv string, seq int64) *logrecord.Event {
+		return &logrecord.Event{Kind: logrecord.KindMessage, ConversationID: conv, Seq: seq, MessageID: fmt.Sprint(conv, seq), Sender: "u1", Body: "hi"}
+	}
+	checked := func(events []*logrecord.Event, commit bool) string {
+		t.Helper()
+		var b pgx.Batch
+		q := m.Queue(&b, events)
+		if commit {
+			q.Committed()
+		}
+		for _, qq := range b.QueuedQueries {
+			if qq.SQL == gapSQL {
+				return fmt.Sprint(qq.Arguments...)
+			}
+		}
+		return "none"
+	}
+	create := &logrecord.Event{Kind: logrecord.KindCreate, ConversationID: "a", Seq: 1, MessageID: "a1", Sender: "u1", Members: []string{"u2"}}
+	for i, c := range []struct {
+		events []*logrecord.Event
+		commit bool
+		want   string
+	}{
+		{[]*logrecord.Event{create, msg("a", 2), msg("b", 3)}, true, "[b] [3]"}, // b's first seen seq is 3
+		{[]*logrecord.Event{msg("b", 4), msg("a", 3), msg("a", 4)}, true, "none"},
+		{[]*logrecord.Event{msg("a", 6)}, false, "[a] [6]"}, // 5 is missing
+		{[]*logrecord.Event{msg("a", 5)}, false, "none"},
+		{[]*logrecord.Event{msg("a", 6)}, false, "[a] [6]"}, // 5 was not committed
+	} {
+		if got := checked(c.events, c.commit); got != c.want {
+			t.Errorf("batch %d: gapSQL queued for %s, want %s", i, got, c.want)
+		}
+	}
+}

@@ -39,6 +39,10 @@ const DefaultRetain = time.Hour
 type ReadModel struct {
 	events, memberOps, reads atomic.Int64
 	lastTrim                 time.Time
+	// projected keeps what this read model's batches projected, so that a
+	// batch checks for a hole (gapSQL) only the conversations that may
+	// have one.
+	projected readmodel.Projected
 }
 
 // New returns a ReadModel. (Its batches are persist's: they are counted
@@ -112,7 +116,8 @@ const (
 	// rebuild, which projects a log whose events are all stored already
 	// with the partitions' records interleaved as they are read, or from a
 	// record dead-lettered whole. For each conversation of the batch
-	// ($1/$2: one row per event with a seq) with a hole, it writes every
+	// ($1/$2: one row per event with a seq, of the conversations that
+	// readmodel.Projected cannot rule a hole out for) with a hole, it writes every
 	// period from the events stored up to hi: the batch's own, queued
 	// before it, and every earlier one persist stored. The batch's own
 	// changes then apply over it (they are idempotent), and an older
@@ -198,9 +203,10 @@ const (
 // results, in order, and counts them once committed.
 func (p *ReadModel) Queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queued {
 	plan := readmodel.PlanBatch(events)
-	gap := len(plan.Seqs) > 0
+	gapConvs, gapSeqs := p.projected.Unsure(plan.SeqConvs, plan.Seqs)
+	gap := len(gapSeqs) > 0
 	if gap {
-		b.Queue(gapSQL, plan.SeqConvs, plan.Seqs)
+		b.Queue(gapSQL, gapConvs, gapSeqs)
 	}
 	for _, m := range plan.Members {
 		if m.Join {
@@ -253,6 +259,7 @@ func (p *ReadModel) Queue(b *pgx.Batch, events []*logrecord.Event) logsink.Queue
 		return nil
 	}
 	committed := func() {
+		p.projected.Commit(plan.SeqConvs, plan.Seqs)
 		p.events.Add(int64(len(events)))
 		p.reads.Add(int64(len(plan.Reads)))
 		p.memberOps.Add(int64(len(plan.Members)))
