@@ -111,10 +111,12 @@ type Persister struct {
 
 	// analyzeAt are the counts of events stored at which the tables'
 	// statistics are refreshed (analyzeAt, the default); analyzed, how
-	// many of them have been reached. Only the consumer's goroutine (its
-	// Tick) touches them.
+	// many of them have been reached (only the consumer's goroutine, in
+	// its Tick, touches it). Each count reached is handed to Run's
+	// analyzer on toAnalyze, so the consumer writes on meanwhile.
 	analyzeAt []int64
 	analyzed  int
+	toAnalyze chan int64
 }
 
 // analyzeAt are the counts of events a Persister has stored since it
@@ -126,12 +128,15 @@ type Persister struct {
 // generic plan made then. Each ANALYZE also drops such plans. Past the last
 // count a table holds enough rows that its plans no longer change as it
 // grows, and autovacuum keeps its statistics. On an established database
-// they are a few ANALYZEs, each a sample, once per start.
+// they are a few small samples once per start.
 var analyzeAt = []int64{1000, 4000, 16000, 64000}
 
-// analyzeTables are the tables analyzeAt refreshes: those that grow with
-// the log and that the writers, the delivery feed and persist query.
-const analyzeTables = "events, memberships, conversations, delivery_outbox, read_markers"
+// analyzeSQL refreshes the statistics of the tables that grow with the log
+// and that the writers, the delivery feed and persist query, from a small
+// sample (statistics target 10, 3,000 rows a table, instead of 100): the
+// plans of a young table need its size and its keys' spread, not fine
+// histograms, and autovacuum's later ANALYZEs take the full sample.
+const analyzeSQL = "SET LOCAL default_statistics_target = 10; ANALYZE events, memberships, conversations, delivery_outbox, read_markers"
 
 // New returns a Persister; Run starts it.
 func New(cfg Config) (*Persister, error) {
@@ -145,7 +150,7 @@ func New(cfg Config) (*Persister, error) {
 // stand-in in tests) with each transaction held open hold before its
 // commit (fault tests), writing w of each batch.
 func newPersister(cfg Config, db logsink.DB, hold time.Duration, w writes) *Persister {
-	p := &Persister{cfg: cfg, readModel: projection.New(), writes: w, analyzeAt: analyzeAt,
+	p := &Persister{cfg: cfg, readModel: projection.New(), writes: w, analyzeAt: analyzeAt, toAnalyze: make(chan int64, 1),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_records",
 			Help: "Records per Postgres transaction.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "chatpipe_persist_batch_seconds",
@@ -195,24 +200,16 @@ func (p *Persister) Collectors() []prometheus.Collector {
 }
 
 // tick is the consumer's housekeeping after each poll: it deletes delivery
-// rows older than Retain, once a minute, and ANALYZEs the tables when the
-// events stored pass the next of analyzeAt. Each runs between batches, so
-// it is bounded as a batch is: a Postgres that stops answering holds the
-// consumer no longer than a batch would.
+// rows older than Retain, once a minute (between batches, so it is bounded
+// as a batch is: a Postgres that stops answering holds the consumer no
+// longer than a batch would), and hands Run's analyzer the events stored
+// when they pass the next of analyzeAt.
 func (p *Persister) tick(ctx context.Context) {
 	tctx, cancel := context.WithTimeout(ctx, logsink.DefaultBatchTimeout)
 	defer cancel()
 	if err := p.readModel.Trim(tctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
 		p.cfg.Log.Warn("persist: trimming the delivery outbox failed", "err", err)
 	}
-	p.analyzeYoung(ctx)
-}
-
-// analyzeYoung ANALYZEs the tables once the events stored have passed the
-// next of analyzeAt (see there). A failure is logged and not retried until
-// the count after; a role that does not own the tables gets Postgres'
-// warning, and autovacuum's statistics.
-func (p *Persister) analyzeYoung(ctx context.Context) {
 	stored := p.stats.Inserted.Load()
 	if p.analyzed >= len(p.analyzeAt) || stored < p.analyzeAt[p.analyzed] {
 		return
@@ -220,10 +217,23 @@ func (p *Persister) analyzeYoung(ctx context.Context) {
 	for p.analyzed < len(p.analyzeAt) && stored >= p.analyzeAt[p.analyzed] {
 		p.analyzed++
 	}
+	select {
+	case p.toAnalyze <- stored:
+	default: // one is waiting or under way: it serves this count too
+	}
+}
+
+// analyze ANALYZEs the young tables (analyzeSQL) on a connection of its
+// own, bounded as a batch is. A failure is logged and waits for the next
+// count; a role that does not own the tables gets Postgres' warning, and
+// autovacuum's statistics.
+func (p *Persister) analyze(ctx context.Context, stored int64) {
 	actx, cancel := context.WithTimeout(ctx, logsink.DefaultBatchTimeout)
 	defer cancel()
 	start := time.Now()
-	if _, err := p.cfg.DB.Exec(actx, "ANALYZE "+analyzeTables); err != nil {
+	// Two statements in one simple-protocol query run in one transaction,
+	// which SET LOCAL needs.
+	if _, err := p.cfg.DB.Exec(actx, analyzeSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 		if ctx.Err() == nil {
 			p.cfg.Log.Warn("persist: analyzing the young tables failed", "events_stored", stored, "err", err)
 		}
@@ -233,8 +243,27 @@ func (p *Persister) analyzeYoung(ctx context.Context) {
 }
 
 // Run consumes until ctx ends. A batch in hand when ctx ends is finished or
-// rolled back as a whole.
-func (p *Persister) Run(ctx context.Context) error { return p.consumer.Run(ctx) }
+// rolled back as a whole. Beside the consumer it runs the analyzer, which
+// ANALYZEs the young tables (analyzeAt) while batches go on.
+func (p *Persister) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	analyzed := make(chan struct{})
+	go func() {
+		defer close(analyzed)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case stored := <-p.toAnalyze:
+				p.analyze(ctx, stored)
+			}
+		}
+	}()
+	err := p.consumer.Run(ctx)
+	cancel()
+	<-analyzed
+	return err
+}
 
 // insertSQL inserts a batch in one statement, records in seq_conflicts
 // every row it did not insert that a different message holds (once: a

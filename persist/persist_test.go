@@ -577,9 +577,9 @@ func summary(t *testing.T, db *pgxpool.Pool, queries ...string) string {
 }
 
 // TestYoungTablesAreAnalyzed: once the events stored pass a count of
-// analyzeAt, the consumer's next tick ANALYZEs the tables (so a young
-// database is not planned as empty until autovacuum comes), once per
-// count; below the first, a tick analyzes nothing.
+// analyzeAt, the consumer's next tick hands it to the analyzer, once per
+// count (below the first, nothing), and the analyzer ANALYZEs the tables
+// from a small sample.
 func TestYoungTablesAreAnalyzed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -595,22 +595,43 @@ func TestYoungTablesAreAnalyzed(t *testing.T) {
 		}
 		return n
 	}
-	step := func(seq int64, want int64) {
+	var seq int64
+	step := func(events int, want int64) {
 		t.Helper()
-		if seq > 0 {
-			if err := p.Write(ctx, []*kgo.Record{record(t, message("c1", seq, fmt.Sprint("m", seq), fmt.Sprint("k", seq)), seq-1)}); err != nil {
+		var recs []*kgo.Record
+		for range events {
+			seq++
+			recs = append(recs, record(t, message("c1", seq, fmt.Sprint("m", seq), fmt.Sprint("k", seq)), seq-1))
+		}
+		if len(recs) > 0 {
+			if err := p.Write(ctx, recs); err != nil {
 				t.Fatal(err)
 			}
 		}
 		p.tick(ctx)
+		select {
+		case stored := <-p.toAnalyze:
+			p.analyze(ctx, stored)
+		default:
+		}
 		if got := analyzes(); got != want {
 			t.Fatalf("after %d events stored: events analyzed %d times, want %d", p.stats.Inserted.Load(), got, want)
 		}
 	}
 	step(1, 0)
-	step(2, 1)
+	step(1, 1)
 	step(0, 1) // no new count passed
-	step(3, 1)
-	step(4, 2)
-	step(5, 2) // past the last count: autovacuum's
+	step(1, 1)
+	step(200, 2) // past the last count
+	step(1, 2)   // no count left: autovacuum's
+	// The sample was small: at most 11 histogram bounds (target 10) for
+	// 204 distinct seqs.
+	var bounds int
+	if err := db.QueryRow(ctx, `SELECT coalesce(array_length(histogram_bounds::text::text[], 1), 0) FROM pg_stats
+		WHERE tablename = 'events' AND attname = 'seq'`).Scan(&bounds); err != nil {
+		t.Fatal(err)
+	}
+	if bounds == 0 || bounds > 11 {
+		t.Fatalf("events.seq has %d histogram bounds, want 1-11 (statistics target 10)", bounds)
+	}
 }
