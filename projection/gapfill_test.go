@@ -150,7 +150,9 @@ func TestBatchChecksOnlyWhatMayHaveAHole(t *testing.T) {
 		{[]*logrecord.Event{msg("b", 4), msg("a", 3), msg("a", 4)}, true, "none"},
 		{[]*logrecord.Event{msg("a", 6)}, false, "[a] [6]"}, // 5 is missing
 		{[]*logrecord.Event{msg("a", 5)}, false, "none"},
-		{[]*logrecord.Event{msg("a", 6)}, false, "[a] [6]"}, // 5 was not committed
+		{[]*logrecord.Event{msg("a", 6)}, false, "[a] [6]"},                 // 5 was not committed
+		{[]*logrecord.Event{msg("a", 4), msg("a", 7)}, true, "[a a] [4 7]"}, // every row of a, 4 too
+		{[]*logrecord.Event{msg("a", 8)}, false, "none"},                    // the filled hole is below 7
 	} {
 		if got := checked(c.events, c.commit); got != c.want {
 			t.Errorf("batch %d: gapSQL queued for %s, want %s", i, got, c.want)

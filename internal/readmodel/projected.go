@@ -1,21 +1,26 @@
 package readmodel
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 )
 
 // MaxProjected is how many conversations a Projected remembers; past it, it
 // forgets them all and starts again (a forgotten conversation's floor is
-// 0, which is always true).
+// 0, which is always true). With more conversations active than that, its
+// batches are checked as they were without it.
 const MaxProjected = 100_000
 
 // Projected keeps, per conversation, a floor of the last_seq the read model
-// holds: the highest seq a committed batch of this process projected for
-// it. The projected last_seq only rises (conversations.last_seq is kept
-// with GREATEST) and a batch raises it to at least its highest seq, so the
-// floor stays at or below it whatever else writes the read model: another
-// persist member, a dead letter's salvage, a rebuild's pass.
+// holds: the highest seq a committed batch of this read model projected
+// for it. The projected last_seq only rises (conversations.last_seq is
+// kept with GREATEST) and a batch raises it to at least its highest seq, so
+// the floor stays at or below it whatever else writes the read model:
+// another persist member, a dead letter's salvage, a rebuild's pass. It
+// assumes the database does not go back in time under a running persist
+// (a restore or a failover to a standby that lost commits): restart
+// persist after one, as its offsets have gone back too.
 //
 // The floor lets a batch leave out of the gap check (the projection's
 // gapSQL) every conversation whose seqs cannot leave a hole, which in
@@ -40,13 +45,10 @@ func (p *Projected) Unsure(convs []string, seqs []int64) ([]string, []int64) {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int {
-		if convs[a] != convs[b] {
-			if convs[a] < convs[b] {
-				return -1
-			}
-			return 1
+		if c := cmp.Compare(convs[a], convs[b]); c != 0 {
+			return c
 		}
-		return int(min(max(seqs[a]-seqs[b], -1), 1))
+		return cmp.Compare(seqs[a], seqs[b])
 	})
 	p.mu.Lock()
 	defer p.mu.Unlock()

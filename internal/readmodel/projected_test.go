@@ -32,16 +32,22 @@ func TestProjectedLeavesOutOnlyWhatCannotGap(t *testing.T) {
 				}
 			}
 			var p Projected
-			if floor > 0 {
-				p.Commit([]string{"c"}, []int64{floor})
+			p.Commit([]string{"c", "other"}, []int64{floor, 3})
+			// c's seqs in reverse, between those of a conversation with
+			// no hole (other: 4, 5), as a batch of two partitions may be.
+			convs, batch := []string{"other"}, []int64{4}
+			for i := len(seqs) - 1; i >= 0; i-- {
+				convs, batch = append(convs, "c"), append(batch, seqs[i])
 			}
-			convs := make([]string, len(seqs))
-			for i := range convs {
-				convs[i] = "c"
+			convs, batch = append(convs, "other"), append(batch, 5)
+			uc, us := p.Unsure(convs, batch)
+			for _, c := range uc {
+				if c != "c" {
+					t.Fatalf("floor %d, seqs %v: %s is unsure, want only c", floor, seqs, c)
+				}
 			}
-			uc, us := p.Unsure(convs, seqs)
 			if len(uc) != 0 && len(us) != len(seqs) {
-				t.Fatalf("floor %d, seqs %v: unsure rows %v, want none or all", floor, seqs, us)
+				t.Fatalf("floor %d, seqs %v: unsure rows %v, want none or all of c's", floor, seqs, us)
 			}
 			if len(uc) != 0 {
 				continue
