@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/kafkatest"
 	"github.com/chatpipe/chatpipe/internal/pgtest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
@@ -85,24 +84,12 @@ func TestRebuildGoesOnFromAStoppedFirstPass(t *testing.T) {
 }
 
 // rebuildLog starts a broker with a one-partition topic for the test (its
-// cleanup stops it) and produces evs to it, in order; recs are the records
+// cleanup stops them) and produces evs to it, in order; recs are the records
 // as produced, offsets set.
 func rebuildLog(ctx context.Context, t *testing.T, evs []*logrecord.Event) (brokers []string, topic string, recs []*kgo.Record) {
 	t.Helper()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(k.Close)
-	brokers, topic = []string{k.Addr()}, "rebuild-test"
-	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
+	brokers, topic = []string{kafkatest.Broker(t).Addr()}, "rebuild-test"
+	prod := kafkatest.Topic(ctx, t, brokers, topic)
 	for _, e := range evs {
 		r := record(t, e, 0)
 		r.Topic = topic

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/kafkatest"
 )
 
 // TestCommitEndsWhenTheBrokerIsGone: a writer whose broker goes away ends
@@ -20,7 +21,7 @@ import (
 func TestCommitEndsWhenTheBrokerIsGone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k := testKafka(t)
+	k := kafkatest.Broker(t)
 	brokers := []string{k.Addr()}
 	const topic = "gone"
 	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
@@ -65,12 +66,7 @@ func TestCommitEndsWhenTheBrokerIsGone(t *testing.T) {
 // in-process kfake: the commit as a shard writer makes it, with the
 // broker's share of the work in the figure too.
 func BenchmarkCommit(b *testing.B) {
-	k, err := devstack.StartKafka(b.TempDir(), 0, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer k.Close()
-	brokers := []string{k.Addr()}
+	brokers := []string{kafkatest.Broker(b).Addr()}
 	const topic = "bench"
 	if err := devstack.EnsureTopic(b.Context(), brokers, topic, 1); err != nil {
 		b.Fatal(err)

@@ -3,27 +3,14 @@ package shardworker
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/kafkatest"
 	"github.com/chatpipe/chatpipe/logrecord"
 )
-
-// testKafka starts a kfake broker for one test; it is closed after it
-// (Close may also be called before).
-func testKafka(t *testing.T) *devstack.Kafka {
-	t.Helper()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(k.Close)
-	return k
-}
 
 // TestReplayStopsAtUnreadableRecord: a record of the vshard that does not
 // decode fails the replay (the takeover is retried) instead of being
@@ -32,7 +19,7 @@ func testKafka(t *testing.T) *devstack.Kafka {
 func TestReplayStopsAtUnreadableRecord(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	brokers := []string{testKafka(t).Addr()}
+	brokers := []string{kafkatest.Broker(t).Addr()}
 	for _, c := range []struct {
 		name, value string
 		want        error
@@ -43,14 +30,7 @@ func TestReplayStopsAtUnreadableRecord(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			topic := "replay-" + c.name
-			if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-				t.Fatal(err)
-			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
+			cl := kafkatest.Topic(ctx, t, brokers, topic)
 			produce := func(vshard, value string) {
 				t.Helper()
 				r := &kgo.Record{Value: []byte(value), Headers: []kgo.RecordHeader{{Key: logrecord.HeaderVShard, Value: []byte(vshard)}}}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,28 +12,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/chatpipe/chatpipe/internal/devstack"
+	"github.com/chatpipe/chatpipe/internal/kafkatest"
 )
 
 // lingerTopic starts a broker with a one-partition topic for the test and
 // a producer to it; the test's cleanup stops both.
 func lingerTopic(ctx context.Context, t *testing.T) (brokers []string, topic string, prod *kgo.Client) {
 	t.Helper()
-	k, err := devstack.StartKafka(filepath.Join(t.TempDir(), "kafka"), 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(k.Close)
-	brokers, topic = []string{k.Addr()}, "linger"
-	if err := devstack.EnsureTopic(ctx, brokers, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	prod, err = kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prod.Close)
-	return brokers, topic, prod
+	brokers, topic = []string{kafkatest.Broker(t).Addr()}, "linger"
+	return brokers, topic, kafkatest.Topic(ctx, t, brokers, topic)
 }
 
 // TestLingerFillsTheBatch: a consumer lingering after a poll takes the
