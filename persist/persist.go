@@ -210,12 +210,12 @@ func (p *Persister) tick(ctx context.Context) {
 	if err := p.readModel.Trim(tctx, p.cfg.DB, p.cfg.Retain); err != nil && ctx.Err() == nil {
 		p.cfg.Log.Warn("persist: trimming the delivery outbox failed", "err", err)
 	}
-	stored := p.stats.Inserted.Load()
-	if p.analyzed >= len(p.analyzeAt) || stored < p.analyzeAt[p.analyzed] {
-		return
-	}
+	stored, reached := p.stats.Inserted.Load(), p.analyzed
 	for p.analyzed < len(p.analyzeAt) && stored >= p.analyzeAt[p.analyzed] {
 		p.analyzed++
+	}
+	if p.analyzed == reached {
+		return
 	}
 	select {
 	case p.toAnalyze <- stored:
