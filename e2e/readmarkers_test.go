@@ -34,6 +34,19 @@ func (m *markerLog) of(conv string) []int64 {
 	return slices.Clone(m.seqs[conv])
 }
 
+// heard waits until OnRead has told m of conv's marker seq (or a higher
+// one) and returns every marker of conv it was told of, in order. The
+// client knows a marker (ReadSeq) before its deliverer goroutine calls
+// OnRead with it.
+func (m *markerLog) heard(t *testing.T, conv string, seq int64) []int64 {
+	t.Helper()
+	stacktest.WaitFor(t, 30*time.Second, fmt.Sprintf("OnRead of %s's marker %d", conv, seq), func() bool {
+		got := m.of(conv)
+		return len(got) > 0 && got[len(got)-1] >= seq
+	})
+	return m.of(conv)
+}
+
 // unread is conv's entry of user's conversations list.
 func unread(t *testing.T, ctx context.Context, c *chatclient.Client, conv string) protocol.ConversationInfo {
 	t.Helper()
@@ -108,7 +121,7 @@ func TestReadMarkers(t *testing.T) {
 	raw.Must(map[string]any{"op": "read", "conversation_id": conv, "seq": 20})
 	stacktest.WaitFor(t, 30*time.Second, "both devices to get marker 20", func() bool { return bob1.ReadSeq(conv) == 20 && bob2.ReadSeq(conv) == 20 })
 	for name, m := range map[string]*markerLog{"bob1": &m1, "bob2": &m2} {
-		if got := m.of(conv); !slices.Equal(got, []int64{11, 20}) {
+		if got := m.heard(t, conv, 20); !slices.Equal(got, []int64{11, 20}) {
 			t.Errorf("%s saw markers %v, want [11 20] (a lower marker must never be seen)", name, got)
 		}
 	}
@@ -161,8 +174,7 @@ func TestReadMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	stacktest.WaitFor(t, 30*time.Second, "the count to reach 0", func() bool { return unread(t, ctx, bob2, conv).Unread == 0 })
-	time.Sleep(200 * time.Millisecond) // the deliverers hand over the last markers
-	if got := m2.of(conv); !slices.Equal(got, []int64{11, 20, last + more}) {
+	if got := m2.heard(t, conv, last+more); !slices.Equal(got, []int64{11, 20, last + more}) {
 		t.Errorf("bob2 saw markers %v", got)
 	}
 	log.check(t)
